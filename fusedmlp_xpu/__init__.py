@@ -1,0 +1,32 @@
+"""fusedmlp_xpu: one fused multi-layer-perceptron op for PyTorch on cuda, xpu and cpu."""
+from __future__ import annotations
+
+import torch
+
+from . import activations, dispatch
+from .dispatch import BackendUnavailableError, backends
+from .module import FusedMLP, fuse_mlps
+from .op import fused_mlp
+from .spec import MLPSpec
+
+__version__ = "0.1.0"
+__all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "explain", "backends", "MLPSpec",
+           "BackendUnavailableError", "activations", "__version__"]
+
+
+def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:
+    """Which backend would run ``mlp_or_spec`` on input ``x``, and why the others would not.
+
+    mlp_or_spec: a FusedMLP or an MLPSpec; x: a sample input (its device and dtype count).
+    """
+    if isinstance(mlp_or_spec, FusedMLP):
+        spec = mlp_or_spec.spec(x.dtype)
+        backend = backend or mlp_or_spec.backend
+    elif isinstance(mlp_or_spec, MLPSpec):
+        spec = mlp_or_spec
+    else:
+        raise TypeError(f"mlp_or_spec: expected FusedMLP or MLPSpec, "
+                        f"got {type(mlp_or_spec).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    return dispatch.explain_choice(x.device, spec, dispatch.requested(backend))

@@ -1,0 +1,59 @@
+"""Backends: one module each, all with the small interface of ``Backend``.
+
+A backend sees 2-D tensors only (x: [N, in_features], contiguous rows are not
+assumed), the validated ``MLPSpec``, and returns new tensors. It knows nothing of
+modules or of the dispatcher. Outputs that a kernel writes are allocated with
+``memory.new_empty`` (called through the module, so the test suite can poison them).
+
+Note: ``fusedmlp_xpu.backends`` as an attribute is the public function; import this
+package's modules relatively or through ``importlib``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..spec import MLPSpec
+
+
+class Backend:
+    """What every backend provides. ``available``/``supports`` return (ok, reason)."""
+
+    name: str = "?"
+    #: device types this backend can ever run on
+    device_types: tuple[str, ...] = ()
+
+    def available(self) -> tuple[bool, str]:
+        """Whether the backend can run in this process at all (imports, toolchain, build)."""
+        raise NotImplementedError
+
+    def supports(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:
+        """Whether it can compute ``spec`` on ``device``; the reason either way."""
+        raise NotImplementedError
+
+    def forward(
+        self, x: torch.Tensor, weights: Sequence[torch.Tensor],
+        biases: Sequence[torch.Tensor] | None, spec: MLPSpec, save: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """x: [N, in] -> (y: [N, out], saved). ``saved`` (only when ``save``) holds the
+        pre-activations z_1..z_{L-1} of the hidden layers, each [N, width_i], and z_L
+        when the output activation is not none."""
+        raise NotImplementedError
+
+    def backward(
+        self, grad_y: torch.Tensor, x: torch.Tensor, weights: Sequence[torch.Tensor],
+        biases: Sequence[torch.Tensor] | None, saved: Sequence[torch.Tensor],
+        spec: MLPSpec, needs: tuple[bool, bool, bool],
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
+        """grad_y: [N, out] -> (grad_x | None, grad_weights, grad_biases).
+
+        ``saved`` is what ``forward(save=True)`` returned, or empty: then recompute.
+        ``needs`` = (x, weights, biases); lists are empty where not needed.
+        """
+        raise NotImplementedError
+
+
+def n_saved(spec: MLPSpec) -> int:
+    """How many tensors ``forward(save=True)`` returns."""
+    return spec.n_layers - 1 + (spec.output_activation != "none")

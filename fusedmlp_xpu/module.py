@@ -1,0 +1,186 @@
+"""nn.Modules over the op: FusedMLP, and fuse_mlps to swap nn.Sequential chains in place.
+
+FusedMLP keeps one ``nn.Linear`` child per layer, named by its index in the
+equivalent ``nn.Sequential`` (Linear, act, Linear, act, ..., Linear[, out_act]), so a
+state_dict saved from that Sequential loads unchanged and vice versa.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from . import activations, op
+from .spec import MLPSpec
+
+
+class FusedMLP(nn.Module):
+    """A whole MLP as one fused op. x: [..., in_features] -> [..., out_features].
+
+    ``hidden_layers`` counts hidden layers as tiny-cuda-nn does: hidden_layers + 1
+    matmuls (in->hidden, hidden_layers-1 x hidden->hidden, hidden->out); 0 gives a
+    single in->out layer. ``backend`` forces a backend for this module; ``recompute``
+    makes training recompute hidden activations in backward instead of saving them.
+    """
+
+    def __init__(self, in_features: int, out_features: int, hidden_features: int,
+                 hidden_layers: int, activation: str = "relu",
+                 output_activation: str = "none", bias: bool = True, device=None,
+                 dtype=None, *, backend: str | None = None, recompute: bool = False):
+        super().__init__()
+        for name, v in (("in_features", in_features), ("out_features", out_features),
+                        ("hidden_features", hidden_features)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if not isinstance(hidden_layers, int) or hidden_layers < 0:
+            raise ValueError(f"hidden_layers: expected an int >= 0, got {hidden_layers!r}")
+        widths = [in_features] + [hidden_features] * hidden_layers + [out_features]
+        names = [str(2 * i) for i in range(len(widths) - 1)]
+        self._setup(widths, names, activation, output_activation, bias, device, dtype,
+                    backend, recompute)
+
+    def _setup(self, widths, names, activation, output_activation, bias, device, dtype,
+               backend, recompute):
+        self.activation = activations.get(activation).name
+        self.output_activation = activations.get(output_activation).name
+        self.widths = tuple(int(w) for w in widths)
+        self.has_bias = bool(bias)
+        self.backend = backend
+        self.recompute = recompute
+        self._names = tuple(names)
+        for name, a, b in zip(names, widths[:-1], widths[1:]):
+            self.add_module(name, nn.Linear(a, b, bias=bias, device=device, dtype=dtype))
+        self._specs: dict[torch.dtype, MLPSpec] = {}
+
+    @property
+    def in_features(self) -> int:
+        return self.widths[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.widths[-1]
+
+    @property
+    def linears(self) -> list[nn.Linear]:
+        return [self._modules[n] for n in self._names]
+
+    def weights(self) -> list[torch.Tensor]:
+        return [self._modules[n].weight for n in self._names]
+
+    def biases(self) -> list[torch.Tensor] | None:
+        return [self._modules[n].bias for n in self._names] if self.has_bias else None
+
+    def spec(self, dtype: torch.dtype | None = None) -> MLPSpec:
+        dtype = dtype or self._modules[self._names[0]].weight.dtype
+        s = self._specs.get(dtype)
+        if s is None:
+            s = self._specs[dtype] = MLPSpec(self.widths, self.activation,
+                                             self.output_activation, self.has_bias, dtype)
+        return s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, biases = self.weights(), self.biases()
+        w0 = weights[0]
+        lean = (isinstance(x, torch.Tensor) and x.dtype == w0.dtype and x.device == w0.device
+                and x.dim() >= 1 and x.shape[-1] == self.widths[0]
+                and not torch.is_autocast_enabled(x.device.type))
+        if not lean:  # full validation (clear errors) and autocast handling
+            return op.fused_mlp(x, weights, biases, self.activation, self.output_activation,
+                                self.backend, self.recompute)
+        return op.call(x, weights, biases, self.spec(x.dtype), self.backend, self.recompute)
+
+    def extra_repr(self) -> str:
+        return (f"widths={list(self.widths)}, activation={self.activation!r}, "
+                f"output_activation={self.output_activation!r}, bias={self.has_bias}")
+
+    def to_sequential(self) -> nn.Sequential:
+        """The equivalent eager nn.Sequential (same parameter values and state_dict keys)."""
+        mods: dict[str, nn.Module] = {}
+        for i, (name, lin) in enumerate(zip(self._names, self.linears)):
+            new = nn.Linear(lin.in_features, lin.out_features, bias=self.has_bias,
+                            device=lin.weight.device, dtype=lin.weight.dtype)
+            new.load_state_dict(lin.state_dict())
+            mods[name] = new
+            last = i == len(self._names) - 1
+            act = self.output_activation if last else self.activation
+            if act != "none":
+                mods[str(int(name) + 1)] = activations.to_module(act)
+        return nn.Sequential(OrderedDict(sorted(mods.items(), key=lambda kv: int(kv[0]))))
+
+    @classmethod
+    def from_sequential(cls, seq: nn.Sequential, *, backend: str | None = None,
+                        recompute: bool = False) -> "FusedMLP":
+        """A FusedMLP with exactly the parameter values of ``seq`` (shared copies, not views).
+
+        seq must be Linear, act, Linear, act, ..., Linear[, out_act] with one hidden
+        activation type throughout, all Linears with or all without bias. ValueError
+        otherwise, saying which module does not fit.
+        """
+        plan = _plan(seq)
+        if isinstance(plan, str):
+            raise ValueError(f"seq: cannot fuse: {plan}")
+        names, widths, act, out_act, bias, ref = plan
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m._setup(widths, names, act, out_act, bias, ref.device, ref.dtype, backend, recompute)
+        with torch.no_grad():
+            for name, lin in zip(names, m.linears):
+                src = seq._modules[name]
+                lin.weight.copy_(src.weight)
+                if bias:
+                    lin.bias.copy_(src.bias)
+        m.train(seq.training)
+        return m
+
+
+def _plan(seq: nn.Sequential):
+    """Parse a Sequential into (linear names, widths, act, out_act, bias, weight); or a reason."""
+    items = list(seq._modules.items())
+    if not items or not isinstance(items[0][1], nn.Linear):
+        return "the first module is not nn.Linear"
+    names, widths, hidden_acts, out_act = [], [], [], "none"
+    pending = None  # activation seen after the last Linear
+    for name, mod in items:
+        if type(mod) is nn.Linear:
+            if names:
+                hidden_acts.append(pending or "none")
+            if widths and mod.in_features != widths[-1]:
+                return f"module {name!r}: in_features {mod.in_features} != {widths[-1]}"
+            names.append(name)
+            widths = widths or [mod.in_features]
+            widths.append(mod.out_features)
+            pending = None
+            continue
+        act = activations.from_module(mod)
+        if act is None:
+            return f"module {name!r} ({type(mod).__name__}) is not a supported activation"
+        if pending is not None:
+            return f"module {name!r}: two activations in a row"
+        pending = act.name
+    out_act = pending or "none"
+    if len(set(hidden_acts)) > 1:
+        return f"hidden activations differ: {hidden_acts}"
+    lins = [seq._modules[n] for n in names]
+    has_bias = {lin.bias is not None for lin in lins}
+    if len(has_bias) > 1:
+        return "some Linear layers have a bias and some do not"
+    ref = lins[0].weight
+    if any(l.weight.dtype != ref.dtype or l.weight.device != ref.device for l in lins):
+        return "Linear layers differ in dtype or device"
+    return names, widths, (hidden_acts[0] if hidden_acts else "relu"), out_act, has_bias.pop(), ref
+
+
+def fuse_mlps(model: nn.Module, *, backend: str | None = None) -> nn.Module:
+    """Replace, in place, every nn.Sequential chain of Linear + activations by a FusedMLP.
+
+    Returns ``model`` (or the FusedMLP, when ``model`` itself is such a chain). Sequentials
+    that do not fit are left as they are and searched for fusable children.
+    """
+    if isinstance(model, nn.Sequential) and not isinstance(_plan(model), str):
+        return FusedMLP.from_sequential(model, backend=backend)
+    for name, child in list(model.named_children()):
+        new = fuse_mlps(child, backend=backend)
+        if new is not child:
+            setattr(model, name, new)
+    return model

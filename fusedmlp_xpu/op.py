@@ -1,0 +1,186 @@
+"""The torch.library custom ops of the ``fusedmlp`` namespace, and the functional entry.
+
+    fusedmlp::mlp           forward; autograd recomputes hidden activations in backward
+    fusedmlp::mlp_train     forward that also returns the saved pre-activations
+    fusedmlp::mlp_backward  gradients for x, every weight and every bias
+
+Each op has a fake implementation (any leading dims) for torch.compile/export, one
+kernel per device type that asks the dispatcher for a backend, and autograd formulas
+whose backward is itself an op. Autocast: under ``torch.autocast`` ``fused_mlp``
+casts x, weights and biases to the region's dtype before the op (like nn.Linear).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import dispatch
+from .backends import n_saved
+from .spec import MLPSpec, validate
+
+DEVICE_TYPES = ("cpu", "cuda", "xpu")
+
+_FWD_ARGS = ("Tensor x, Tensor[] weights, Tensor[]? biases, str activation, "
+             "str output_activation, str backend")
+
+
+def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
+    widths = (x.shape[-1],) + tuple(w.shape[0] for w in weights)
+    return MLPSpec(widths, activation, output_activation, biases is not None, x.dtype)
+
+
+def _run_forward(x, weights, biases, activation, output_activation, backend, save):
+    spec = _spec(x, weights, biases, activation, output_activation)
+    be = dispatch.choose(x.device, spec, backend or None)
+    lead = x.shape[:-1]
+    y, saved = be.forward(x.reshape(-1, spec.in_features), weights, biases, spec, save)
+    return y.reshape(*lead, spec.out_features), [z.reshape(*lead, z.shape[-1]) for z in saved]
+
+
+# --- forward (recompute in backward) -------------------------------------------------
+@torch.library.custom_op("fusedmlp::mlp", mutates_args=(), device_types=DEVICE_TYPES,
+                         schema=f"({_FWD_ARGS}) -> Tensor")
+def mlp(x, weights, biases, activation, output_activation, backend):
+    return _run_forward(x, weights, biases, activation, output_activation, backend, False)[0]
+
+
+@mlp.register_fake
+def _(x, weights, biases, activation, output_activation, backend):
+    return x.new_empty(*x.shape[:-1], weights[-1].shape[0])
+
+
+# --- forward for training (saves pre-activations) ------------------------------------
+@torch.library.custom_op("fusedmlp::mlp_train", mutates_args=(), device_types=DEVICE_TYPES,
+                         schema=f"({_FWD_ARGS}) -> (Tensor, Tensor[])")
+def mlp_train(x, weights, biases, activation, output_activation, backend):
+    return _run_forward(x, weights, biases, activation, output_activation, backend, True)
+
+
+@mlp_train.register_fake
+def _(x, weights, biases, activation, output_activation, backend):
+    lead = x.shape[:-1]
+    spec = _spec(x, weights, biases, activation, output_activation)
+    widths = list(spec.widths[1:-1]) + ([spec.out_features] if output_activation != "none" else [])
+    assert len(widths) == n_saved(spec)
+    return x.new_empty(*lead, spec.out_features), [x.new_empty(*lead, w) for w in widths]
+
+
+# --- backward ------------------------------------------------------------------------
+@torch.library.custom_op(
+    "fusedmlp::mlp_backward", mutates_args=(), device_types=DEVICE_TYPES,
+    schema="(Tensor grad_y, Tensor x, Tensor[] weights, Tensor[]? biases, Tensor[] saved, "
+           "str activation, str output_activation, str backend, bool need_x, bool need_w, "
+           "bool need_b) -> (Tensor[], Tensor[], Tensor[])",
+)
+def mlp_backward(grad_y, x, weights, biases, saved, activation, output_activation, backend,
+                 need_x, need_w, need_b):
+    spec = _spec(x, weights, biases, activation, output_activation)
+    be = dispatch.choose(x.device, spec, backend or None)
+    n = x.shape[:-1].numel()
+    gx, gw, gb = be.backward(
+        grad_y.reshape(n, spec.out_features), x.reshape(n, spec.in_features), weights, biases,
+        [z.reshape(n, z.shape[-1]) for z in saved], spec, (need_x, need_w, need_b and biases is not None),
+    )
+    return ([gx.reshape(x.shape)] if need_x else []), list(gw), list(gb)
+
+
+@mlp_backward.register_fake
+def _(grad_y, x, weights, biases, saved, activation, output_activation, backend,
+      need_x, need_w, need_b):
+    gx = [torch.empty_like(x, memory_format=torch.contiguous_format)] if need_x else []
+    gw = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights] if need_w else []
+    gb = [torch.empty_like(b) for b in biases] if need_b and biases is not None else []
+    return gx, gw, gb
+
+
+# --- autograd ------------------------------------------------------------------------
+def _setup(ctx, inputs, saved):
+    x, weights, biases, activation, output_activation, backend = inputs
+    ctx.meta = (len(weights), biases is not None, activation, output_activation, backend)
+    ctx.save_for_backward(x, *weights, *(biases or ()), *saved)
+
+
+def _backward(ctx, grad_y):
+    n_w, has_b, activation, output_activation, backend = ctx.meta
+    t = ctx.saved_tensors
+    x, weights = t[0], list(t[1 : 1 + n_w])
+    biases = list(t[1 + n_w : 1 + 2 * n_w]) if has_b else None
+    saved = list(t[1 + n_w * (2 if has_b else 1):])
+    need_x, need_ws, need_bs = ctx.needs_input_grad[:3]  # lists for list arguments
+    need_w, need_b = any(need_ws), has_b and any(need_bs or ())
+    # grad_y from .sum().backward() is an expanded (stride 0) tensor
+    gx, gw, gb = torch.ops.fusedmlp.mlp_backward(
+        grad_y.contiguous(), x, weights, biases, saved, activation, output_activation,
+        backend, need_x, need_w, need_b,
+    )
+    gw = [g if n else None for g, n in zip(gw, need_ws)] if need_w else None
+    gb = [g if n else None for g, n in zip(gb, need_bs)] if need_b else None
+    return gx[0] if need_x else None, gw, gb, None, None, None
+
+
+def _setup_recompute(ctx, inputs, output):
+    _setup(ctx, inputs, ())
+
+
+def _setup_train(ctx, inputs, output):
+    _setup(ctx, inputs, output[1])
+
+
+def _backward_train(ctx, grad_y, grad_saved):
+    return _backward(ctx, grad_y)
+
+
+mlp.register_autograd(_backward, setup_context=_setup_recompute)
+mlp_train.register_autograd(_backward_train, setup_context=_setup_train)
+
+
+# --- the functional entry ------------------------------------------------------------
+def _autocast(x, weights, biases):
+    dev = x.device.type
+    if dev in DEVICE_TYPES and torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        x = x.to(dt)
+        weights = [w.to(dt) for w in weights]
+        biases = None if biases is None else [b.to(dt) for b in biases]
+    return x, weights, biases
+
+
+def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool):
+    """Run the op on already validated inputs (the module's lean per-call path)."""
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or any(w.requires_grad for w in weights)
+        or (biases is not None and any(b.requires_grad for b in biases))
+    )
+    args = (x, weights, biases, spec.activation, spec.output_activation, backend or "")
+    if needs_grad and not recompute:
+        return torch.ops.fusedmlp.mlp_train.default(*args)[0]
+    return torch.ops.fusedmlp.mlp.default(*args)
+
+
+def fused_mlp(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor] | None = None,
+    activation: str = "relu",
+    output_activation: str = "none",
+    backend: str | None = None,
+    recompute: bool = False,
+) -> torch.Tensor:
+    """y = out_act(W_L · act(... act(W_1 · x + b_1) ...) + b_L), all layers in one op.
+
+    x: [..., in_features]; weights[i]: [out_i, in_i] as in nn.Linear; biases: None or
+    [out_i] each. Returns [..., out_features]. ``backend`` forces a backend (else
+    $FUSEDMLP_BACKEND, else the dispatcher's choice); ``recompute`` trades the saved
+    hidden activations of training for recomputing them in backward.
+    """
+    if isinstance(weights, torch.Tensor):
+        raise TypeError("weights: expected a list of 2-D tensors, got a single Tensor")
+    weights = list(weights)
+    biases = None if biases is None else list(biases)
+    if isinstance(x, torch.Tensor):
+        x, weights, biases = _autocast(x, weights, biases)
+    spec = validate(x, weights, biases, activation, output_activation)
+    if backend is not None:
+        dispatch.requested(backend)  # unknown names fail here, naming the argument
+    return call(x, weights, biases, spec, backend, recompute)

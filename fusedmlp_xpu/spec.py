@@ -1,0 +1,118 @@
+"""MLPSpec: what a fused MLP computes, independent of the data; and input validation.
+
+Validation happens once, here, in front of every backend. Dtype rule: there is no
+implicit promotion. ``x``, every weight and every bias must share one floating
+dtype (float16, bfloat16 or float32; float64 is accepted for reference checks).
+Under ``torch.autocast`` the op casts everything to the autocast dtype first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import activations
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """widths = (in_features, hidden..., out_features); one matmul per consecutive pair."""
+
+    widths: tuple[int, ...]
+    activation: str = "relu"
+    output_activation: str = "none"
+    bias: bool = True
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def in_features(self) -> int:
+        return self.widths[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.widths[-1]
+
+    @property
+    def n_layers(self) -> int:
+        """Number of matmuls."""
+        return len(self.widths) - 1
+
+    @property
+    def activation_id(self) -> int:
+        return activations.ACTIVATIONS[self.activation].id
+
+    @property
+    def output_activation_id(self) -> int:
+        return activations.ACTIVATIONS[self.output_activation].id
+
+    def flops(self, rows: int) -> int:
+        """Multiply-add FLOPs of one forward over ``rows`` rows."""
+        return 2 * rows * sum(a * b for a, b in zip(self.widths[:-1], self.widths[1:]))
+
+
+def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
+    """Check the op's inputs; return their spec. Raises TypeError/ValueError naming the argument.
+
+    x: [..., in_features]; weights[i]: [out_i, in_i] (nn.Linear layout), in_{i+1} == out_i;
+    biases: None or one [out_i] tensor per weight.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"x: expected a floating dtype {[str(d) for d in FLOAT_DTYPES]}, got {x.dtype}"
+        )
+    if x.dim() < 1:
+        raise ValueError("x: expected at least 1 dimension [..., in_features], got a scalar")
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
+        raise TypeError("weights: expected a non-empty list of 2-D tensors [out, in]")
+    act = activations.get(activation)
+    out_act = activations.get(output_activation)
+
+    widths = [x.shape[-1]]
+    for i, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"weights[{i}]: expected a torch.Tensor, got {type(w).__name__}")
+        if w.dim() != 2:
+            raise ValueError(f"weights[{i}]: expected 2-D [out, in], got shape {tuple(w.shape)}")
+        if w.shape[1] != widths[-1]:
+            what = "x.shape[-1]" if i == 0 else f"weights[{i - 1}].shape[0]"
+            raise ValueError(
+                f"weights[{i}]: expected in_features {widths[-1]} (= {what}), "
+                f"got shape {tuple(w.shape)}"
+            )
+        _same(w, x, f"weights[{i}]")
+        widths.append(w.shape[0])
+
+    if biases is not None:
+        if isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence):
+            raise TypeError("biases: expected None or a list of 1-D tensors")
+        if len(biases) != len(weights):
+            raise ValueError(
+                f"biases: expected one per weight ({len(weights)}), got {len(biases)}"
+            )
+        for i, b in enumerate(biases):
+            if not isinstance(b, torch.Tensor):
+                raise TypeError(f"biases[{i}]: expected a torch.Tensor, got {type(b).__name__}")
+            if tuple(b.shape) != (widths[i + 1],):
+                raise ValueError(
+                    f"biases[{i}]: expected shape ({widths[i + 1]},), got {tuple(b.shape)}"
+                )
+            _same(b, x, f"biases[{i}]")
+    return MLPSpec(tuple(int(w) for w in widths), act.name, out_act.name, biases is not None, x.dtype)
+
+
+def _same(t: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    if t.device != x.device:
+        raise ValueError(
+            f"{name}: expected device {x.device} (the device of x), got {t.device}; "
+            "move the module or the input with .to(device)"
+        )
+    if t.dtype != x.dtype:
+        raise TypeError(
+            f"{name}: expected dtype {x.dtype} (the dtype of x), got {t.dtype}; "
+            "the op does not promote: cast the module or the input, or use torch.autocast"
+        )

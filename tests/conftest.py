@@ -1,0 +1,168 @@
+"""The shared correctness suite's fixtures: every usable (backend, device), one float64
+reference, one tolerance table. A backend joins the suite by registering with the
+dispatcher; no test file names a backend except the reference."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations, dispatch
+from fusedmlp_xpu.spec import MLPSpec
+
+# Relative error ||out - ref|| / ||ref|| allowed, by operand dtype.
+TOLERANCE = {
+    # fp32 arithmetic with fp32 accumulation lands near 1e-7; depth and sums of ~1000
+    # rows in the weight gradients grow it by at most ~100x.
+    torch.float32: 1e-5,
+    # fp16 rounds every layer's output to 11 bits (eps 4.9e-4): a few layers of that, and
+    # gradients that sum 1000+ rounded products, stay below 1e-2 with margin.
+    torch.float16: 1e-2,
+    # bf16 keeps 8 bits (eps 3.9e-3): one rounding per layer already costs ~2e-3 rms,
+    # five layers and a reduction over rows reach ~1e-2; 2e-2 leaves margin, not slack.
+    torch.bfloat16: 2e-2,
+}
+# Gradients in fp16/bf16 through kinked activations (relu, leaky_relu) also carry mask
+# flips: where a pre-activation lies within rounding of 0 its derivative differs from the
+# float64 one by a whole step, and eager nn.Sequential in the same dtype shows 3-4e-2 in
+# bf16 (1e-2 in fp16). So a low-precision gradient must be within the table's bound OR
+# within GRAD_VS_EAGER x the error of the eager nn.Sequential (torch autograd, same dtype,
+# same data) it replaces -- never much worse than what users have today.
+GRAD_VS_EAGER = 2.0
+# A backend that computes fp32 dots with tf32 (10-bit mantissa) is held to this instead.
+TF32_TOLERANCE = 2e-3
+
+
+def devices() -> list[torch.device]:
+    out = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        out.append(torch.device("cuda"))
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        out.append(torch.device("xpu"))
+    return out
+
+
+def usable() -> list[tuple[str, torch.device]]:
+    """Every (backend, device) pair that can run here, the reference on every device."""
+    probe = MLPSpec((16, 16, 16), "relu", "none", True, torch.float32)
+    pairs = []
+    for dev in devices():
+        for name, be in dispatch.REGISTRY.items():
+            ok, _ = dispatch.availability(name)
+            if ok and dev.type in be.device_types and be.supports(probe, dev)[0]:
+                pairs.append((name, dev))
+    return pairs
+
+
+BACKENDS = usable()
+
+
+def is_slow(name: str, device: torch.device) -> bool:
+    """A kernel emulated on the CPU (Triton's interpreter, SYCL on OpenCL CPU): keep shapes small."""
+    return device.type == "cpu" and name != "reference"
+
+
+@pytest.fixture(params=BACKENDS, ids=[f"{n}-{d.type}" for n, d in BACKENDS])
+def backend(request):
+    """(name, device) of one usable backend; its dispatcher decisions are fresh."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_env_backend(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every output a backend allocates through memory.new_empty starts as NaN."""
+    import importlib
+
+    b = importlib.import_module("fusedmlp_xpu.backends.memory")
+    real = b.new_empty
+
+    def poisoned(*shape, like, dtype=None):
+        t = real(*shape, like=like, dtype=dtype)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(b, "new_empty", poisoned)
+
+
+def tolerance(name: str, dtype: torch.dtype) -> float:
+    if dtype == torch.float32 and getattr(dispatch.REGISTRY[name], "uses_tf32", False):
+        return TF32_TOLERANCE
+    return TOLERANCE[dtype]
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.detach().to("cpu", torch.float64)
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert not torch.isnan(out).any(), "NaN in output (unwritten or poisoned elements)"
+    den = ref.norm().item()
+    return (out - ref).norm().item() / (den if den > 0 else 1.0)
+
+
+def assert_close(out, ref, tol, what="output"):
+    err = rel_error(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+
+
+def eager_errors(x, weights, biases, activation, output_activation, grad_y, ref):
+    """Relative errors of eager torch autograd in the operands' dtype (on the CPU), per
+    gradient: [grad_x, *grad_weights, *grad_biases], measured against ``ref``."""
+    def leaf(t):
+        return t.detach().cpu().requires_grad_()
+
+    x_, w_ = leaf(x), [leaf(w) for w in weights]
+    b_ = None if biases is None else [leaf(b) for b in biases]
+    act = activations.get(activation).fn
+    out_act = activations.get(output_activation).fn
+    h = x_
+    for i, w in enumerate(w_):
+        h = F.linear(h, w, None if b_ is None else b_[i])
+        h = out_act(h) if i == len(w_) - 1 else act(h)
+    grads = torch.autograd.grad(h, [x_, *w_, *(b_ or [])], grad_y.detach().cpu())
+    _, rgx, rgw, rgb = ref
+    return [rel_error(g, r) for g, r in zip(grads, [rgx, *rgw, *rgb])]
+
+
+def make_params(widths, bias, dtype, device, requires_grad=False, gen=None):
+    """Weights like nn.Linear's init (U(+-1/sqrt(in))), biases likewise; fresh each call."""
+    ws, bs = [], []
+    for a, b in zip(widths[:-1], widths[1:]):
+        bound = a ** -0.5
+        w = (torch.rand(b, a, generator=gen, dtype=torch.float64) * 2 - 1) * bound
+        ws.append(w.to(device, dtype).requires_grad_(requires_grad))
+        if bias:
+            v = (torch.rand(b, generator=gen, dtype=torch.float64) * 2 - 1) * bound
+            bs.append(v.to(device, dtype).requires_grad_(requires_grad))
+    return ws, (bs if bias else None)
+
+
+def reference(x, weights, biases, activation, output_activation, grad_y=None):
+    """The float64 CPU ground truth, with gradients by torch autograd (not our formulas).
+
+    Returns y, or (y, grad_x, grad_weights, grad_biases) when grad_y is given.
+    """
+    def up(t):
+        return t.detach().to("cpu", torch.float64).requires_grad_(grad_y is not None)
+
+    x64 = up(x)
+    w64 = [up(w) for w in weights]
+    b64 = None if biases is None else [up(b) for b in biases]
+    act = activations.get(activation).fn
+    out_act = activations.get(output_activation).fn
+    h = x64
+    for i, w in enumerate(w64):
+        h = F.linear(h, w, None if b64 is None else b64[i])
+        h = out_act(h) if i == len(w64) - 1 else act(h)
+    if grad_y is None:
+        return h.detach()
+    grads = torch.autograd.grad(h, [x64, *w64, *(b64 or [])], up(grad_y).detach())
+    n = len(w64)
+    return h.detach(), grads[0], list(grads[1 : 1 + n]), list(grads[1 + n :])

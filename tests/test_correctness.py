@@ -1,0 +1,122 @@
+"""Outputs and gradients of every usable backend against the float64 CPU reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations
+
+from conftest import GRAD_VS_EAGER, assert_close, eager_errors, is_slow, make_params, reference, tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ACTS = sorted(activations.ACTIVATIONS)
+WIDTHS = [16, 32, 64, 128, 256]  # 256: one wide case, past every narrow kernel's limit
+DEPTHS = [1, 2, 3, 4, 5]  # hidden layers
+
+
+def run(backend, widths, dtype, act="relu", out_act="none", bias=True, lead=(1037,),
+        grad=False, noncontig=False, recompute=False):
+    """Run fused_mlp forced to ``backend`` on fresh random data; compare with the reference."""
+    name, dev = backend
+    ws, bs = make_params(widths, bias, dtype, dev, requires_grad=grad)
+    if noncontig:
+        x = torch.randn(*lead, 2 * widths[0], device=dev).to(dtype)[..., ::2]
+        assert not x.is_contiguous() or x.numel() <= widths[0]
+    else:
+        x = torch.randn(*lead, widths[0], device=dev).to(dtype)
+    x.requires_grad_(grad)
+    y = fm.fused_mlp(x, ws, bs, act, out_act, backend=name, recompute=recompute)
+    tol = tolerance(name, dtype)
+    if not grad:
+        assert_close(y, reference(x, ws, bs, act, out_act), tol)
+        return
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    ref = reference(x, ws, bs, act, out_act, grad_y=gy)
+    ry, rgx, rgw, rgb = ref
+    assert_close(y, ry, tol)
+    names = ["grad x"] + [f"grad weights[{i}]" for i in range(len(ws))] \
+        + [f"grad biases[{i}]" for i in range(len(bs or []))]
+    outs = [x.grad] + [w.grad for w in ws] + [b.grad for b in bs or []]
+    tols = [tol] * len(outs)
+    if dtype in (torch.float16, torch.bfloat16):
+        eager = eager_errors(x, ws, bs, act, out_act, gy, ref)
+        tols = [max(tol, GRAD_VS_EAGER * e) for e in eager]
+    for out, r, t, what in zip(outs, [rgx, *rgw, *rgb], tols, names):
+        assert_close(out, r, t, what)
+
+
+def _skip_big(backend, *sizes):
+    if is_slow(*backend) and max(sizes) > 128:
+        pytest.skip("emulated kernel on CPU: wide shapes are covered on the device")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_activations(backend, dtype, act, grad):
+    out_act = ACTS[(ACTS.index(act) + 3) % len(ACTS)]  # a different one at the output
+    run(backend, (32, 64, 64, 16), dtype, act, out_act, grad=grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_widths_depths(backend, dtype, width, depth):
+    _skip_big(backend, width)
+    lead = (37,) if is_slow(*backend) else (1037,)
+    run(backend, (width,) + (width,) * depth + (width,), dtype, "silu", lead=lead)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_gradients_widths(backend, dtype, width, bias):
+    _skip_big(backend, width)
+    run(backend, (width, width, width, width), dtype, "gelu_tanh", "sigmoid", bias, grad=True)
+
+
+@pytest.mark.parametrize("widths", [(3, 16, 5), (17, 33, 33, 9), (1, 64, 1), (100, 128, 128, 3)])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_odd_feature_dims(backend, widths, grad):
+    run(backend, widths, torch.float32, "tanh", "none", grad=grad)
+
+
+@pytest.mark.parametrize("lead", [(0,), (1,), (7,), (1037,), (3, 5, 7), (2, 0, 4)], ids=str)
+@pytest.mark.parametrize("noncontig", [False, True], ids=["contig", "strided"])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_batch_shapes(backend, lead, noncontig, grad):
+    run(backend, (32, 32, 32, 8), torch.float16, "relu", lead=lead, noncontig=noncontig, grad=grad)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_training_modes(backend, recompute, dtype):
+    run(backend, (64, 64, 64, 64, 16), dtype, "leaky_relu", "softplus", grad=True,
+        recompute=recompute)
+
+
+def test_partial_grads(backend):
+    """Only the weights require grad: x gets none, and what is computed is right."""
+    name, dev = backend
+    ws, bs = make_params((16, 32, 8), True, torch.float32, dev, requires_grad=True)
+    bs[0].requires_grad_(False)
+    x = torch.randn(100, 16, device=dev)
+    y = fm.fused_mlp(x, ws, bs, "relu", backend=name)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    _, _, rgw, rgb = reference(x, ws, bs, "relu", "none", grad_y=gy)
+    assert x.grad is None and bs[0].grad is None
+    assert_close(ws[0].grad, rgw[0], tolerance(name, torch.float32), "grad weights[0]")
+    assert_close(bs[1].grad, rgb[1], tolerance(name, torch.float32), "grad biases[1]")
+
+
+def test_fresh_data_each_call(backend):
+    """Two calls on different data give different, each correct, results (nothing cached)."""
+    name, dev = backend
+    ws, bs = make_params((16, 32, 8), True, torch.float32, dev)
+    for _ in range(2):
+        x = torch.randn(50, 16, device=dev)
+        assert_close(fm.fused_mlp(x, ws, bs, backend=name), reference(x, ws, bs, "relu", "none"),
+                     tolerance(name, torch.float32))

@@ -1,0 +1,63 @@
+"""Every bad input raises its documented error, naming the argument."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusedmlp_xpu as fm
+
+from conftest import make_params
+
+
+def _args():
+    ws, bs = make_params((16, 32, 8), True, torch.float32, "cpu")
+    return torch.randn(5, 16), ws, bs
+
+
+@pytest.mark.parametrize("mutate, exc, msg", [
+    (lambda x, ws, bs: (torch.randn(5, 15), ws, bs), ValueError, r"weights\[0\]: expected in_features 15"),
+    (lambda x, ws, bs: (x, [ws[0], torch.randn(8, 31)], bs), ValueError, r"weights\[1\]: expected in_features 32"),
+    (lambda x, ws, bs: (x, [ws[0], torch.randn(8, 32, 1)], bs), ValueError, r"weights\[1\]: expected 2-D"),
+    (lambda x, ws, bs: (x, ws, bs[:1]), ValueError, r"biases: expected one per weight \(2\), got 1"),
+    (lambda x, ws, bs: (x, ws, [bs[0], torch.randn(9)]), ValueError, r"biases\[1\]: expected shape \(8,\)"),
+    (lambda x, ws, bs: (x.double(), ws, bs), TypeError, r"weights\[0\]: expected dtype torch.float64"),
+    (lambda x, ws, bs: (x, [ws[0].half(), ws[1]], bs), TypeError, r"weights\[0\]: expected dtype torch.float32"),
+    (lambda x, ws, bs: (x.long(), ws, bs), TypeError, r"x: expected a floating dtype"),
+    (lambda x, ws, bs: (x, ws[0], bs), TypeError, r"weights: expected a list"),
+    (lambda x, ws, bs: (x, [], bs), TypeError, r"weights: expected a non-empty list"),
+    (lambda x, ws, bs: (x.numpy(), ws, bs), TypeError, r"x: expected a torch.Tensor"),
+    (lambda x, ws, bs: (torch.tensor(1.0), ws, bs), ValueError, r"x: expected at least 1 dimension"),
+    (lambda x, ws, bs: (x, ws, [bs[0], torch.randn(8, device="meta")]), ValueError, r"biases\[1\]: expected device cpu"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_inputs(mutate, exc, msg):
+    x, ws, bs = mutate(*_args())
+    with pytest.raises(exc, match=msg):
+        fm.fused_mlp(x, ws, bs)
+
+
+def test_bad_activation_names():
+    x, ws, bs = _args()
+    with pytest.raises(ValueError, match="activation: unknown name 'mish'"):
+        fm.fused_mlp(x, ws, bs, activation="mish")
+    with pytest.raises(ValueError, match="unknown name 'swishy'"):
+        fm.fused_mlp(x, ws, bs, output_activation="swishy")
+    with pytest.raises(ValueError, match="unknown name"):
+        fm.FusedMLP(4, 4, 4, 1, activation="mish")
+
+
+def test_bad_backend_name():
+    x, ws, bs = _args()
+    with pytest.raises(ValueError, match="backend: unknown backend 'fastest'"):
+        fm.fused_mlp(x, ws, bs, backend="fastest")
+
+
+def test_module_bad_input():
+    m = fm.FusedMLP(16, 8, 32, 2)
+    with pytest.raises(ValueError, match=r"weights\[0\]: expected in_features 12"):
+        m(torch.randn(3, 12))
+    with pytest.raises(TypeError, match="expected dtype torch.float16"):
+        m(torch.randn(3, 16, dtype=torch.float16))
+    with pytest.raises(ValueError, match="hidden_layers: expected an int >= 0"):
+        fm.FusedMLP(16, 8, 32, -1)
+    with pytest.raises(ValueError, match="hidden_features: expected a positive int"):
+        fm.FusedMLP(16, 8, 0, 1)

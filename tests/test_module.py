@@ -1,0 +1,101 @@
+"""FusedMLP, from_sequential, state_dict compatibility and fuse_mlps."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import fusedmlp_xpu as fm
+
+from conftest import assert_close, reference, tolerance
+
+
+def test_layer_count_and_layout():
+    m = fm.FusedMLP(in_features=64, out_features=16, hidden_features=32, hidden_layers=4)
+    assert m.widths == (64, 32, 32, 32, 32, 16)
+    assert [tuple(w.shape) for w in m.weights()] == [(32, 64), (32, 32), (32, 32), (32, 32), (16, 32)]
+    assert len(fm.FusedMLP(8, 4, 16, 0).weights()) == 1
+
+
+def test_matches_reference(backend):
+    name, dev = backend
+    m = fm.FusedMLP(24, 10, 48, 3, "softplus", "sigmoid", device=dev, backend=name)
+    x = torch.randn(3, 41, 24, device=dev)
+    assert_close(m(x), reference(x, m.weights(), m.biases(), "softplus", "sigmoid"),
+                 tolerance(name, torch.float32))
+
+
+def _seq():
+    return nn.Sequential(nn.Linear(12, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 32),
+                         nn.GELU(approximate="tanh"), nn.Linear(32, 5), nn.Sigmoid())
+
+
+def test_from_sequential_same_values_and_state_dict():
+    seq = _seq()
+    m = fm.FusedMLP.from_sequential(seq)
+    assert (m.activation, m.output_activation) == ("gelu_tanh", "sigmoid")
+    assert m.state_dict().keys() == seq.state_dict().keys()
+    for k, v in seq.state_dict().items():
+        assert torch.equal(m.state_dict()[k], v)
+    x = torch.randn(9, 12)
+    torch.testing.assert_close(m(x), seq(x))
+    # and back: a FusedMLP's state_dict loads into the Sequential it replaces
+    m2 = fm.FusedMLP.from_sequential(_seq())
+    seq.load_state_dict(m2.state_dict())
+    torch.testing.assert_close(seq(x), m2(x))
+    torch.testing.assert_close(m2.to_sequential()(x), m2(x))
+
+
+@pytest.mark.parametrize("seq, why", [
+    (nn.Sequential(nn.Linear(4, 4), nn.Dropout(), nn.Linear(4, 4)), "Dropout"),
+    (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)),
+     "hidden activations differ"),
+    (nn.Sequential(nn.Linear(4, 4), nn.LeakyReLU(0.2), nn.Linear(4, 2)), "LeakyReLU"),
+    (nn.Sequential(nn.Linear(4, 4, bias=False), nn.ReLU(), nn.Linear(4, 2)), "bias"),
+    (nn.Sequential(nn.ReLU(), nn.Linear(4, 2)), "first module"),
+])
+def test_from_sequential_rejects(seq, why):
+    with pytest.raises(ValueError, match=why):
+        fm.FusedMLP.from_sequential(seq)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 32), nn.SiLU(), nn.Linear(32, 32), nn.SiLU(),
+                                     nn.Linear(32, 16))
+        self.norm = nn.LayerNorm(16)
+        self.heads = nn.ModuleList([
+            nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4), nn.Softplus()),
+            nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.0), nn.Linear(16, 4)),  # not fusable
+        ])
+        self.tail = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)),
+                                  nn.BatchNorm1d(8))
+
+    def forward(self, x):
+        h = self.norm(self.encoder(x))
+        return torch.cat([head(h) for head in self.heads], -1)
+
+
+def test_fuse_mlps_keeps_outputs_and_gradients():
+    torch.manual_seed(0)
+    model = Model()
+    fused = Model()
+    fused.load_state_dict(model.state_dict())
+    out = fm.fuse_mlps(fused)
+    assert out is fused
+    assert isinstance(fused.encoder, fm.FusedMLP) and isinstance(fused.heads[0], fm.FusedMLP)
+    assert isinstance(fused.heads[1], nn.Sequential)  # Dropout: left alone
+    assert isinstance(fused.tail, nn.Sequential) and isinstance(fused.tail[0], fm.FusedMLP)
+    assert fused.state_dict().keys() == model.state_dict().keys()
+    x = torch.randn(20, 8)
+    torch.testing.assert_close(fused(x), model(x))
+    model(x).square().sum().backward()
+    fused(x).square().sum().backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=n)
+
+
+def test_fuse_mlps_root_sequential():
+    seq = _seq()
+    assert isinstance(fm.fuse_mlps(seq), fm.FusedMLP)

@@ -1,0 +1,107 @@
+"""The custom ops themselves: opcheck, torch.compile, autocast, env override."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import dispatch
+
+from conftest import assert_close, is_slow, make_params, reference, tolerance
+
+
+def sample_inputs(device, dtype, requires_grad):
+    """(x, weights, biases, activation, output_activation) covering odd shapes and options."""
+    for widths, lead, bias, act, out_act in [
+        ((16, 32, 8), (7,), True, "relu", "none"),
+        ((13, 16, 16, 5), (2, 3), False, "gelu", "tanh"),
+        ((32, 32), (0,), True, "silu", "sigmoid"),
+    ]:
+        ws, bs = make_params(widths, bias, dtype, device, requires_grad)
+        x = torch.randn(*lead, widths[0], device=device, dtype=dtype, requires_grad=requires_grad)
+        yield x, ws, bs, act, out_act
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_opcheck(backend, dtype):
+    name, dev = backend
+    for x, ws, bs, act, out_act in sample_inputs(dev, dtype, requires_grad=True):
+        args = (x, ws, bs, act, out_act, name)
+        torch.library.opcheck(torch.ops.fusedmlp.mlp.default, args)
+        torch.library.opcheck(torch.ops.fusedmlp.mlp_train.default, args)
+        with torch.no_grad():
+            y, saved = torch.ops.fusedmlp.mlp_train(*args)
+        gy = torch.randn_like(y)
+        for needs in [(True, True, True), (False, True, False), (True, False, False)]:
+            bargs = (gy, x.detach(), [w.detach() for w in ws],
+                     None if bs is None else [b.detach() for b in bs],
+                     saved, act, out_act, name, *needs)
+            torch.library.opcheck(torch.ops.fusedmlp.mlp_backward.default, bargs)
+
+
+def test_compile_fullgraph_matches_eager(backend):
+    name, dev = backend
+    if is_slow(name, dev):
+        pytest.skip("compile with an emulated kernel: covered by the reference and the device")
+    torch._dynamo.reset()
+    mlp = fm.FusedMLP(16, 8, 32, 2, activation="gelu", output_activation="tanh",
+                      device=dev, backend=name)
+    compiled = torch.compile(mlp, fullgraph=True)
+    x = torch.randn(5, 7, 16, device=dev, requires_grad=True)
+    y_eager = mlp(x)
+    y_comp = compiled(x)
+    torch.testing.assert_close(y_comp, y_eager)
+    (g_eager,) = torch.autograd.grad(y_eager.sum(), x)
+    (g_comp,) = torch.autograd.grad(y_comp.sum(), x)
+    torch.testing.assert_close(g_comp, g_eager)
+    explanation = torch._dynamo.explain(mlp)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_computes_in_autocast_dtype(backend, dtype):
+    name, dev = backend
+    ws, bs = make_params((16, 32, 8), True, torch.float32, dev, requires_grad=True)
+    x = torch.randn(33, 16, device=dev)
+    with torch.autocast(dev.type, dtype=dtype):
+        y = fm.fused_mlp(x, ws, bs, "relu", backend=name)
+        mlp = fm.FusedMLP(16, 8, 32, 1, device=dev, backend=name)
+        y2 = mlp(x)
+    assert y.dtype == dtype and y2.dtype == dtype
+    rounded = [w.to(dtype) for w in ws], [b.to(dtype) for b in bs]
+    assert_close(y, reference(x.to(dtype), *rounded, "relu", "none"), tolerance(name, dtype))
+    y.float().sum().backward()
+    assert ws[0].grad.dtype == torch.float32  # gradients flow back to the fp32 masters
+
+
+def test_env_var_forces_backend(monkeypatch):
+    x = torch.randn(4, 16)
+    ws, bs = make_params((16, 8), True, torch.float32, "cpu")
+    monkeypatch.setenv(dispatch.ENV_VAR, "no-such-backend")
+    with pytest.raises(ValueError, match="FUSEDMLP_BACKEND: unknown backend 'no-such-backend'"):
+        fm.fused_mlp(x, ws, bs)
+    monkeypatch.setenv(dispatch.ENV_VAR, "reference")
+    assert fm.explain(fm.MLPSpec((16, 8)), x).backend == "reference"
+
+
+def test_unavailable_forced_backend_is_an_error(monkeypatch):
+    """A forced backend that cannot run raises, naming it and why; never a silent fallback."""
+
+    class Never(fm.dispatch.Backend):
+        name, device_types = "never", ("cpu",)
+
+        def available(self):
+            return True, "test backend"
+
+        def supports(self, spec, device):
+            return False, "width over this backend's limit"
+
+    monkeypatch.setitem(dispatch.REGISTRY, "never", Never())
+    dispatch._decisions.clear()
+    x = torch.randn(4, 16)
+    ws, _ = make_params((16, 8), False, torch.float32, "cpu")
+    with pytest.raises(fm.BackendUnavailableError, match="'never'.*width over this backend's limit"):
+        fm.fused_mlp(x, ws, backend="never")
+    monkeypatch.setenv(dispatch.ENV_VAR, "never")
+    with pytest.raises(fm.BackendUnavailableError, match="never"):
+        fm.fused_mlp(x, ws)
