@@ -10,6 +10,17 @@ from .op import fused_mlp
 from .spec import MLPSpec
 
 __version__ = "0.1.0"
+
+
+def _register_optional_backends() -> None:
+    """Backends whose dependencies may be missing register only if their module imports;
+    their availability (and why not) is then reported by backends() and explain()."""
+    from .backends.triton import TritonBackend
+
+    dispatch.register(TritonBackend())
+
+
+_register_optional_backends()
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "explain", "backends", "MLPSpec",
            "BackendUnavailableError", "activations", "__version__"]
 

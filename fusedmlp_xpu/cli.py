@@ -47,7 +47,24 @@ def cmd_info(args) -> int:
     return 0
 
 
-COMMANDS = {"info": (cmd_info, "devices, versions and the backends table with reasons")}
+def _bench(args) -> int:
+    from .bench import cmd_bench
+
+    return cmd_bench(args)
+
+
+def _bench_arguments(p):
+    from .bench import cmd_bench
+
+    cmd_bench.add_arguments(p)
+
+
+_bench.add_arguments = _bench_arguments
+
+COMMANDS = {
+    "info": (cmd_info, "devices, versions and the backends table with reasons"),
+    "bench": (_bench, "benchmark sweeps (BENCHMARKS.md) -> JSON with the environment"),
+}
 
 
 def main(argv=None) -> int:

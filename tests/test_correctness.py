@@ -19,6 +19,11 @@ def run(backend, widths, dtype, act="relu", out_act="none", bias=True, lead=(103
         grad=False, noncontig=False, recompute=False):
     """Run fused_mlp forced to ``backend`` on fresh random data; compare with the reference."""
     name, dev = backend
+    spec = fm.MLPSpec(tuple(widths), activations.get(act).name, activations.get(out_act).name,
+                      bias, dtype)
+    ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
+    if not ok:  # the dispatcher falls back for these; explain() shows the reason
+        pytest.skip(f"{name} does not support this spec: {why}")
     ws, bs = make_params(widths, bias, dtype, dev, requires_grad=grad)
     if noncontig:
         x = torch.randn(*lead, 2 * widths[0], device=dev).to(dtype)[..., ::2]

@@ -35,25 +35,25 @@ class Backend:
     def forward(
         self, x: torch.Tensor, weights: Sequence[torch.Tensor],
         biases: Sequence[torch.Tensor] | None, spec: MLPSpec, save: bool,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """x: [N, in] -> (y: [N, out], saved). ``saved`` (only when ``save``) holds the
-        pre-activations z_1..z_{L-1} of the hidden layers, each [N, width_i], and z_L
-        when the output activation is not none."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [N, in] -> (y: [N, out], saved). ``saved`` (only when ``save``, else None) is
+        one [N, saved_width(spec)] tensor: the pre-activations z_1..z_{L-1} of the hidden
+        layers side by side, then z_L when the output activation is not none."""
         raise NotImplementedError
 
     def backward(
         self, grad_y: torch.Tensor, x: torch.Tensor, weights: Sequence[torch.Tensor],
-        biases: Sequence[torch.Tensor] | None, saved: Sequence[torch.Tensor],
+        biases: Sequence[torch.Tensor] | None, saved: torch.Tensor | None,
         spec: MLPSpec, needs: tuple[bool, bool, bool],
     ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
         """grad_y: [N, out] -> (grad_x | None, grad_weights, grad_biases).
 
-        ``saved`` is what ``forward(save=True)`` returned, or empty: then recompute.
+        ``saved`` is what ``forward(save=True)`` returned, or None: then recompute.
         ``needs`` = (x, weights, biases); lists are empty where not needed.
         """
         raise NotImplementedError
 
 
-def n_saved(spec: MLPSpec) -> int:
-    """How many tensors ``forward(save=True)`` returns."""
-    return spec.n_layers - 1 + (spec.output_activation != "none")
+def saved_widths(spec: MLPSpec) -> list[int]:
+    """Column widths of the pre-activations ``forward(save=True)`` stores, in order."""
+    return list(spec.widths[1:-1]) + ([spec.out_features] if spec.output_activation != "none" else [])

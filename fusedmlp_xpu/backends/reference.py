@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import activations
-from . import Backend
+from . import Backend, saved_widths
 
 
 class ReferenceBackend(Backend):
@@ -41,12 +41,14 @@ class ReferenceBackend(Backend):
                 if save and out_act.name != "none":
                     saved.append(z)
                 h = out_act.fn(z)
-        return h, saved
+        return h, (torch.cat(saved, dim=-1) if save and saved else x.new_empty(x.shape[0], 0)
+                   if save else None)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         need_x, need_w, need_b = needs
-        if not saved:
+        if saved is None:
             _, saved = self.forward(x, weights, biases, spec, save=True)
+        saved = saved.split(saved_widths(spec), dim=-1)
         act = activations.ACTIVATIONS[spec.activation]
         out_act = activations.ACTIVATIONS[spec.output_activation]
         L = len(weights)

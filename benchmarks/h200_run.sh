@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One device call: GPU test suite, tuning sweep, benchmark. Writes everything under $OUT.
+# Usage (from the repo root on the GPU machine): bash benchmarks/h200_run.sh [steps...]
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+steps=${*:-"tests sweep bench"}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+for s in $steps; do
+  case $s in
+    tests) python3 -m pytest -q -n 8 tests -p no:cacheprovider 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+    sweep) python3 benchmarks/sweep_narrow.py --out "$OUT/sweep.json" 2>&1 | grep -E "BEST|Error" | tee "$OUT/sweep.log" ;;
+    bench) python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" 2>"$OUT/bench.log" | tee "$OUT/bench-summary.txt" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done

@@ -1,0 +1,62 @@
+"""Sweep the Triton narrow kernel's tuning (BLOCK_M, num_warps, programs per SM) on a GPU.
+
+Prints one line per variant and the best per (width, pass); the chosen values go into
+_tuning_nvidia() in fusedmlp_xpu/backends/triton/__init__.py with these numbers as the
+reason. Usage: PYTHONPATH=. python benchmarks/sweep_narrow.py [--out results.json]
+"""
+import argparse
+import importlib
+import json
+
+import torch
+import triton.testing
+
+import fusedmlp_xpu as fm
+
+tb = importlib.import_module("fusedmlp_xpu.backends.triton")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--n", type=int, default=2 ** 22)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    rows = []
+    for W in (32, 64, 128):
+        for dtype in (torch.float16,):
+            m = fm.FusedMLP(64, 64, W, 4, bias=False, device=dev, dtype=dtype, backend="triton")
+            x = torch.randn(args.n, 64, device=dev, dtype=dtype, requires_grad=True)
+            gy = torch.randn(args.n, 64, device=dev, dtype=dtype)
+            for mode in ("fwd", "bwd"):
+                best = None
+                for bm in (64, 128, 256):
+                    for warps in (4, 8):
+                        for per_sm in ((1, 2, 4) if mode == "bwd" else (0,)):
+                            tb._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
+                            tb._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
+                            try:
+                                if mode == "fwd":
+                                    def fn():
+                                        with torch.no_grad():
+                                            m(x)
+                                else:
+                                    def fn():
+                                        m(x).backward(gy)
+                                ms = triton.testing.do_bench(fn, warmup=50, rep=300,
+                                                             return_mode="median")
+                            except Exception as e:  # out of resources, etc.
+                                print(f"W{W} {mode} bm{bm} w{warps} k{per_sm}: {type(e).__name__}")
+                                continue
+                            rows.append(dict(W=W, mode=mode, bm=bm, warps=warps, per_sm=per_sm,
+                                             ms=ms))
+                            print(f"W{W} {mode} bm{bm} w{warps} k{per_sm}: {ms:.4f} ms", flush=True)
+                            if best is None or ms < best[0]:
+                                best = (ms, bm, warps, per_sm)
+                print(f"BEST W{W} {mode}: {best}", flush=True)
+    if args.out:
+        json.dump(rows, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The Triton backend: one source for NVIDIA GPUs, Intel GPUs (Triton's XPU backend) and,
+under TRITON_INTERPRET=1, CPU tensors (so CPU CI runs the kernel code itself).
+
+Narrow MLPs (every width <= 128, equal hidden widths, >= 2 layers) run as one fused
+kernel (narrow.py). Host code here: argument packing, tuning tables, launches.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import Backend, memory, saved_widths
+
+MAX_WIDTH = 128
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+# --- tuning, one named place per vendor ------------------------------------------------
+def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) on NVIDIA GPUs. Provisional until swept on the H200."""
+    wmax = _pow2(max(spec.widths))
+    if mode == "fwd":
+        return (128, 4) if wmax <= 64 else (128, 8)
+    return (64, 4) if wmax <= 64 else (64, 8)
+
+
+def _tuning_intel(spec, mode: str) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) on Intel GPUs through Triton's XPU backend (not measured here)."""
+    return (64, 8) if _pow2(max(spec.widths)) > 64 else (128, 8)
+
+
+def _tuning_interpreter(spec, mode: str) -> tuple[int, int]:
+    # the interpreter runs each program in numpy: fewer, larger blocks are faster
+    return 64, 1
+
+
+def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
+    if device.type == "cpu":
+        return _tuning_interpreter(spec, mode)
+    if device.type == "xpu":
+        return _tuning_intel(spec, mode)
+    return _tuning_nvidia(spec, mode)
+
+
+_SM_COUNT: dict = {}
+
+
+def _n_programs(device: torch.device, n_blocks: int) -> int:
+    """Persistent-grid size for backward: a few programs per multiprocessor."""
+    if device.type == "cuda":
+        if device.index not in _SM_COUNT:
+            _SM_COUNT[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+        return max(1, min(n_blocks, 2 * _SM_COUNT[device.index]))
+    if device.type == "xpu":
+        return max(1, min(n_blocks, 512))
+    return max(1, min(n_blocks, 4))
+
+
+def _stack(ts):
+    """Stack hidden-layer tensors; a 1-element dummy when there are none."""
+    return torch.stack(ts) if ts else None
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    device_types = ("cuda", "xpu", "cpu")
+    uses_tf32 = True  # fp32 dots on tensor cores use tf32 (10-bit mantissa) on GPUs
+
+    def available(self):
+        try:
+            import triton  # noqa: F401
+        except Exception as e:
+            return False, f"triton not importable ({type(e).__name__}: {e}); pip install triton"
+        from . import narrow  # noqa: F401  (compiles nothing yet; checks the source imports)
+        return True, f"triton {triton.__version__}"
+
+    def supports(self, spec, device):
+        if device.type == "cpu" and not _interpreting():
+            return False, "CPU tensors need TRITON_INTERPRET=1 (the interpreter; for testing)"
+        if spec.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return False, f"dtype {spec.dtype} not supported (fp16, bf16, fp32)"
+        if spec.n_layers < 2:
+            return False, "a single layer has nothing to fuse"
+        hidden = set(spec.widths[1:-1])
+        if len(hidden) != 1:
+            return False, f"hidden widths differ {spec.widths[1:-1]}"
+        if max(spec.widths) > MAX_WIDTH:
+            return False, f"width {max(spec.widths)} > {MAX_WIDTH} (narrow fused kernel limit)"
+        return True, f"fully-fused narrow kernel (widths <= {MAX_WIDTH})"
+
+    # -- launches -----------------------------------------------------------------------
+    def _common(self, x, weights, biases, spec):
+        from . import narrow
+
+        IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
+        interp = x.device.type == "cpu"
+        meta = dict(IN_P=_pow2(IN), H_P=_pow2(H), OUT_P=_pow2(OUT), ACT=spec.activation_id,
+                    OUT_ACT=spec.output_activation_id,
+                    F32=interp, PREC="ieee" if interp else "tf32")
+        wh = _stack([w for w in weights[1:-1]])
+        return narrow, IN, H, OUT, meta, wh
+
+    def forward(self, x, weights, biases, spec, save):
+        narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
+        M = x.shape[0]
+        L_HID = spec.n_layers - 2
+        y = memory.new_empty(M, OUT, like=x)
+        saved = None
+        z = y  # a dummy when not saving
+        if save:
+            z = saved = memory.new_empty(M, sum(saved_widths(spec)), like=x)
+        has_b = biases is not None
+        bh = _stack(list(biases[1:-1])) if has_b else None
+        block_m, warps = _tuning(x.device, spec, "fwd")
+        grid = (triton_cdiv(M, block_m),)
+        if M == 0:
+            return y, saved
+        narrow._mlp_fwd_kernel[grid](
+            x, weights[0], wh if wh is not None else weights[0], weights[-1],
+            biases[0] if has_b else x, bh if bh is not None else x, biases[-1] if has_b else x,
+            y, z,
+            M, IN, H, OUT, L_HID,
+            x.stride(0), x.stride(1), y.stride(0), z.stride(0),
+            HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m, num_warps=warps, **meta,
+        )
+        return y, saved
+
+    def backward(self, grad_y, x, weights, biases, saved, spec, needs):
+        need_x, need_w, need_b = needs
+        if saved is None:  # recompute: the forward once more, saving this time
+            _, saved = self.forward(x, weights, biases, spec, save=True)
+        narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
+        M = x.shape[0]
+        L_HID = spec.n_layers - 2
+        z = saved if saved.stride(-1) == 1 else saved.contiguous()
+        grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
+        IN_P, H_P, OUT_P = meta["IN_P"], meta["H_P"], meta["OUT_P"]
+        block_m, warps = _tuning(x.device, spec, "bwd")
+        n_blocks = triton_cdiv(M, block_m)
+        P = _n_programs(x.device, n_blocks)
+        f32 = dict(device=x.device, dtype=torch.float32)
+        gx = memory.new_empty(M, IN, like=x) if need_x else x
+        dw0 = torch.zeros(P, H_P, IN_P, **f32) if need_w else grad_y
+        dwh = torch.zeros(P, max(L_HID, 1), H_P, H_P, **f32) if need_w else grad_y
+        dwl = torch.zeros(P, OUT_P, H_P, **f32) if need_w else grad_y
+        db = torch.zeros(P, L_HID + 2, max(H_P, OUT_P), **f32) if need_b else grad_y
+        if M > 0:
+            narrow._mlp_bwd_kernel[(P,)](
+                grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z,
+                gx, dw0, dwh, dwl, db,
+                M, IN, H, OUT, L_HID, n_blocks,
+                grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0),
+                NEED_X=need_x, NEED_W=need_w, NEED_B=need_b, BLOCK_M=block_m, num_warps=warps,
+                **{**meta, "H_P": H_P},
+            )
+        gws, gbs = [], []
+        if need_w:
+            gws = [dw0.sum(0)[:H, :IN]]
+            if L_HID:
+                gws += list(dwh.sum(0)[:L_HID, :H, :H].unbind(0))
+            gws.append(dwl.sum(0)[:OUT, :H])
+            gws = [_own(g, x.dtype) for g in gws]
+        if need_b:
+            b = db.sum(0)
+            widths = spec.widths[1:]
+            gbs = [_own(b[i, : widths[i]], x.dtype) for i in range(spec.n_layers)]
+        return (gx if need_x else None), gws, gbs
+
+
+def _own(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy: op outputs may not alias one another (they are slices of one sum)."""
+    return t.to(dtype, memory_format=torch.contiguous_format, copy=True)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b

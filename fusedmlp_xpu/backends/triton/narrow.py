@@ -1,0 +1,235 @@
+"""Fully-fused narrow MLP kernels (every width <= 128): the whole network in ONE kernel.
+
+Forward: each program reads a block of rows once, runs it through every layer on chip
+(weights come from L2; each layer's weights are a few KB) and writes only the output
+(and, for training, the pre-activations backward needs).
+Backward: one persistent kernel walks the rows back through all layers; the input
+gradient is written once, and each program adds its weight/bias gradients for the row
+blocks it owns into its own fp32 slice of a scratch buffer (no atomics, no contention;
+the slices stay in L2), summed by one small reduction at the end.
+
+Saved for backward: one [M, S] tensor, the pre-activations of the hidden layers side by
+side (layer l at columns l*H ..), then the output layer's when it has an activation.
+Layout: layer 0 maps in -> H, hidden layers H -> H (stacked: [L_HID, H, H]), the last
+H -> out. Widths are padded to powers of two >= 16 inside the kernel by masking; x, y
+and gradients are never copied to padded buffers. Row offsets are int64, so inputs with
+more than 2^31 elements are fine.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr):
+    """Activation by registry id (fusedmlp_xpu.activations); z is fp32."""
+    if ACT == 1:
+        z = tl.maximum(z, 0.0)
+    elif ACT == 2:
+        z = tl.where(z > 0, z, z * 0.01)
+    elif ACT == 3:
+        z = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
+    elif ACT == 4:
+        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        z = 0.5 * z * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
+    elif ACT == 5:
+        z = z * tl.sigmoid(z)
+    elif ACT == 6:
+        z = tl.sigmoid(z)
+    elif ACT == 7:
+        z = 2.0 * tl.sigmoid(2.0 * z) - 1.0
+    elif ACT == 8:
+        z = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))
+    return z
+
+
+@triton.jit
+def _act_grad(z, ACT: tl.constexpr):
+    """d act / d z at z (fp32)."""
+    if ACT == 0:
+        d = tl.full(z.shape, 1.0, tl.float32)
+    elif ACT == 1:
+        d = tl.where(z > 0, 1.0, 0.0)
+    elif ACT == 2:
+        d = tl.where(z > 0, 1.0, 0.01)
+    elif ACT == 3:
+        cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
+        d = cdf + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
+    elif ACT == 4:
+        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        t = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
+        d = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (
+            1.0 + 0.134145 * z * z)
+    elif ACT == 5:
+        s = tl.sigmoid(z)
+        d = s * (1.0 + z * (1.0 - s))
+    elif ACT == 6:
+        s = tl.sigmoid(z)
+        d = s * (1.0 - s)
+    elif ACT == 7:
+        t = 2.0 * tl.sigmoid(2.0 * z) - 1.0
+        d = 1.0 - t * t
+    else:
+        d = tl.where(z > 20.0, 1.0, tl.sigmoid(z))
+    return d
+
+
+@triton.jit
+def _dot(a, b, F32: tl.constexpr, PREC: tl.constexpr):
+    # F32: the interpreter computes bf16 dots wrongly unless the operands are upcast
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _load_wT(w_ptr, K, N, K_P: tl.constexpr, N_P: tl.constexpr):
+    """W is [N, K] row-major (nn.Linear); return W^T as a [K_P, N_P] tile, zero-padded."""
+    k = tl.arange(0, K_P)
+    n = tl.arange(0, N_P)
+    return tl.load(w_ptr + n[None, :] * K + k[:, None], mask=(k[:, None] < K) & (n[None, :] < N),
+                   other=0.0)
+
+
+@triton.jit
+def _load_w(w_ptr, K, N, K_P: tl.constexpr, N_P: tl.constexpr):
+    """W as a [N_P, K_P] tile, zero-padded."""
+    k = tl.arange(0, K_P)
+    n = tl.arange(0, N_P)
+    return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < N) & (k[None, :] < K),
+                   other=0.0)
+
+
+@triton.jit
+def _load_b(b_ptr, N, N_P: tl.constexpr):
+    n = tl.arange(0, N_P)
+    return tl.load(b_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _mlp_fwd_kernel(
+    x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
+    M, IN, H, OUT, L_HID,
+    s_xm, s_xk, s_ym, s_zm,
+    IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    rmask = rows < M
+    ci = tl.arange(0, IN_P)
+    ch = tl.arange(0, H_P)
+    co = tl.arange(0, OUT_P)
+    dt = y_ptr.dtype.element_ty
+    hmask = rmask[:, None] & (ch[None, :] < H)
+
+    h = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
+    z = _dot(h, _load_wT(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+    if HAS_BIAS:
+        z += _load_b(b0_ptr, H, H_P)[None, :]
+    if SAVE:
+        tl.store(z_ptr + rows[:, None] * s_zm + ch[None, :], z.to(dt), mask=hmask)
+    h = _act(z, ACT).to(dt)
+    for l in range(L_HID):
+        z = _dot(h, _load_wT(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC)
+        if HAS_BIAS:
+            z += _load_b(bh_ptr + l * H, H, H_P)[None, :]
+        if SAVE:
+            tl.store(z_ptr + (l + 1) * H + rows[:, None] * s_zm + ch[None, :], z.to(dt),
+                     mask=hmask)
+        h = _act(z, ACT).to(dt)
+    z = _dot(h, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+    if HAS_BIAS:
+        z += _load_b(bl_ptr, OUT, OUT_P)[None, :]
+    omask = rmask[:, None] & (co[None, :] < OUT)
+    if SAVE and OUT_ACT != 0:
+        tl.store(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], z.to(dt),
+                 mask=omask)
+    tl.store(y_ptr + rows[:, None] * s_ym + co[None, :], _act(z, OUT_ACT).to(dt), mask=omask)
+
+
+@triton.jit
+def _accumulate(acc_ptr, g, h, R_P: tl.constexpr, C_P: tl.constexpr, F32: tl.constexpr,
+                PREC: tl.constexpr):
+    """acc[R_P, C_P] (this program's fp32 slice) += g^T @ h."""
+    r = tl.arange(0, R_P)
+    c = tl.arange(0, C_P)
+    ptrs = acc_ptr + r[:, None] * C_P + c[None, :]
+    tl.store(ptrs, tl.load(ptrs) + _dot(tl.trans(g), h, F32, PREC))
+
+
+@triton.jit
+def _accumulate_bias(acc_ptr, g, N_P: tl.constexpr):
+    n = tl.arange(0, N_P)
+    tl.store(acc_ptr + n, tl.load(acc_ptr + n) + tl.sum(g.to(tl.float32), axis=0))
+
+
+@triton.jit
+def _mlp_bwd_kernel(
+    gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr,
+    dw0_ptr, dwh_ptr, dwl_ptr, db_ptr,
+    M, IN, H, OUT, L_HID, n_blocks,
+    s_gym, s_xm, s_xk, s_zm,
+    IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    ACT: tl.constexpr, OUT_ACT: tl.constexpr,
+    NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    ci = tl.arange(0, IN_P)
+    ch = tl.arange(0, H_P)
+    co = tl.arange(0, OUT_P)
+    dt = x_ptr.dtype.element_ty
+    n_layers = L_HID + 2
+    # this program's slices of the fp32 scratch
+    dw0 = dw0_ptr + pid.to(tl.int64) * H_P * IN_P
+    dwh = dwh_ptr + pid.to(tl.int64) * L_HID * H_P * H_P
+    dwl = dwl_ptr + pid.to(tl.int64) * OUT_P * H_P
+    db = db_ptr + pid.to(tl.int64) * n_layers * H_P
+    for blk in range(pid, n_blocks, n_prog):
+        # int64 before the multiply (blk is a plain int under the interpreter)
+        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        hmask = rmask[:, None] & (ch[None, :] < H)
+        omask = rmask[:, None] & (co[None, :] < OUT)
+        g = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask, other=0.0)
+        g = g.to(tl.float32)
+        if OUT_ACT != 0:
+            zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], mask=omask,
+                         other=0.0)
+            g = g * _act_grad(zo.to(tl.float32), OUT_ACT)
+        # last layer: its input is act(z of the last hidden layer)
+        zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                     other=0.0).to(tl.float32)
+        gd = g.to(dt)
+        if NEED_W:
+            _accumulate(dwl, gd, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
+        if NEED_B:
+            _accumulate_bias(db + (n_layers - 1) * H_P, g, OUT_P)
+        g = _dot(gd, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
+        for j in range(L_HID):
+            l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
+            zp = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                         other=0.0).to(tl.float32)
+            gd = g.to(dt)
+            if NEED_W:
+                _accumulate(dwh + l * H_P * H_P, gd, _act(zp, ACT).to(dt), H_P, H_P, F32, PREC)
+            if NEED_B:
+                _accumulate_bias(db + (l + 1) * H_P, g, H_P)
+            g = _dot(gd, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
+                * _act_grad(zp, ACT)
+        gd = g.to(dt)
+        if NEED_W:
+            x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                        mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
+            _accumulate(dw0, gd, x, H_P, IN_P, F32, PREC)
+        if NEED_B:
+            _accumulate_bias(db, g, H_P)
+        if NEED_X:
+            gx = _dot(gd, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+            tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
+                     mask=rmask[:, None] & (ci[None, :] < IN))

@@ -1,0 +1,391 @@
+"""`fusedmlp bench`: the benchmark harness of BENCHMARKS.md, writing JSON with the environment.
+
+Per config x batch x dtype x mode it times eager nn.Sequential, torch.compile and the fused
+op (the backend the dispatcher picks, named), after checking the fused output against a
+float64 reference on fresh random data with poisoned outputs. Device events, warm-up
+first, median of >= 7 repeats, inputs rotated to exceed the L2 cache, ceilings (copy
+bandwidth, matmul rate) measured in the same run, each time reported as a multiple of the
+roofline floor. Small batches are also timed replayed from a CUDA graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import dispatch
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class NarrowConfig:
+    name: str
+    in_features: int
+    hidden: int
+    hidden_layers: int
+    out_features: int
+    batches: tuple[int, ...]
+
+    def module(self, device, dtype, backend=None):
+        return fm.FusedMLP(self.in_features, self.out_features, self.hidden, self.hidden_layers,
+                           activation="relu", output_activation="none", bias=False,
+                           device=device, dtype=dtype, backend=backend)
+
+
+_NS = (2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22)
+CONFIGS = {c.name: c for c in [
+    NarrowConfig("narrow-w32", 64, 32, 4, 64, _NS),
+    NarrowConfig("narrow-w64", 64, 64, 4, 64, _NS),
+    NarrowConfig("narrow-w128", 64, 128, 4, 64, _NS),
+    NarrowConfig("paper-table1", 64, 64, 11, 64, (2 ** 17,)),
+    NarrowConfig("nerf-density", 32, 64, 1, 16, (2 ** 20,)),
+    NarrowConfig("odd-batch", 64, 64, 4, 64, (2 ** 20 + 37,)),
+]}
+SUITES = {
+    "narrow": ["narrow-w32", "narrow-w64", "narrow-w128", "paper-table1", "nerf-density",
+               "odd-batch"],
+    "quick": ["narrow-w64"],
+}
+GRAPH_MAX_N = 2 ** 18  # at or below this, also time CUDA-graph replay (launch-bound sizes)
+L2_ROTATE_BYTES = 256 * 2 ** 20  # rotate inputs until their total exceeds 4x a 60 MB L2
+
+
+# --- environment and ceilings ----------------------------------------------------------
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "python": platform.python_version(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.machine(), "fusedmlp_xpu": fm.__version__}
+    with contextlib.suppress(Exception):
+        env["triton"] = importlib.import_module("triton").__version__
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(device=p.name, vendor="nvidia", capability=f"{p.major}.{p.minor}",
+                   sm_count=p.multi_processor_count, memory_GB=round(p.total_memory / 1e9, 1))
+        with contextlib.suppress(Exception):
+            import subprocess
+            q = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit"
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+            env["driver"], env["clocks"] = out.split(",")[0].strip(), out
+    elif device.type == "xpu":
+        env.update(device=torch.xpu.get_device_name(device), vendor="intel")
+    else:
+        env.update(device=platform.processor() or platform.machine(), vendor="cpu",
+                   threads=torch.get_num_threads())
+    return env
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+class Timer:
+    """Median/min/max milliseconds per call of fn(i): device events on GPUs, a host clock
+    (after a sync) on the CPU. Each repeat times ``inner`` back-to-back calls."""
+
+    def __init__(self, device, warmup=3, repeats=9, min_repeat_ms=1.0):
+        self.device, self.warmup, self.repeats, self.min_repeat_ms = device, warmup, repeats, min_repeat_ms
+
+    def _one(self, fn, inner, start_i):
+        if self.device.type in ("cuda", "xpu"):
+            mod = torch.cuda if self.device.type == "cuda" else torch.xpu
+            a, b = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+            a.record()
+            for i in range(inner):
+                fn(start_i + i)
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) / inner
+        _sync(self.device)
+        t = time.perf_counter()
+        for i in range(inner):
+            fn(start_i + i)
+        return (time.perf_counter() - t) * 1e3 / inner
+
+    def __call__(self, fn) -> tuple[float, float, float]:
+        for i in range(self.warmup):
+            fn(i)
+        _sync(self.device)
+        first = self._one(fn, 1, 0)
+        inner = max(1, min(200, math.ceil(self.min_repeat_ms / max(first, 1e-3))))
+        times = [self._one(fn, inner, r * inner) for r in range(self.repeats)]
+        return statistics.median(times), min(times), max(times)
+
+
+def ceilings(device, dtypes) -> dict:
+    """Measured in this run: device copy bandwidth (read + write) and the matmul rate."""
+    if device.type == "cpu":
+        return {"copy_GBps": None, "matmul_TFLOPs": {}}
+    timer = Timer(device, repeats=7)
+    n = 2 ** 30  # 1 GiB each way
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    ms, _, _ = timer(lambda i: dst.copy_(src))
+    out = {"copy_GBps": 2 * n / ms / 1e6, "matmul_TFLOPs": {}}
+    del src, dst
+    for name in dtypes:
+        a = torch.randn(8192, 8192, device=device, dtype=DTYPES[name])
+        b = torch.randn(8192, 8192, device=device, dtype=DTYPES[name])
+        ms, _, _ = timer(lambda i: a @ b)
+        out["matmul_TFLOPs"][name] = 2 * 8192 ** 3 / ms / 1e9
+    return out
+
+
+# --- one measurement -------------------------------------------------------------------
+def _floor_ms(cfg, spec, N, dtype_name, mode, ceil) -> float | None:
+    if not ceil.get("copy_GBps") or dtype_name not in ceil["matmul_TFLOPs"]:
+        return None
+    es = torch.tensor([], dtype=DTYPES[dtype_name]).element_size()
+    flops = spec.flops(N) * (3 if mode == "train" else 1)
+    wbytes = sum(a * b for a, b in zip(spec.widths[:-1], spec.widths[1:])) * es
+    io = N * (spec.in_features + spec.out_features) * es * (2 if mode == "train" else 1)
+    if mode == "train":
+        wbytes *= 2  # the weight gradients are written too
+    return max(flops / (ceil["matmul_TFLOPs"][dtype_name] * 1e9),
+               (io + wbytes) / (ceil["copy_GBps"] * 1e6))
+
+
+def _check(model, backend_name, x, dtype) -> float:
+    """Fused output vs float64 reference on (up to) 4096 fresh rows, outputs poisoned."""
+    mem = importlib.import_module("fusedmlp_xpu.backends.memory")
+    real = mem.new_empty
+
+    def poisoned(*shape, like, dtype=None):
+        return real(*shape, like=like, dtype=dtype).fill_(float("nan"))
+
+    mem.new_empty = poisoned
+    try:
+        xs = torch.randn_like(x[:4096])
+        with torch.no_grad():
+            y = model(xs).double()
+    finally:
+        mem.new_empty = real
+    h = xs.double()
+    lins = model.linears
+    for i, lin in enumerate(lins):
+        h = h @ lin.weight.double().t()
+        if lin.bias is not None:
+            h = h + lin.bias.double()
+        h = fm.activations.get(model.output_activation if i == len(lins) - 1
+                               else model.activation).fn(h)
+    if torch.isnan(y).any():
+        return float("inf")
+    return ((y - h).norm() / h.norm().clamp_min(1e-30)).item()
+
+
+def _inputs(N, width, dtype, device, requires_grad):
+    per = N * width * torch.tensor([], dtype=dtype).element_size()
+    n = max(1, min(8, math.ceil(L2_ROTATE_BYTES / max(per, 1))))
+    if device.type == "cpu":
+        n = 1
+    return [torch.randn(N, width, device=device, dtype=dtype, requires_grad=requires_grad)
+            for _ in range(n)]
+
+
+def _runner(model, xs, mode, grads):
+    if mode == "inference":
+        def run(i):
+            with torch.inference_mode():
+                model(xs[i % len(xs)])
+    else:
+        def run(i):
+            x = xs[i % len(xs)]
+            model(x).backward(grads[i % len(grads)])
+    return run
+
+
+def _graph_ms(run, device, timer) -> float | None:
+    if device.type != "cuda":
+        return None
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for i in range(3):
+                run(0)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run(0)
+        return timer(lambda i: g.replay())[0]
+    except Exception as e:  # noqa: BLE001 -- reported, never fatal
+        print(f"  graph capture failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def host_overhead_us(model, device, dtype, n=2000) -> float:
+    """Host time of one eager no-grad call at 1 row (the GPU keeps up, so the host bounds)."""
+    x = torch.randn(1, model.in_features, device=device, dtype=dtype)
+    with torch.no_grad():
+        for _ in range(50):
+            model(x)
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(n):
+            model(x)
+        dt = time.perf_counter() - t
+        _sync(device)
+    return dt / n * 1e6
+
+
+def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer, log):
+    dtype = DTYPES[dtype_name]
+    fused = cfg.module(device, dtype)
+    seq = fused.to_sequential()
+    spec = fused.spec(dtype)
+    x0 = torch.randn(2, cfg.in_features, device=device, dtype=dtype)
+    backend = fm.explain(fused, x0).backend
+    xs = _inputs(N, cfg.in_features, dtype, device, mode == "train")
+    grads = [torch.randn(N, cfg.out_features, device=device, dtype=dtype)
+             for _ in range(min(2, len(xs)))]
+    err = _check(fused, backend, xs[0], dtype)
+    floor = _floor_ms(cfg, spec, N, dtype_name, mode, ceil)
+    models = {"eager": seq, backend: fused}
+    if compile_ok:
+        models["compile"] = torch.compile(seq, mode=os.environ.get(
+            "FUSEDMLP_COMPILE_MODE", "max-autotune-no-cudagraphs"))
+    records = []
+    for name, model in models.items():
+        run = _runner(model, xs, mode, grads)
+        try:
+            for p in range(1, passes + 1):
+                med, lo, hi = timer(run)
+                records.append(_record(cfg, N, dtype_name, mode, name, "python", p, med, lo, hi,
+                                       spec, floor, err if name == backend else None))
+            if N <= GRAPH_MAX_N and device.type == "cuda" and name != "compile":
+                gms = _graph_ms(run, device, timer)
+                if gms is not None:
+                    records.append(_record(cfg, N, dtype_name, mode, name, "graph", 1, gms, gms,
+                                           gms, spec, floor, err if name == backend else None))
+        except Exception as e:  # noqa: BLE001 -- one failing baseline must not end the run
+            log(f"  {name} failed: {type(e).__name__}: {str(e)[:200]}")
+    del xs, grads
+    return records
+
+
+def _record(cfg, N, dtype_name, mode, backend, timing, p, med, lo, hi, spec, floor, err):
+    flops = spec.flops(N) * (3 if mode == "train" else 1)
+    return {"config": cfg.name, "N": N, "dtype": dtype_name, "mode": mode, "backend": backend,
+            "timing": timing, "pass": p, "median_ms": med, "min_ms": lo, "max_ms": hi,
+            "rows_per_s": N / med * 1e3, "tflops": flops / med / 1e9,
+            "floor_ms": floor, "x_floor": (med / floor) if floor else None,
+            "max_rel_error": err, "peak_mem_MB": None}
+
+
+def run_bench(args) -> dict:
+    device = torch.device(args.device if args.device != "auto" else
+                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtypes = args.dtype or (["float16", "bfloat16"] if device.type != "cpu" else ["float32"])
+    modes = args.mode or ["inference", "train"]
+    names = args.config or SUITES[args.suite]
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    env = environment(device)
+    log(f"device: {env.get('device')}; measuring ceilings")
+    ceil = ceilings(device, dtypes)
+    log(f"ceilings: {ceil}")
+    timer = Timer(device, repeats=args.repeats)
+    plan = [(CONFIGS[n], N, d, m) for n in names for N in (args.batch or CONFIGS[n].batches)
+            for d in dtypes for m in modes]
+    if device.type == "cpu":
+        plan = list(dict.fromkeys((c, min(N, 2 ** 12), d, m) for c, N, d, m in plan))
+    records, notes = [], []
+    for i, (cfg, N, d, m) in enumerate(plan, 1):
+        compile_ok = args.compile == "all" or (args.compile == "largest" and N == max(cfg.batches)
+                                                and d == dtypes[0])
+        log(f"[{i}/{len(plan)}] {cfg.name} N={N} {d} {m}{' +compile' if compile_ok else ''}")
+        recs = bench_one(cfg, N, d, m, device, ceil, compile_ok, args.passes, timer, log)
+        for r in recs:
+            log(f"    {r['backend']:<10} {r['timing']:<6} {r['median_ms']:.4f} ms"
+                + (f"  {r['x_floor']:.2f}x floor" if r['x_floor'] else ""))
+        records += recs
+        _sync(device)
+        torch._dynamo.reset()
+    for cfg_name in names:
+        cfg = CONFIGS[cfg_name]
+        for d in dtypes:
+            m = cfg.module(device, DTYPES[d])
+            us = host_overhead_us(m, device, DTYPES[d])
+            records.append({"config": cfg.name, "N": 1, "dtype": d, "mode": "inference",
+                            "backend": fm.explain(m, torch.empty(1, cfg.in_features, device=device,
+                                                                   dtype=DTYPES[d])).backend,
+                            "timing": "host", "pass": 1, "median_ms": us / 1e3, "min_ms": None,
+                            "max_ms": None, "rows_per_s": None, "tflops": None,
+                            "floor_ms": None, "x_floor": None, "max_rel_error": None,
+                            "peak_mem_MB": None, "host_us": us})
+            log(f"host overhead {cfg.name} {d}: {us:.1f} us/call")
+    notes += _pass_disagreements(records)
+    notes.append(f"compile timed for: {args.compile}; mode "
+                 f"{os.environ.get('FUSEDMLP_COMPILE_MODE', 'max-autotune-no-cudagraphs')}")
+    return {"schema": "fusedmlp-bench/1", "env": env, "ceilings": ceil, "records": records,
+            "notes": notes}
+
+
+def _pass_disagreements(records) -> list[str]:
+    by = {}
+    for r in records:
+        if r["timing"] == "python":
+            by.setdefault((r["config"], r["N"], r["dtype"], r["mode"], r["backend"]), []).append(
+                r["median_ms"])
+    out = []
+    for k, v in by.items():
+        if len(v) > 1 and max(v) > 1.05 * min(v):
+            out.append(f"passes disagree by {100 * (max(v) / min(v) - 1):.0f}% for {k}")
+    return out
+
+
+def summary(result) -> str:
+    rows = [r for r in result["records"] if r["timing"] in ("python", "graph") and r["pass"] == 1]
+    lines = [f"{'config':<13} {'N':>8} {'dtype':<8} {'mode':<9} {'backend':<9} {'timing':<6} "
+             f"{'ms':>9} {'x floor':>8} {'err':>8}"]
+    for r in rows:
+        xf = f"{r['x_floor']:.2f}" if r["x_floor"] else "-"
+        err = f"{r['max_rel_error']:.1e}" if r["max_rel_error"] is not None else ""
+        lines.append(f"{r['config']:<13} {r['N']:>8} {r['dtype']:<8} {r['mode']:<9} "
+                     f"{r['backend']:<9} {r['timing']:<6} {r['median_ms']:>9.4f} {xf:>8} {err:>8}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args) -> int:
+    result = run_bench(args)
+    out = args.out or os.path.join(
+        "benchmarks", "results",
+        f"bench-{result['env'].get('vendor', 'x')}-{args.suite}-"
+        f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(summary(result))
+    print(f"wrote {out}")
+    return 0
+
+
+def _add_arguments(p):
+    p.add_argument("--suite", default="narrow", choices=sorted(SUITES))
+    p.add_argument("--config", action="append", choices=sorted(CONFIGS))
+    p.add_argument("--batch", action="append", type=int)
+    p.add_argument("--dtype", action="append", choices=sorted(DTYPES))
+    p.add_argument("--mode", action="append", choices=["inference", "train"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"])
+    p.add_argument("--compile", default="largest", choices=["none", "largest", "all"],
+                   help="which cases also time torch.compile (it compiles per shape)")
+    p.add_argument("--passes", type=int, default=2, help="time each case this many times")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--out", help="JSON path (default benchmarks/results/bench-...json)")
+
+
+cmd_bench.add_arguments = _add_arguments
