@@ -174,7 +174,7 @@ def _mlp_bwd_kernel(
     M, IN, H, OUT, L_HID, n_blocks,
     s_gym, s_xm, s_xk, s_zm,
     IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
-    ACT: tl.constexpr, OUT_ACT: tl.constexpr,
+    DB_P: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
     NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
@@ -189,7 +189,7 @@ def _mlp_bwd_kernel(
     dw0 = dw0_ptr + pid.to(tl.int64) * H_P * IN_P
     dwh = dwh_ptr + pid.to(tl.int64) * L_HID * H_P * H_P
     dwl = dwl_ptr + pid.to(tl.int64) * OUT_P * H_P
-    db = db_ptr + pid.to(tl.int64) * n_layers * H_P
+    db = db_ptr + pid.to(tl.int64) * n_layers * DB_P  # rows of DB_P = max(H_P, OUT_P)
     for blk in range(pid, n_blocks, n_prog):
         # int64 before the multiply (blk is a plain int under the interpreter)
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -209,7 +209,7 @@ def _mlp_bwd_kernel(
         if NEED_W:
             _accumulate(dwl, gd, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
         if NEED_B:
-            _accumulate_bias(db + (n_layers - 1) * H_P, g, OUT_P)
+            _accumulate_bias(db + (n_layers - 1) * DB_P, g, OUT_P)
         g = _dot(gd, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
         for j in range(L_HID):
             l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
@@ -219,7 +219,7 @@ def _mlp_bwd_kernel(
             if NEED_W:
                 _accumulate(dwh + l * H_P * H_P, gd, _act(zp, ACT).to(dt), H_P, H_P, F32, PREC)
             if NEED_B:
-                _accumulate_bias(db + (l + 1) * H_P, g, H_P)
+                _accumulate_bias(db + (l + 1) * DB_P, g, H_P)
             g = _dot(gd, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
                 * _act_grad(zp, ACT)
         gd = g.to(dt)
