@@ -36,6 +36,13 @@ def main():
                             tb._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
                             tb._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
                             try:
+                                with torch.no_grad():
+                                    xs = x[:8192].detach()
+                                    ref = m.to_sequential()(xs).float()
+                                    err = ((m(xs).float() - ref).norm() / ref.norm()).item()
+                                if not err < 1e-2:
+                                    print(f"W{W} {mode} bm{bm} w{warps}: WRONG (rel err {err:.2e})")
+                                    continue
                                 if mode == "fwd":
                                     def fn():
                                         with torch.no_grad():

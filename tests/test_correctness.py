@@ -82,7 +82,8 @@ def test_gradients_widths(backend, dtype, width, bias):
     run(backend, (width, width, width, width), dtype, "gelu_tanh", "sigmoid", bias, grad=True)
 
 
-@pytest.mark.parametrize("widths", [(3, 16, 5), (17, 33, 33, 9), (1, 64, 1), (100, 128, 128, 3)])
+@pytest.mark.parametrize("widths", [(3, 16, 5), (17, 33, 33, 9), (1, 64, 1), (100, 128, 128, 3),
+                                    (64, 32, 32, 32, 64), (128, 16, 16, 100)])
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
 def test_odd_feature_dims(backend, widths, grad):
     run(backend, widths, torch.float32, "tanh", "none", grad=grad)

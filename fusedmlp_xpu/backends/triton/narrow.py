@@ -125,14 +125,14 @@ def _mlp_fwd_kernel(
     dt = y_ptr.dtype.element_ty
     hmask = rmask[:, None] & (ch[None, :] < H)
 
-    h = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
-                mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
-    z = _dot(h, _load_wT(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+    xt = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                 mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
+    z0 = _dot(xt, _load_wT(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
     if HAS_BIAS:
-        z += _load_b(b0_ptr, H, H_P)[None, :]
+        z0 += _load_b(b0_ptr, H, H_P)[None, :]
     if SAVE:
-        tl.store(z_ptr + rows[:, None] * s_zm + ch[None, :], z.to(dt), mask=hmask)
-    h = _act(z, ACT).to(dt)
+        tl.store(z_ptr + rows[:, None] * s_zm + ch[None, :], z0.to(dt), mask=hmask)
+    h = _act(z0, ACT).to(dt)
     for l in range(L_HID):
         z = _dot(h, _load_wT(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC)
         if HAS_BIAS:
@@ -141,14 +141,14 @@ def _mlp_fwd_kernel(
             tl.store(z_ptr + (l + 1) * H + rows[:, None] * s_zm + ch[None, :], z.to(dt),
                      mask=hmask)
         h = _act(z, ACT).to(dt)
-    z = _dot(h, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+    zl = _dot(h, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
     if HAS_BIAS:
-        z += _load_b(bl_ptr, OUT, OUT_P)[None, :]
+        zl += _load_b(bl_ptr, OUT, OUT_P)[None, :]
     omask = rmask[:, None] & (co[None, :] < OUT)
     if SAVE and OUT_ACT != 0:
-        tl.store(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], z.to(dt),
+        tl.store(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], zl.to(dt),
                  mask=omask)
-    tl.store(y_ptr + rows[:, None] * s_ym + co[None, :], _act(z, OUT_ACT).to(dt), mask=omask)
+    tl.store(y_ptr + rows[:, None] * s_ym + co[None, :], _act(zl, OUT_ACT).to(dt), mask=omask)
 
 
 @triton.jit
@@ -196,32 +196,32 @@ def _mlp_bwd_kernel(
         rmask = rows < M
         hmask = rmask[:, None] & (ch[None, :] < H)
         omask = rmask[:, None] & (co[None, :] < OUT)
-        g = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask, other=0.0)
-        g = g.to(tl.float32)
+        go = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask, other=0.0)
+        go = go.to(tl.float32)
         if OUT_ACT != 0:
             zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], mask=omask,
                          other=0.0)
-            g = g * _act_grad(zo.to(tl.float32), OUT_ACT)
+            go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
         # last layer: its input is act(z of the last hidden layer)
         zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
                      other=0.0).to(tl.float32)
-        gd = g.to(dt)
+        god = go.to(dt)
         if NEED_W:
-            _accumulate(dwl, gd, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
+            _accumulate(dwl, god, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
         if NEED_B:
-            _accumulate_bias(db + (n_layers - 1) * DB_P, g, OUT_P)
-        g = _dot(gd, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
+            _accumulate_bias(db + (n_layers - 1) * DB_P, go, OUT_P)
+        g = _dot(god, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
         for j in range(L_HID):
             l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
-            zp = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+            zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
                          other=0.0).to(tl.float32)
-            gd = g.to(dt)
+            gh = g.to(dt)
             if NEED_W:
-                _accumulate(dwh + l * H_P * H_P, gd, _act(zp, ACT).to(dt), H_P, H_P, F32, PREC)
+                _accumulate(dwh + l * H_P * H_P, gh, _act(zh, ACT).to(dt), H_P, H_P, F32, PREC)
             if NEED_B:
                 _accumulate_bias(db + (l + 1) * DB_P, g, H_P)
-            g = _dot(gd, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
-                * _act_grad(zp, ACT)
+            g = _dot(gh, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
+                * _act_grad(zh, ACT)
         gd = g.to(dt)
         if NEED_W:
             x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
