@@ -13,6 +13,9 @@ import torch
 from .. import Backend, memory, saved_widths
 
 MAX_WIDTH = 128
+# No software pipelining of the layer loop: with Triton's default (3 stages) the weight
+# tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
+NUM_STAGES = 1
 
 
 def _interpreting() -> bool:
@@ -25,10 +28,14 @@ def _pow2(n: int) -> int:
 
 # --- tuning, one named place per vendor ------------------------------------------------
 def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) on NVIDIA GPUs. Provisional until swept on the H200."""
+    """(BLOCK_M, num_warps) on NVIDIA GPUs.
+
+    H200, Triton 3.6 (benchmarks/sweep_narrow.py): BLOCK_M 64 / 4 warps ran narrow-w32
+    forward at 2^22 rows in 0.365 ms; BLOCK_M 128 computed WRONG results when in/out were
+    wider than the hidden width (relative error ~1, no memory error under
+    compute-sanitizer) and 256 faulted, so 64 is used everywhere until that is understood.
+    """
     wmax = _pow2(max(spec.widths))
-    if mode == "fwd":
-        return (128, 4) if wmax <= 64 else (128, 8)
     return (64, 4) if wmax <= 64 else (64, 8)
 
 
@@ -130,7 +137,8 @@ class TritonBackend(Backend):
             y, z,
             M, IN, H, OUT, L_HID,
             x.stride(0), x.stride(1), y.stride(0), z.stride(0),
-            HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m, num_warps=warps, **meta,
+            HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m, num_warps=warps, num_stages=NUM_STAGES,
+            **meta,
         )
         return y, saved
 
@@ -161,6 +169,7 @@ class TritonBackend(Backend):
                 M, IN, H, OUT, L_HID, n_blocks,
                 grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0),
                 NEED_X=need_x, NEED_W=need_w, NEED_B=need_b, BLOCK_M=block_m, num_warps=warps,
+                num_stages=NUM_STAGES,
                 DB_P=DB_P, **meta,
             )
         gws, gbs = [], []
