@@ -110,7 +110,12 @@ class TritonBackend(Backend):
 
         IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
         interp = x.device.type == "cpu"
-        meta = dict(IN_P=_pow2(IN), H_P=_pow2(H), OUT_P=_pow2(OUT), ACT=spec.activation_id,
+        # Every tile is padded to ONE width P (masks keep the real sizes). On the H200 with
+        # Triton 3.6, mixing tile widths (in or out padded differently from hidden) gave
+        # wrong input gradients and illegal addresses, while every equal-width case passed
+        # the suite; the price is extra FLOPs in the first/last layer when they are narrower.
+        P = _pow2(max(IN, H, OUT))
+        meta = dict(IN_P=P, H_P=P, OUT_P=P, ACT=spec.activation_id,
                     OUT_ACT=spec.output_activation_id,
                     F32=interp, PREC="ieee" if interp else "tf32x3")
         wh = _stack([w for w in weights[1:-1]])
