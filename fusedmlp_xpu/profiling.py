@@ -213,7 +213,9 @@ def _top_ops(events, on_gpu: bool, k: int = 3) -> tuple[list[tuple[str, float]],
         if on_gpu:
             if not _is_kernel(e):
                 continue
-            t = e.self_device_time_total
+            # a kernel has no children: its self time is its duration (read directly,
+            # since the *_device_time_* property names changed across torch releases)
+            t = e.time_range.elapsed_us()
         else:
             if _is_device_event(e) or e.name == STEP or not _under_step(e):
                 continue
@@ -301,7 +303,7 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    elif device.type == "xpu":
+    elif device.type == "xpu" and hasattr(ProfilerActivity, "XPU"):
         activities.append(ProfilerActivity.XPU)
     handler = None
     if trace_dir:
