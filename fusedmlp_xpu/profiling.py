@@ -178,6 +178,9 @@ def _short(name: str) -> str:
         # inductor's generated kernels run inside this call and are invisible to the
         # CPU profiler, so its self time is their time
         return "inductor graph"
+    # GPU kernel names are C++ signatures: the return type and the argument list
+    # carry nothing a reader needs to tell kernels apart
+    name = name.removeprefix("void ").split("(")[0] or name
     return name if len(name) <= 40 else name[:37] + "..."
 
 
@@ -245,6 +248,8 @@ def _idle_fraction(events) -> float | None:
     busy, cur_s, cur_e = 0.0, None, None
     for s, t in kernels:
         s, t = max(s, start), min(t, end)
+        if t <= s:  # wholly before the first step (a leftover from the warm-up)
+            continue
         if cur_e is None or s > cur_e:
             busy += (cur_e - cur_s) if cur_e is not None else 0.0
             cur_s, cur_e = s, t
@@ -337,6 +342,21 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
         row.launches = _outermost_aten(events) / _PROFILED_STEPS
 
 
+def _host_load() -> str | None:
+    """A warning when other processes compete for the cores: with every core taken, one
+    descheduled OpenMP thread stalls a whole parallel matmul, and timings swing 10-100x
+    (seen on a shared 2-core machine)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not on every platform
+        return None
+    cores = os.cpu_count() or 1
+    if load < 0.75 * cores:
+        return None
+    return (f"the host was busy before this run (1-min load average {load:.1f} on {cores} "
+            "cores): timings, CPU ones above all, may be inflated and vary between runs.")
+
+
 def _compile(module, mode: str):
     """torch.compile, in one place so tests can swap in a cheaper backend."""
     return torch.compile(module, mode=mode)
@@ -367,6 +387,7 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
     if trace_dir:
         os.makedirs(trace_dir, exist_ok=True)
     log = log or (lambda s: None)
+    busy = _host_load()  # before we add our own load
 
     import fusedmlp_xpu as fm
 
@@ -419,6 +440,8 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
             "GPU: 'device ms' is kernel time per call, 'launches' counts kernels per call, "
             "peak memory is max_memory_allocated above what was allocated before, 'idle' "
             "is the share of the profiled window with no kernel running.")
+    if busy:
+        result.notes.append(busy)
     comp = result.rows[1]
     if comp.ok and comp.warmup_s is not None:
         result.notes.append(f"torch.compile's first call (compilation) took {comp.warmup_s:.1f} s.")

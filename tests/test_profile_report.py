@@ -89,6 +89,40 @@ def test_profile_cli_json(quick_profile, tmp_path, capsys):
     assert "FusedMLP[reference]" in capsys.readouterr().out
 
 
+class _Range:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def elapsed_us(self):
+        return self.end - self.start
+
+
+class _Event:
+    """Just what the GPU paths of profiling read from a torch FunctionEvent."""
+
+    def __init__(self, name, start, end, gpu=True):
+        DT = torch.autograd.DeviceType
+        self.name, self.time_range = name, _Range(start, end)
+        self.device_type = DT.CUDA if gpu else DT.CPU
+        self.cpu_parent = None
+
+
+def test_gpu_event_arithmetic():
+    """No GPU here: check the kernel-side arithmetic on hand-made events instead. Two
+    steps over [0, 100) us; kernels busy [10, 30) and [25, 40) (overlapping) and
+    [60, 80); a copy and a kernel left over from before the first step are not counted."""
+    events = [_Event(profiling.STEP, 0, 45, gpu=False), _Event(profiling.STEP, 50, 100, gpu=False),
+              _Event("void gemm_kernel<64>(float*, int)", 10, 30),
+              _Event("void gemm_kernel<64>(float*, int)", 25, 40),
+              _Event("relu_kernel", 60, 80), _Event("Memcpy HtoD (Pageable -> Device)", 80, 90),
+              _Event("warmup_kernel", -20, -5)]
+    # busy 30 + 20 = 50 us of a 100 us window
+    assert profiling._idle_fraction(events) == pytest.approx(0.5)
+    top, total = profiling._top_ops(events, on_gpu=True)
+    assert top[0][0] == "gemm_kernel<64>" and total == pytest.approx(20 + 15 + 20 + 15)
+    assert sum(profiling._is_kernel(e) for e in events) == 4
+
+
 def test_profile_rejects_bad_arguments():
     with pytest.raises(ValueError, match="config"):
         profiling.run_profile("narrow-w99", device="cpu")
