@@ -69,6 +69,7 @@ class ProfileResult:
     rows: list[Row]
     traces: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    threads: int = field(default_factory=torch.get_num_threads)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,7 +111,11 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else torch.float16
 
 
-def default_batch(device: torch.device) -> int:
+def default_batch(device: torch.device, cfg: configs.MLPConfig | None = None) -> int:
+    if cfg is not None and cfg.regime == "wide":
+        # BENCHMARKS.md's two token counts: 16 (launch-bound) on the CPU, where one
+        # 8192-token step of a 4096x16384 FFN takes minutes; 8192 on a GPU
+        return min(cfg.batches) if device.type == "cpu" else max(cfg.batches)
     return CPU_BATCH if device.type == "cpu" else GPU_BATCH
 
 
@@ -354,7 +359,8 @@ def _host_load() -> str | None:
     if load < 0.75 * cores:
         return None
     return (f"the host was busy before this run (1-min load average {load:.1f} on {cores} "
-            "cores): timings, CPU ones above all, may be inflated and vary between runs.")
+            "cores): timings, CPU ones above all, may be inflated and vary between runs; "
+            "on a shared CPU, OMP_NUM_THREADS=1 avoids most of the stalls.")
 
 
 def _compile(module, mode: str):
@@ -381,7 +387,7 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
         dt = configs.DTYPES[dtype]
     else:
         raise ValueError(f"dtype: expected one of {', '.join(configs.DTYPES)}, got {dtype!r}")
-    n = default_batch(dev) if batch is None else batch
+    n = default_batch(dev, cfg) if batch is None else batch
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"batch: expected a positive int, got {n!r}")
     if trace_dir:
@@ -458,7 +464,8 @@ def _fmt(v, spec: str, na: str = "n/a") -> str:
 def format_table(r: ProfileResult) -> str:
     """The comparison table, as aligned plain text (also valid Markdown)."""
     per = "step" if r.train else "fwd"
-    head = [f"{r.config} widths={list(r.widths)} batch={r.batch} device={r.device} "
+    threads = f" threads={r.threads}" if r.device == "cpu" else ""
+    head = [f"{r.config} widths={list(r.widths)} batch={r.batch} device={r.device}{threads} "
             f"dtype={r.dtype} mode={'train' if r.train else 'inference'}"]
     cols = ["variant", "fwd ms"] + (["train ms"] if r.train else []) + [
         f"device ms/{per}", f"launches/{per}", "peak MB", "idle", "vs eager", "rel err",
@@ -493,7 +500,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", default=configs.DEFAULT_CONFIG, choices=list(configs.CONFIGS),
                         help="a standard config of BENCHMARKS.md (default %(default)s)")
     parser.add_argument("--batch", type=int, default=None,
-                        help=f"rows (default {CPU_BATCH} on CPU, {GPU_BATCH} on a GPU)")
+                        help=f"rows (default {CPU_BATCH} on CPU, {GPU_BATCH} on a GPU; "
+                             "wide configs 16 on CPU, 8192 on a GPU)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"],
                         help="auto: cuda, then xpu, then cpu (default)")
     parser.add_argument("--dtype", default=None, choices=list(configs.DTYPES),
