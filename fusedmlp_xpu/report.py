@@ -183,9 +183,10 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
         return {}
     files = {}
     for kind in ("throughput", "floor", "speedup"):
-        fig, axes = plt.subplots(len(modes), len(cols), figsize=(5.2 * len(cols), 3.8 * len(modes)),
+        fig, axes = plt.subplots(len(modes), len(cols), figsize=(max(7.0, 5.2 * len(cols)), 3.8 * len(modes)),
                                  squeeze=False, sharey="row")
         any_line = False
+        legend: dict[str, object] = {}  # one legend for all panels: colours mean the same everywhere
         for i, mode in enumerate(modes):
             for j, m in enumerate(cols):
                 ax = axes[i][j]
@@ -207,9 +208,8 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
                     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
                     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
                     ax.yaxis.set_minor_formatter(NullFormatter())
-                handles, labels = ax.get_legend_handles_labels()
-                if handles:
-                    ax.legend(fontsize=7, loc="best")
+                for h, lab in zip(*ax.get_legend_handles_labels()):
+                    legend.setdefault(lab, h)
         if not any_line:
             plt.close(fig)
             continue
@@ -217,8 +217,11 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
                  "speedup": "speed-up vs eager (solid) and vs torch.compile (dashed)"}[kind]
         fig.suptitle(f"{config}: {title}", fontsize=11)
         fig.tight_layout()
+        labels = sorted(legend)
+        fig.legend([legend[k] for k in labels], labels, loc="center left",
+                   bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
         name = f"{_slug(config)}_{kind}.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        fig.savefig(os.path.join(out_dir, name), dpi=110, bbox_inches="tight")
         plt.close(fig)
         files[kind] = name
     return files
