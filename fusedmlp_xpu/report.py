@@ -32,8 +32,8 @@ PASS_SPREAD = 0.05
 #: 2403.17607, Table I (paper-table1 config). Seconds for 1000 iterations. Published
 #: figures from other hardware: shown apart, labelled, never mixed with measurements.
 PUBLISHED = {
-    "source": "Intel, arXiv 2403.17607, Table I (paper-table1 config: width 64, "
-              "11 hidden layers, batch 2^17)",
+    "source": "Intel, arXiv 2403.17607, Table I, for the MLP this package calls "
+              "paper-table1 (width 64, 11 hidden layers; see BENCHMARKS.md)",
     "rows": [
         # (implementation, hardware, inference s / 1000, training s / 1000)
         ("PyTorch", "NVIDIA H100", 1.543, 4.32),
