@@ -1,4 +1,4 @@
-"""The ``fusedmlp`` command: info (more subcommands register themselves in ``COMMANDS``)."""
+"""The ``fusedmlp`` command: info, profile, report (subcommands register in ``COMMANDS``)."""
 from __future__ import annotations
 
 import argparse

@@ -511,6 +511,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--trace-dir", default=None,
                         help="write TensorBoard and Chrome/Perfetto traces here")
     parser.add_argument("--compile-mode", default="default",
-                        help="torch.compile mode (default %(default)s; bench uses "
-                             "max-autotune-no-cudagraphs, which autotunes for minutes)")
+                        help="torch.compile mode (default: torch's default mode; bench "
+                             "uses max-autotune-no-cudagraphs, which autotunes for minutes)")
     parser.add_argument("--json", default=None, help="also write the measurements as JSON here")
