@@ -397,11 +397,14 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
 
     import fusedmlp_xpu as fm
 
-    torch.manual_seed(0)
-    fused = cfg.make(device=dev, dtype=dt)
-    eager = fused.to_sequential()  # the same parameter values, as plain nn.Linear layers
-    x = torch.randn(n, cfg.in_features, device=dev, dtype=dt)
-    grad_y = torch.randn(n, cfg.out_features, device=dev, dtype=dt) if train else None
+    # seeded for repeatable runs, without moving the caller's random state
+    with torch.random.fork_rng(devices=[dev] if dev.type != "cpu" else [],
+                               device_type=dev.type if dev.type != "cpu" else "cuda"):
+        torch.manual_seed(0)
+        fused = cfg.make(device=dev, dtype=dt)
+        eager = fused.to_sequential()  # the same parameter values, as plain nn.Linear layers
+        x = torch.randn(n, cfg.in_features, device=dev, dtype=dt)
+        grad_y = torch.randn(n, cfg.out_features, device=dev, dtype=dt) if train else None
     backend = fm.explain(fused, x).backend or "none"
 
     result = ProfileResult(cfg.name, cfg.widths, n, str(dev), str(dt).replace("torch.", ""),

@@ -34,7 +34,9 @@ def quick_profile(monkeypatch):
 
 
 def test_profile_rows_and_columns(quick_profile):
+    rng = torch.get_rng_state()
     r = profiling.run_profile("narrow-w32", batch=64, device="cpu", dtype="float32")
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's random state is left alone
     assert [row.name for row in r.rows] == ["eager", "compile", "fused"]
     assert all(row.ok for row in r.rows), [row.reason for row in r.rows]
     assert r.rows[2].label == "FusedMLP[reference]"  # the dispatcher's pick, named
