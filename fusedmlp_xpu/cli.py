@@ -1,4 +1,4 @@
-"""The ``fusedmlp`` command: info (more subcommands register themselves in ``COMMANDS``)."""
+"""The ``fusedmlp`` command: info, profile, report (subcommands register in ``COMMANDS``)."""
 from __future__ import annotations
 
 import argparse
@@ -61,9 +61,52 @@ def _bench_arguments(p):
 
 _bench.add_arguments = _bench_arguments
 
+def cmd_profile(args) -> int:
+    import json
+
+    from . import profiling
+
+    result = profiling.run_profile(args.config, args.batch, args.device, args.dtype, args.train,
+                                   args.trace_dir, args.compile_mode,
+                                   log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(profiling.format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_dict(), f, indent=1)
+    # a failed compile row is a finding, not an error; a failed eager or fused row is
+    return 0 if result.rows[0].ok and result.rows[2].ok else 1
+
+
+def _profile_arguments(parser) -> None:
+    from . import profiling
+
+    profiling.add_arguments(parser)
+
+
+cmd_profile.add_arguments = _profile_arguments
+
+
+def cmd_report(args) -> int:
+    from . import report
+
+    path = report.write_report(args.results, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def _report_arguments(parser) -> None:
+    parser.add_argument("results", nargs="+", help="bench JSON files (fusedmlp-bench/1)")
+    parser.add_argument("--out", required=True, help="folder for report.md and its PNG plots")
+
+
+cmd_report.add_arguments = _report_arguments
+
+
 COMMANDS = {
     "info": (cmd_info, "devices, versions and the backends table with reasons"),
+    "profile": (cmd_profile, "eager vs torch.compile vs FusedMLP under torch.profiler"),
     "bench": (_bench, "benchmark sweeps (BENCHMARKS.md) -> JSON with the environment"),
+    "report": (cmd_report, "bench JSON from one or more machines -> report.md with plots"),
 }
 
 

