@@ -10,6 +10,14 @@ from .op import fused_mlp
 from .spec import MLPSpec
 
 __version__ = "0.1.0"
+
+try:  # optional backends join the dispatcher here; none may break import
+    from .backends import sycl as _sycl_backend
+
+    dispatch.register(_sycl_backend.SyclBackend())
+except Exception:  # pragma: no cover - the module only needs torch; belt and braces
+    pass
+
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "explain", "backends", "MLPSpec",
            "BackendUnavailableError", "activations", "__version__"]
 
