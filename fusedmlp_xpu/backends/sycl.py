@@ -38,6 +38,7 @@ KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "sycl"
 KERNEL_SOURCE = KERNEL_DIR / "fused_mlp.cpp"
 PARAMS_HEADER = KERNEL_DIR / "fused_mlp_params.h"
 SHIM_SOURCE = KERNEL_DIR / "fmlp_sycl_shim.cpp"
+XMX_HEADER = KERNEL_DIR / "fused_mlp_xmx.hpp"
 
 # Limits of the fused kernels: kept in step with kernels/sycl/fused_mlp_params.h.
 MAX_WIDTH = 128
@@ -150,15 +151,18 @@ class _Shim:
     def __init__(self, path: Path):
         self.lib = lib = ctypes.CDLL(str(path))
         lib.fmlp_sycl_last_error.restype = ctypes.c_char_p
-        lib.fmlp_sycl_compile.argtypes = [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
+        lib.fmlp_sycl_compile.argtypes = [
+            _P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
         lib.fmlp_sycl_forward.argtypes = [
-            _P, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
+            _P, _I32, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
         lib.fmlp_sycl_backward_rows.argtypes = [
             _P, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
         lib.fmlp_sycl_weight_grads.argtypes = [
             _P, _I32, _I64, _I32, _I32, _P, _P, _I64, _I64, _I32, _P, _P]
         self.source = KERNEL_SOURCE.read_bytes()
         self.header = PARAMS_HEADER.read_bytes()
+        # the never-run XMX forward joins the compile only on explicit request
+        self.xmx = XMX_HEADER.read_bytes() if os.environ.get(XMX_ENV) == "1" else None
 
     def call(self, fn: str, *args) -> None:
         if getattr(self.lib, fn)(*args) != 0:
@@ -166,7 +170,8 @@ class _Shim:
 
     def compile(self, queue: int, options: str = "") -> None:
         """Kernels for the queue's device; the shim caches them per process (once per device)."""
-        self.call("fmlp_sycl_compile", queue, self.source, self.header, options.encode())
+        self.call("fmlp_sycl_compile", queue, self.source, self.header, self.xmx,
+                  options.encode())
 
 
 _shim: _Shim | None = None
@@ -309,6 +314,17 @@ def is_max_1550(device: torch.device) -> tuple[bool, str]:
     return any(n in name for n in _MAX_1550_NAMES), name or "unnamed XPU device"
 
 
+def _forward_variant(device: torch.device, spec, sh: _Shim) -> int:
+    """1: the XMX forward (kernels/sycl/fused_mlp_xmx.hpp), NEVER compiled or run here, so
+    only on explicit request (FUSEDMLP_SYCL_XMX=1) on a Max 1550 for shapes it handles;
+    0: the portable kernel, the default everywhere."""
+    if sh.xmx is None or device.type != "xpu" or not is_max_1550(device)[0]:
+        return 0
+    if spec.dtype not in (torch.float16, torch.bfloat16) or any(w % 16 for w in spec.widths):
+        return 0
+    return 1
+
+
 # --- the backend ------------------------------------------------------------------------
 class SyclBackend(Backend):
     name = "sycl"
@@ -377,7 +393,8 @@ class SyclBackend(Backend):
         if save:
             z = [lau.output(t) for t in saved]
             z_ptrs = _ptrs(z + [None] * (L - len(z)))
-        sh.call("fmlp_sycl_forward", lau.queue, DTYPE_CODES[spec.dtype], n, L, _widths(spec),
+        sh.call("fmlp_sycl_forward", lau.queue, _forward_variant(x.device, spec, sh),
+                DTYPE_CODES[spec.dtype], n, L, _widths(spec),
                 x_ptr, x_rs, x_cs, _ptrs(w_ptrs), b_ptrs, spec.activation_id,
                 spec.output_activation_id, lau.output(y), z_ptrs)
         lau.finish()
