@@ -48,6 +48,8 @@ DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 CPU_DEVICE = "opencl:cpu"
 #: opt-in for the never-run XMX forward (see kernels/sycl/README.md)
 XMX_ENV = "FUSEDMLP_SYCL_XMX"
+#: path of an ahead-of-time (icpx) build of the shim with the kernels inside
+AOT_LIB_ENV = "FUSEDMLP_SYCL_LIB"
 _MAX_1550_NAMES = ("Max 1550", "Data Center GPU Max")
 
 
@@ -159,8 +161,9 @@ class _Shim:
             _P, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
         lib.fmlp_sycl_weight_grads.argtypes = [
             _P, _I32, _I64, _I32, _I32, _P, _P, _I64, _I64, _I32, _P, _P]
-        self.source = KERNEL_SOURCE.read_bytes()
-        self.header = PARAMS_HEADER.read_bytes()
+        # (an ahead-of-time build ignores the sources: its kernels are inside it)
+        self.source = KERNEL_SOURCE.read_bytes() if KERNEL_SOURCE.exists() else b""
+        self.header = PARAMS_HEADER.read_bytes() if PARAMS_HEADER.exists() else b""
         # the never-run XMX forward joins the compile only on explicit request
         self.xmx = XMX_HEADER.read_bytes() if os.environ.get(XMX_ENV) == "1" else None
 
@@ -180,10 +183,13 @@ _lock = threading.Lock()
 
 
 def shim() -> _Shim:
+    """The loaded host shim: $FUSEDMLP_SYCL_LIB (an ahead-of-time icpx build, see
+    kernels/sycl/README.md; never tried here) or the g++ build, made on first use."""
     global _shim
     with _lock:
         if _shim is None:
-            _shim = _Shim(_build_shim(_toolchain()))
+            prebuilt = os.environ.get(AOT_LIB_ENV)
+            _shim = _Shim(Path(prebuilt) if prebuilt else _build_shim(_toolchain()))
         return _shim
 
 
@@ -331,10 +337,18 @@ class SyclBackend(Backend):
     device_types = ("xpu", "cpu")
 
     def available(self):
-        try:
-            tc = _toolchain()
-        except SyclToolchainError as e:
-            return False, str(e)
+        if os.environ.get(AOT_LIB_ENV):
+            lib = Path(os.environ[AOT_LIB_ENV])
+            if not lib.exists():
+                return False, f"sycl backend: {AOT_LIB_ENV}={lib} does not exist"
+            what = f"SYCL kernels, ahead-of-time build {lib}"
+        else:
+            try:
+                tc = _toolchain()
+            except SyclToolchainError as e:
+                return False, str(e)
+            what = (f"SYCL kernels (intel-sycl-rt {tc['rt_version']}; host shim built with "
+                    f"{Path(tc['cxx']).name} on first use)")
         has_xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
         try:
             import dpctl  # noqa: F401
@@ -345,8 +359,7 @@ class SyclBackend(Backend):
         if not (has_xpu or has_dpctl):
             return False, ("sycl backend: no XPU in this torch build and dpctl not installed "
                            "(pip install 'fusedmlp-xpu[sycl]' for the opencl:cpu device)")
-        return True, (f"SYCL kernels (intel-sycl-rt {tc['rt_version']}; host shim built "
-                      f"with {Path(tc['cxx']).name} on first use)")
+        return True, what
 
     def supports(self, spec, device):
         if spec.dtype not in DTYPE_CODES:
