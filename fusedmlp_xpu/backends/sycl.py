@@ -23,6 +23,7 @@ import ctypes
 import hashlib
 import importlib.metadata as md
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -40,9 +41,19 @@ PARAMS_HEADER = KERNEL_DIR / "fused_mlp_params.h"
 SHIM_SOURCE = KERNEL_DIR / "fmlp_sycl_shim.cpp"
 XMX_HEADER = KERNEL_DIR / "fused_mlp_xmx.hpp"
 
-# Limits of the fused kernels: kept in step with kernels/sycl/fused_mlp_params.h.
-MAX_WIDTH = 128
-MAX_LAYERS = 16
+
+def _header_define(name: str, default: int) -> int:
+    """A #define of fused_mlp_params.h, so the limits below have one source of truth."""
+    try:
+        m = re.search(rf"^#define {name} (\d+)", PARAMS_HEADER.read_text(), re.M)
+    except OSError:
+        return default
+    return int(m.group(1)) if m else default
+
+
+# Limits of the fused kernels (widths of the local-memory tile; by-value argument size)
+MAX_WIDTH = _header_define("FMLP_MAX_WIDTH", 128)
+MAX_LAYERS = _header_define("FMLP_MAX_LAYERS", 16)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 CPU_DEVICE = "opencl:cpu"
@@ -273,7 +284,7 @@ class _CpuLaunch:
     def input(self, t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
         # Keep the caller's strides where they do not overlap, so the kernels' strided
         # loads run here too, not only contiguous ones.
-        if t.numel() and torch._debug_has_internal_overlap(t) == 0:
+        if t.numel() and _nested_strides(t):
             span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
             u = self._alloc(span, t.dtype).as_strided(t.shape, t.stride())
         else:
@@ -298,6 +309,17 @@ class _CpuLaunch:
             t.copy_(u)
         self._back.clear()
         self._keep.clear()
+
+
+def _nested_strides(t: torch.Tensor) -> bool:
+    """Whether t's elements never share memory (each dim's stride steps past the whole
+    span of the smaller ones), so a copy can keep its strides."""
+    reach = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
 
 
 def _launcher(device: torch.device):
