@@ -406,8 +406,8 @@ class SyclBackend(Backend):
                           "USM copies: for verification, only when forced")
         return False, f"does not run on {device.type}"
 
-    # Weights go to the kernel as [out, in] row-major: .contiguous() is free for
-    # nn.Linear parameters and a copy of a few KB otherwise.
+    # Weights go to the forward kernel transposed ([in, out], see fused_mlp.cpp) and to
+    # the backward as they are ([out, in]): a copy of a few KB per layer at most.
     def forward(self, x, weights, biases, spec, save):
         n = x.shape[0]
         y = memory.new_empty(n, spec.out_features, like=x)
@@ -422,7 +422,7 @@ class SyclBackend(Backend):
         sh = shim()
         sh.compile(lau.queue)
         x_ptr, (x_rs, x_cs) = lau.input(x)
-        w_ptrs = [lau.input(w.contiguous())[0] for w in weights]
+        w_ptrs = [lau.input(w.t().contiguous())[0] for w in weights]
         b_ptrs = None if biases is None else _ptrs([lau.input(b.contiguous())[0] for b in biases])
         z_ptrs = None
         if save:

@@ -194,7 +194,7 @@ int fmlp_sycl_compile(void *queue, const char *source, const char *header, const
 }
 
 // y = out_act(W_L . act(... act(W_1 . x + b_1) ...) + b_L)
-// x: [n, widths[0]] with strides (x_rs, x_cs); w[l]: [widths[l+1], widths[l]] contiguous;
+// x: [n, widths[0]] with strides (x_rs, x_cs); w[l]: W_l^T, [widths[l], widths[l+1]] contiguous;
 // b: NULL or n_layers pointers to [widths[l+1]]; y: [n, widths[L]] contiguous;
 // z: NULL, or n_layers pointers to [n, widths[l+1]] pre-activations to save (each may be NULL).
 // variant: 0 the portable kernel; 1 the XMX kernel (fp16/bf16, widths % 16 == 0; never run here).

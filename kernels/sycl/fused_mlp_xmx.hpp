@@ -51,10 +51,10 @@ template <class T> void forward(const FmlpNet &net) {
     const FmlpLayer &ly = net.layer[l];
     const bool last = l == net.n_layers - 1;
     const int act = last ? net.out_act : net.act;
-    // stage W^T so that B is a row-major [in, out] tile in local memory
-    const T *w = static_cast<const T *>(ly.w);
+    // stage W^T (given [in, out], as to the portable forward) as the row-major B tile
+    const T *w_t = static_cast<const T *>(ly.w);
     for (int e = lid; e < ly.in * ly.out; e += FMLP_WG_SIZE)
-      wt[e % ly.in][e / ly.in] = w[e];
+      wt[e / ly.out][e % ly.out] = w_t[e];
     sycl::group_barrier(grp);
 
     const int nb = ly.out / N, blocks = (FMLP_TILE_ROWS / M) * nb;
