@@ -55,6 +55,7 @@ def _header_define(name: str, default: int) -> int:
 MAX_WIDTH = _header_define("FMLP_MAX_WIDTH", 128)
 MAX_LAYERS = _header_define("FMLP_MAX_LAYERS", 16)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+ABI_VERSION = 2  # fmlp_sycl_abi_version() of kernels/sycl/fmlp_sycl_shim.cpp
 
 CPU_DEVICE = "opencl:cpu"
 #: opt-in for the never-run XMX forward (see kernels/sycl/README.md)
@@ -163,6 +164,10 @@ _I32 = ctypes.c_int
 class _Shim:
     def __init__(self, path: Path):
         self.lib = lib = ctypes.CDLL(str(path))
+        if lib.fmlp_sycl_abi_version() != ABI_VERSION:  # a stale $FUSEDMLP_SYCL_LIB build
+            raise SyclToolchainError(
+                f"sycl backend: {path} has C ABI {lib.fmlp_sycl_abi_version()}, this package "
+                f"expects {ABI_VERSION}: rebuild it from kernels/sycl")
         lib.fmlp_sycl_last_error.restype = ctypes.c_char_p
         lib.fmlp_sycl_compile.argtypes = [
             _P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
@@ -190,6 +195,7 @@ class _Shim:
 
 _shim: _Shim | None = None
 _cpu_queue = None
+_cpu_queue_error: SyclToolchainError | None = None  # asked once per process, like the queue
 _lock = threading.Lock()
 
 
@@ -207,8 +213,10 @@ def shim() -> _Shim:
 def cpu_queue():
     """The process's dpctl in-order queue on opencl:cpu (in order: each launch reads the
     previous one's output without events)."""
-    global _cpu_queue
+    global _cpu_queue, _cpu_queue_error
     with _lock:
+        if _cpu_queue_error is not None:
+            raise _cpu_queue_error
         if _cpu_queue is None:
             if "OCL_ICD_FILENAMES" not in os.environ:
                 # The wheel's ICD file names a placeholder path; point the loader at the
@@ -218,16 +226,18 @@ def cpu_queue():
                     os.environ["OCL_ICD_FILENAMES"] = str(icd)
             try:
                 import dpctl
-            except ImportError as e:
-                raise SyclToolchainError(
+            except ImportError:
+                _cpu_queue_error = SyclToolchainError(
                     "sycl backend on cpu: dpctl is not installed "
-                    "(pip install 'fusedmlp-xpu[sycl]')") from e
+                    "(pip install 'fusedmlp-xpu[sycl]')")
+                raise _cpu_queue_error from None
             try:
                 _cpu_queue = dpctl.SyclQueue(CPU_DEVICE, property="in_order")
             except Exception as e:
-                raise SyclToolchainError(
+                _cpu_queue_error = SyclToolchainError(
                     f"sycl backend on cpu: no {CPU_DEVICE} device ({e}); install intel-opencl-rt "
-                    "and set OCL_ICD_FILENAMES to its lib/libintelocl.so") from e
+                    "and set OCL_ICD_FILENAMES to its lib/libintelocl.so")
+                raise _cpu_queue_error from None
         return _cpu_queue
 
 
