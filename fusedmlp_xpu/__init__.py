@@ -11,13 +11,18 @@ from .spec import MLPSpec
 
 __version__ = "0.1.0"
 
-
 def _register_optional_backends() -> None:
-    """Backends whose dependencies may be missing register only if their module imports;
-    their availability (and why not) is then reported by backends() and explain()."""
-    from .backends.triton import TritonBackend
+    """Backends whose dependencies may be missing register even so: their modules import
+    only torch at the top, and availability (and why not) is reported by backends() and
+    explain(). A module that fails to import is left out rather than breaking import."""
+    import importlib
 
-    dispatch.register(TritonBackend())
+    for module, cls in (("triton", "TritonBackend"), ("sycl", "SyclBackend")):
+        try:
+            mod = importlib.import_module(f".backends.{module}", __name__)
+        except Exception:  # pragma: no cover - belt and braces
+            continue
+        dispatch.register(getattr(mod, cls)())
 
 
 _register_optional_backends()

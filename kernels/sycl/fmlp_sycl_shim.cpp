@@ -1,0 +1,273 @@
+// fmlp_sycl_shim.cpp: the thin host side of the SYCL kernels, behind a C ABI for ctypes.
+//
+// Built on first use by fusedmlp_xpu/backends/sycl.py with the system g++ against the
+// SYCL headers of the pip-installed intel-sycl-rt wheel, linked with -lsycl. It holds no
+// kernels itself: fmlp_sycl_compile hands kernels/sycl/fused_mlp.cpp to the runtime's
+// kernel compiler once per (context, device) and keeps the executable bundle for the
+// life of the process (the compile costs seconds; a launch must not).
+//
+// Every entry point takes a sycl::queue* that belongs to the caller (PyTorch's current
+// XPU queue, or a dpctl queue) and submits to it; it never creates a queue, never
+// allocates, and never waits unless the queue is out of order (then each launch must
+// finish before the next one reads its output). Pointers must be USM on that queue.
+// Return value: 0 on success, -1 on error with fmlp_sycl_last_error() saying why.
+//
+// Ahead-of-time build (icpx, see README.md): define FMLP_SYCL_AOT and the kernels are
+// compiled into this library instead; that path has not been compiled here.
+#ifndef SYCL_DISABLE_FSYCL_SYCLHPP_WARNING
+#define SYCL_DISABLE_FSYCL_SYCLHPP_WARNING 1 // g++ builds host code only, by design
+#endif
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fused_mlp_params.h"
+
+#ifdef FMLP_SYCL_AOT
+#include "fused_mlp.cpp"
+#endif
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+namespace {
+
+thread_local std::string g_error;
+
+struct Compiled {
+  sycl::context ctx;
+  sycl::device dev;
+  std::map<std::string, sycl::kernel> kernels;
+};
+
+std::mutex g_mutex;
+// One entry per (context, device). Deliberately never destroyed: at process exit the
+// SYCL runtime tears itself down first, and releasing kernels after that crashes.
+auto &g_compiled = *new std::vector<std::unique_ptr<Compiled>>();
+
+Compiled *find_compiled(const sycl::queue &q) {
+  for (auto &c : g_compiled)
+    if (c->ctx == q.get_context() && c->dev == q.get_device())
+      return c.get();
+  return nullptr;
+}
+
+const char *dtype_suffix(int dtype) {
+  switch (dtype) {
+  case FMLP_F32: return "f32";
+  case FMLP_F16: return "f16";
+  case FMLP_BF16: return "bf16";
+  default: throw std::runtime_error("unknown dtype code " + std::to_string(dtype));
+  }
+}
+
+sycl::kernel get_kernel(sycl::queue &q, const std::string &base, int dtype) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Compiled *c = find_compiled(q);
+  if (!c)
+    throw std::runtime_error("kernels not compiled for this queue's device: call fmlp_sycl_compile first");
+  std::string name = base + "_" + dtype_suffix(dtype);
+  auto it = c->kernels.find(name);
+  if (it == c->kernels.end())
+    throw std::runtime_error("kernel " + name + " not found in the compiled bundle");
+  return it->second;
+}
+
+template <class F> int guarded(F &&f) {
+  try {
+    f();
+    return 0;
+  } catch (const sycl::exception &e) {
+    g_error = std::string("SYCL error: ") + e.what();
+  } catch (const std::exception &e) {
+    g_error = e.what();
+  } catch (...) {
+    g_error = "unknown C++ exception";
+  }
+  return -1;
+}
+
+void finish(sycl::queue &q, sycl::event e) {
+  if (!q.is_in_order())
+    e.wait_and_throw();
+}
+
+int64_t row_groups(int64_t n) { return (n + FMLP_TILE_ROWS - 1) / FMLP_TILE_ROWS; }
+
+FmlpNet make_net(int64_t n, int n_layers, const int32_t *widths, const void *const *w,
+                 const void *const *b, int act, int out_act) {
+  if (n_layers < 1 || n_layers > FMLP_MAX_LAYERS)
+    throw std::runtime_error("n_layers " + std::to_string(n_layers) + " outside [1, " +
+                             std::to_string(FMLP_MAX_LAYERS) + "]");
+  FmlpNet net{};
+  net.n_rows = n;
+  net.n_layers = n_layers;
+  net.act = act;
+  net.out_act = out_act;
+  for (int l = 0; l < n_layers; ++l) {
+    if (widths[l] < 1 || widths[l] > FMLP_MAX_WIDTH || widths[l + 1] < 1 || widths[l + 1] > FMLP_MAX_WIDTH)
+      throw std::runtime_error("width outside [1, " + std::to_string(FMLP_MAX_WIDTH) + "]");
+    net.layer[l].w = w[l];
+    net.layer[l].b = b ? b[l] : nullptr;
+    net.layer[l].in = widths[l];
+    net.layer[l].out = widths[l + 1];
+  }
+  return net;
+}
+
+sycl::nd_range<1> row_range(int64_t n) {
+  return sycl::nd_range<1>(sycl::range<1>(row_groups(n) * FMLP_WG_SIZE), sycl::range<1>(FMLP_WG_SIZE));
+}
+
+} // namespace
+
+extern "C" {
+
+const char *fmlp_sycl_last_error(void) { return g_error.c_str(); }
+
+int fmlp_sycl_abi_version(void) { return 2; }
+
+// Compile `source` (with `header` available as "fused_mlp_params.h") for the queue's
+// device, once per process; later calls for the same device return at once.
+// `xmx_header`: NULL, or fused_mlp_xmx.hpp to add the (never run here) XMX forward.
+int fmlp_sycl_compile(void *queue, const char *source, const char *header, const char *xmx_header,
+                      const char *options) {
+  return guarded([&] {
+    sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (find_compiled(q))
+      return;
+    auto c = std::make_unique<Compiled>(Compiled{q.get_context(), q.get_device(), {}});
+#ifdef FMLP_SYCL_AOT
+    // Not compiled here (no icpx): kernels built into this library, found by function.
+    (void)source, (void)header, (void)xmx_header, (void)options;
+    auto exe = sycl::get_kernel_bundle<sycl::bundle_state::executable>(q.get_context(), {q.get_device()});
+#define FMLP_AOT_KERNEL(fn) c->kernels.emplace(#fn, exe.get_kernel(syclexp::get_kernel_id<fn>()))
+    FMLP_AOT_KERNEL(fmlp_fwd_f32); FMLP_AOT_KERNEL(fmlp_fwd_f16); FMLP_AOT_KERNEL(fmlp_fwd_bf16);
+    FMLP_AOT_KERNEL(fmlp_bwd_rows_f32); FMLP_AOT_KERNEL(fmlp_bwd_rows_f16); FMLP_AOT_KERNEL(fmlp_bwd_rows_bf16);
+    FMLP_AOT_KERNEL(fmlp_wgrad_f32); FMLP_AOT_KERNEL(fmlp_wgrad_f16); FMLP_AOT_KERNEL(fmlp_wgrad_bf16);
+#ifdef FMLP_SYCL_XMX
+    FMLP_AOT_KERNEL(fmlp_fwd_xmx_f16); FMLP_AOT_KERNEL(fmlp_fwd_xmx_bf16);
+#endif
+#undef FMLP_AOT_KERNEL
+#else
+    if (!q.get_device().ext_oneapi_can_compile(syclexp::source_language::sycl))
+      throw std::runtime_error("device '" + q.get_device().get_info<sycl::info::device::name>() +
+                               "' cannot compile SYCL source at run time (kernel_compiler)");
+    syclexp::include_files includes{"fused_mlp_params.h", std::string(header)};
+    std::vector<std::string> opts;
+    if (options && *options)
+      opts.emplace_back(options);
+    if (xmx_header) {
+      includes.add("fused_mlp_xmx.hpp", std::string(xmx_header));
+      opts.emplace_back("-DFMLP_SYCL_XMX");
+    }
+    auto src = syclexp::create_kernel_bundle_from_source(
+        q.get_context(), syclexp::source_language::sycl, std::string(source),
+        syclexp::properties{includes});
+    std::string log;
+    auto exe = [&] {
+      try {
+        return syclexp::build(src, syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+      } catch (const sycl::exception &e) {
+        throw std::runtime_error(std::string("compiling kernels/sycl/fused_mlp.cpp failed: ") + e.what() +
+                                 "\n" + log);
+      }
+    }();
+    for (const char *base : {"fmlp_fwd", "fmlp_bwd_rows", "fmlp_wgrad"})
+      for (int dt : {FMLP_F32, FMLP_F16, FMLP_BF16}) {
+        std::string name = std::string(base) + "_" + dtype_suffix(dt);
+        c->kernels.emplace(name, exe.ext_oneapi_get_kernel(name));
+      }
+    // A device without XMX (the OpenCL CPU device) gets no image for these kernels;
+    // launching one there then fails with "not found", naming it.
+    for (const char *name : {"fmlp_fwd_xmx_f16", "fmlp_fwd_xmx_bf16"})
+      if (xmx_header && exe.ext_oneapi_has_kernel(name))
+        c->kernels.emplace(name, exe.ext_oneapi_get_kernel(name));
+#endif
+    g_compiled.push_back(std::move(c));
+  });
+}
+
+// y = out_act(W_L . act(... act(W_1 . x + b_1) ...) + b_L)
+// x: [n, widths[0]] with strides (x_rs, x_cs); w[l]: W_l^T, [widths[l], widths[l+1]] contiguous;
+// b: NULL or n_layers pointers to [widths[l+1]]; y: [n, widths[L]] contiguous;
+// z: NULL, or n_layers pointers to [n, widths[l+1]] pre-activations to save (each may be NULL).
+// variant: 0 the portable kernel; 1 the XMX kernel (fp16/bf16, widths % 16 == 0; never run here).
+int fmlp_sycl_forward(void *queue, int variant, int dtype, int64_t n, int n_layers, const int32_t *widths,
+                      const void *x, int64_t x_rs, int64_t x_cs, const void *const *w,
+                      const void *const *b, int act, int out_act, void *y, void *const *z) {
+  return guarded([&] {
+    sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    FmlpNet net = make_net(n, n_layers, widths, w, b, act, out_act);
+    net.src = x;
+    net.src_rs = x_rs;
+    net.src_cs = x_cs;
+    net.dst = y;
+    for (int l = 0; z && l < n_layers; ++l)
+      net.layer[l].z = z[l];
+    if (n == 0)
+      return;
+    sycl::kernel k = get_kernel(q, variant == 1 ? "fmlp_fwd_xmx" : "fmlp_fwd", dtype);
+    finish(q, q.submit([&](sycl::handler &h) {
+      h.set_args(net);
+      h.parallel_for(row_range(n), k);
+    }));
+  });
+}
+
+// Row backward: dz[l] = dL/dz_l for every layer (where dz && dz[l]), gx = dL/dx (if not NULL).
+// gy: [n, widths[L]] with strides (gy_rs, gy_cs); z[l]: the saved pre-activations
+// (z[L-1] needed only when out_act != 0).
+int fmlp_sycl_backward_rows(void *queue, int dtype, int64_t n, int n_layers, const int32_t *widths,
+                            const void *gy, int64_t gy_rs, int64_t gy_cs, const void *const *w,
+                            void *const *z, int act, int out_act, void *gx, void *const *dz) {
+  return guarded([&] {
+    sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    FmlpNet net = make_net(n, n_layers, widths, w, nullptr, act, out_act);
+    net.src = gy;
+    net.src_rs = gy_rs;
+    net.src_cs = gy_cs;
+    net.dst = gx;
+    for (int l = 0; l < n_layers; ++l) {
+      net.layer[l].z = z ? z[l] : nullptr;
+      net.layer[l].dz = dz ? dz[l] : nullptr;
+    }
+    if (n == 0)
+      return;
+    sycl::kernel k = get_kernel(q, "fmlp_bwd_rows", dtype);
+    finish(q, q.submit([&](sycl::handler &h) {
+      h.set_args(net);
+      h.parallel_for(row_range(n), k);
+    }));
+  });
+}
+
+// One layer's weight/bias gradients: gw[o, k] = sum_r dz[r, o] * act(src[r, k]),
+// gb[o] = sum_r dz[r, o]. dz: [n, out] contiguous; src: [n, in] with strides; gw: [out, in]
+// or NULL; gb: [out] or NULL. With n == 0 it writes zeros (the sum over no rows).
+int fmlp_sycl_weight_grads(void *queue, int dtype, int64_t n, int out, int in, const void *dz,
+                           const void *src, int64_t src_rs, int64_t src_cs, int src_act, void *gw,
+                           void *gb) {
+  return guarded([&] {
+    sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    if (!gw && !gb)
+      return;
+    sycl::kernel k = get_kernel(q, "fmlp_wgrad", dtype);
+    const int64_t t = FMLP_WGRAD_TILE;
+    const int64_t cols = in + (gb ? 1 : 0);
+    sycl::nd_range<2> range(sycl::range<2>((out + t - 1) / t * t, (cols + t - 1) / t * t),
+                            sycl::range<2>(t, t));
+    const int32_t out32 = out, in32 = in, act32 = src_act;
+    finish(q, q.submit([&](sycl::handler &h) {
+      h.set_args(dz, n, out32, src, src_rs, src_cs, act32, in32, gw, gb);
+      h.parallel_for(range, k);
+    }));
+  });
+}
+
+} // extern "C"
