@@ -8,9 +8,11 @@ steps=${*:-"tests sanitize bench"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
 for s in $steps; do
   case $s in
-    tests) python3 -m pytest -q -n 8 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -4 "$OUT/tests.log"; grep -E "^FAILED" "$OUT/tests.log" | head -20 ;;
+    tests) python3 -m pytest -q -n 12 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -4 "$OUT/tests.log"; grep -E "^FAILED" "$OUT/tests.log" | head -20 ;;
     sanitize) compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_correctness.py -k "triton and cuda and (odd or batch_shapes)" -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/sanitizer.log" ;;
-    sweep) python3 benchmarks/sweep_narrow.py --out "$OUT/sweep.json" 2>&1 | grep -E "BEST|Error" | tee "$OUT/sweep.log" ;;
+    sweep) for w in 32 64 128; do for m in fwd bwd; do  # one process each: a fault ends one
+             python3 benchmarks/sweep_narrow.py --width $w --mode $m 2>&1 | tee -a "$OUT/sweep.log" | grep -E "BEST|WRONG|Error"; done; done ;;
+    overhead) python3 benchmarks/overhead.py --out "$OUT/overhead.json" ;;
     bench) python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" 2>"$OUT/bench.log" | tee "$OUT/bench-summary.txt" ;;
     *) echo "unknown step $s" ;;
   esac

@@ -20,19 +20,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--n", type=int, default=2 ** 22)
+    ap.add_argument("--width", type=int, action="append")
+    ap.add_argument("--mode", action="append", choices=["fwd", "bwd"])
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
-    for W in (32, 64, 128):
+    for W in args.width or (32, 64, 128):
         for dtype in (torch.float16,):
             m = fm.FusedMLP(64, 64, W, 4, bias=False, device=dev, dtype=dtype, backend="triton")
             x = torch.randn(args.n, 64, device=dev, dtype=dtype, requires_grad=True)
             gy = torch.randn(args.n, 64, device=dev, dtype=dtype)
-            for mode in ("fwd", "bwd"):
+            for mode in args.mode or ("fwd", "bwd"):
                 best = None
                 for bm in (64, 128, 256):
                     for warps in (4, 8):
-                        for per_sm in ((1, 2, 4) if mode == "bwd" else (0,)):
+                        for per_sm in ((1, 2) if mode == "bwd" else (0,)):
                             tb._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
                             tb._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
                             try:

@@ -1,0 +1,68 @@
+"""Host time of one eager no-grad call, broken into its parts (GPU machine).
+
+Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json]
+"""
+import argparse
+import importlib
+import json
+import time
+
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import dispatch, op
+
+
+def per_call_us(fn, n=3000):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    tb = importlib.import_module("fusedmlp_xpu.backends.triton")
+    m = fm.FusedMLP(64, 64, 64, 4, bias=False, device="cuda", dtype=torch.float16)
+    x = torch.randn(1, 64, device="cuda", dtype=torch.float16)
+    ws, spec = m.weights(), m.spec(torch.float16)
+    be = dispatch.REGISTRY["triton"]
+    seq = m.to_sequential()
+    res = {}
+    with torch.no_grad():
+        res["module_call"] = per_call_us(lambda: m(x))
+        res["op_call_lean"] = per_call_us(lambda: op.call(x, ws, None, spec, None, False))
+        res["custom_op"] = per_call_us(
+            lambda: torch.ops.fusedmlp.mlp.default(x, ws, None, "relu", "none", ""))
+        res["backend_forward"] = per_call_us(lambda: be.forward(x, ws, None, spec, False))
+        res["choose"] = per_call_us(lambda: dispatch.choose(x.device, spec, None))
+        res["stack_hidden"] = per_call_us(lambda: torch.stack(ws[1:-1]))
+        res["empty"] = per_call_us(lambda: torch.empty(1, 64, device="cuda", dtype=torch.float16))
+        res["eager_sequential"] = per_call_us(lambda: seq(x))
+        res["one_linear"] = per_call_us(lambda: torch.nn.functional.linear(x, ws[0]))
+        narrow = importlib.import_module("fusedmlp_xpu.backends.triton.narrow")
+        y = torch.empty(1, 64, device="cuda", dtype=torch.float16)
+        wh = torch.stack(ws[1:-1])
+        P = 64
+        meta = dict(IN_P=P, H_P=P, OUT_P=P, ACT=1, OUT_ACT=0, F32=False, PREC="tf32x3")
+
+        def raw():
+            narrow._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3,
+                                         64, 1, 64, 64, HAS_BIAS=False, SAVE=False, BLOCK_M=64,
+                                         num_warps=4, num_stages=tb.NUM_STAGES, **meta)
+        res["raw_triton_launch"] = per_call_us(raw)
+    for k, v in res.items():
+        print(f"{k:<18} {v:8.1f} us")
+    if args.out:
+        json.dump(res, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
