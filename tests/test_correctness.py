@@ -61,7 +61,12 @@ def _skip_big(backend, *sizes):
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
 def test_activations(backend, dtype, act, grad):
-    out_act = ACTS[(ACTS.index(act) + 3) % len(ACTS)]  # a different one at the output
+    # a different activation at the output; in fp16/bf16 a smooth one, since mask flips of a
+    # kinked output (relu, leaky_relu) on 16 x 1037 elements make the error a lottery
+    # (kinked outputs in half precision: test_training_modes; in fp32: here)
+    outs = [a for a in ACTS if a not in ("relu", "leaky_relu")] if dtype != torch.float32 \
+        else ACTS
+    out_act = outs[(ACTS.index(act) + 3) % len(outs)]
     run(backend, (32, 64, 64, 16), dtype, act, out_act, grad=grad)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .. import activations
-from . import Backend, memory
+from . import Backend, memory, saved_widths
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "sycl"
 KERNEL_SOURCE = KERNEL_DIR / "fused_mlp.cpp"
@@ -364,6 +364,10 @@ def _forward_variant(device: torch.device, spec, sh: _Shim) -> int:
 
 
 # --- the backend ------------------------------------------------------------------------
+def _side_by_side(zs, n, like):
+    return torch.cat(zs, dim=-1) if zs else like.new_empty(n, 0)
+
+
 class SyclBackend(Backend):
     name = "sycl"
     device_types = ("xpu", "cpu")
@@ -423,11 +427,13 @@ class SyclBackend(Backend):
         y = memory.new_empty(n, spec.out_features, like=x)
         L = spec.n_layers
         save_out = spec.output_activation != "none"
+        # the kernel writes each layer's z to its own [n, w] buffer; the Backend contract
+        # returns them side by side in one [n, S] tensor (one concatenating copy)
         saved = [memory.new_empty(n, w, like=x) for w in spec.widths[1:-1]] if save else []
         if save and save_out:
             saved.append(memory.new_empty(n, spec.out_features, like=x))
         if n == 0:
-            return y, saved
+            return y, _side_by_side(saved, n, x) if save else None
         lau = _launcher(x.device)
         sh = shim()
         sh.compile(lau.queue)
@@ -443,13 +449,14 @@ class SyclBackend(Backend):
                 x_ptr, x_rs, x_cs, _ptrs(w_ptrs), b_ptrs, spec.activation_id,
                 spec.output_activation_id, lau.output(y), z_ptrs)
         lau.finish()
-        return y, saved
+        return y, _side_by_side(saved, n, x) if save else None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         need_x, need_w, need_b = needs
         need_b = need_b and biases is not None
-        if not saved:
+        if saved is None:
             _, saved = self.forward(x, weights, biases, spec, save=True)
+        saved = list(saved.split(saved_widths(spec), dim=-1))
         n, L = x.shape[0], spec.n_layers
         gx = memory.new_empty(n, spec.in_features, like=x) if need_x else None
         gw = [memory.new_empty(w.shape[0], w.shape[1], like=x) for w in weights] if need_w else []

@@ -28,15 +28,20 @@ def _pow2(n: int) -> int:
 
 # --- tuning, one named place per vendor ------------------------------------------------
 def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) on NVIDIA GPUs.
+    """(BLOCK_M, num_warps) on NVIDIA GPUs, keyed by the padded tile width P.
 
-    H200, Triton 3.6 (benchmarks/sweep_narrow.py): BLOCK_M 64 / 4 warps ran narrow-w32
-    forward at 2^22 rows in 0.365 ms; BLOCK_M 128 computed WRONG results when in/out were
-    wider than the hidden width (relative error ~1, no memory error under
-    compute-sanitizer) and 256 faulted, so 64 is used everywhere until that is understood.
+    Swept on the H200 (Triton 3.6, fp16, 2^22 rows, 4 hidden layers, in/out 64; every
+    variant checked against eager before timing; benchmarks/sweep_narrow.py):
+      forward  P=64:  BLOCK_M 128 / 4 warps 0.531 ms (64/4: 0.574, 256/8: 0.738)
+      forward  P=128: BLOCK_M 256 / 4 warps 1.485 ms (128/4: 1.657, 64/8: 2.305)
+      fwd+bwd  P=64:  BLOCK_M 128 / 8 warps 5.61 ms (64/4: 6.07, 256/4: 8.29)
+      fwd+bwd  P=128: BLOCK_M 128 / 8 warps 15.8 ms (256/8: 17.4, 64/4: 23.7)
+    Narrower P is not swept; it takes P=64's values.
     """
-    wmax = _pow2(max(spec.widths))
-    return (64, 4) if wmax <= 64 else (64, 8)
+    P = _pow2(max(spec.widths))
+    if mode == "fwd":
+        return (256, 4) if P > 64 else (128, 4)
+    return 128, 8
 
 
 def _tuning_intel(spec, mode: str) -> tuple[int, int]:
@@ -65,7 +70,8 @@ def _n_programs(device: torch.device, n_blocks: int) -> int:
     if device.type == "cuda":
         if device.index not in _SM_COUNT:
             _SM_COUNT[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-        return max(1, min(n_blocks, 2 * _SM_COUNT[device.index]))
+        # one program per SM: 5.61 ms vs 5.63 ms with two (fwd+bwd, P=64, H200)
+        return max(1, min(n_blocks, _SM_COUNT[device.index]))
     if device.type == "xpu":
         return max(1, min(n_blocks, 512))
     return max(1, min(n_blocks, 4))
