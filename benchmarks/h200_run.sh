@@ -9,11 +9,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit -
 for s in $steps; do
   case $s in
     tests) python3 -m pytest -q -n 12 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -4 "$OUT/tests.log"; grep -E "^FAILED" "$OUT/tests.log" | head -20 ;;
-    sanitize) compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_correctness.py -k "triton and cuda and (odd or batch_shapes)" -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/sanitizer.log" ;;
+    sanitize) timeout ${SAN_S:-60} compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_correctness.py -k "triton and cuda and odd_feature" -p no:cacheprovider > "$OUT/sanitizer.log" 2>&1; tail -4 "$OUT/sanitizer.log" ;;
     sweep) for w in 32 64 128; do for m in fwd bwd; do  # one process each: a fault ends one
              python3 benchmarks/sweep_narrow.py --width $w --mode $m 2>&1 | tee -a "$OUT/sweep.log" | grep -E "BEST|WRONG|Error"; done; done ;;
+    profile) timeout 60 python3 -m fusedmlp_xpu.cli profile > "$OUT/profile.txt" 2>&1; cat "$OUT/profile.txt" | tail -14 ;;
     overhead) python3 benchmarks/overhead.py --out "$OUT/overhead.json" ;;
-    bench) python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" 2>"$OUT/bench.log" | tee "$OUT/bench-summary.txt" ;;
+    bench) timeout ${BENCH_S:-500} python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" 2>"$OUT/bench.log" | tee "$OUT/bench-summary.txt" ;;
     *) echo "unknown step $s" ;;
   esac
 done
