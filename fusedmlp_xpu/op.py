@@ -147,7 +147,8 @@ def _autocast(x, weights, biases):
     return x, weights, biases
 
 
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_modes", lambda: 1)
+# the number of active TorchDispatchModes (fake tensors, make_fx, ...); 1 = "assume some"
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
 
 
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool):
