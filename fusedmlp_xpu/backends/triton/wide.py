@@ -568,8 +568,12 @@ def backward(grad_y, x, weights, biases, saved, spec, needs):
         h_in = x
         g_next = None
         if i > 0:
+            # with no hidden activation h_{i-1} is z_{i-1} itself: nothing to store
+            store_h = need_w and act != "none"
             g_next, h_in = grad_input(g, weights[i], saved[i - 1], act, g_z, g_act,
-                                      store_h=need_w)
+                                      store_h=store_h)
+            if not store_h:
+                h_in = saved[i - 1]
         elif need_x:
             grad_x, _ = grad_input(g, weights[0], None, "none", g_z, g_act)
         if need_w:
