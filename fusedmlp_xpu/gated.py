@@ -329,12 +329,12 @@ class GatedMLP(nn.Module):
                     recompute: bool = False) -> "GatedMLP":
         """A GatedMLP whose children ARE ``mlp``'s gate/up/down Linears (shared, not
         copied). ValueError saying what does not fit otherwise."""
-        plan = _gated_plan(mlp)
-        if isinstance(plan, str):
-            raise ValueError(f"mlp: cannot fuse: {plan}")
+        act, why = _gated_plan(mlp)
+        if act is None:
+            raise ValueError(f"mlp: cannot fuse: {why}")
         m = cls.__new__(cls)
         nn.Module.__init__(m)
-        m.activation, m.backend, m.recompute = plan, backend, recompute
+        m.activation, m.backend, m.recompute = act, backend, recompute
         m.gate_proj, m.up_proj, m.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         m.train(mlp.training)
         return m
@@ -351,23 +351,24 @@ def _act_name(act_fn) -> str | None:
 
 
 def _gated_plan(mlp: nn.Module):
-    """The gate activation's name if ``mlp`` is a Llama-style MLP we can fuse, else why not."""
+    """(gate activation name, None) if ``mlp`` is a Llama-style MLP we can fuse, else
+    (None, why not)."""
     lins = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     if any(type(l) is not nn.Linear for l in lins):
-        return "gate_proj, up_proj and down_proj must all be nn.Linear"
+        return None, "gate_proj, up_proj and down_proj must all be nn.Linear"
     gate, up, down = lins
     if not hasattr(mlp, "act_fn"):
-        return "no act_fn"
+        return None, "no act_fn"
     act = _act_name(mlp.act_fn)
     if act not in GATE_ACTIVATIONS:
-        return f"act_fn {mlp.act_fn!r} is not one of {list(GATE_ACTIVATIONS)}"
+        return None, f"act_fn {mlp.act_fn!r} is not one of {list(GATE_ACTIVATIONS)}"
     if gate.weight.shape != up.weight.shape or down.in_features != gate.out_features:
-        return "gate/up/down shapes do not chain"
+        return None, "gate/up/down shapes do not chain"
     if len({l.bias is not None for l in lins}) > 1:
-        return "some projections have a bias and some do not"
+        return None, "some projections have a bias and some do not"
     if len({(l.weight.dtype, l.weight.device) for l in lins}) > 1:
-        return "projections differ in dtype or device"
-    return act
+        return None, "projections differ in dtype or device"
+    return act, None
 
 
 def fuse_gated_mlps(model: nn.Module, *, backend: str | None = None,
@@ -375,7 +376,7 @@ def fuse_gated_mlps(model: nn.Module, *, backend: str | None = None,
     """Replace, in place, every module with gate_proj/up_proj/down_proj Linears and an
     act_fn (SiLU -> silu, GELU(tanh) -> gelu_tanh, GELU -> gelu) by a GatedMLP that
     shares its Linears. Returns ``model`` (or the GatedMLP when ``model`` is one such)."""
-    if not isinstance(model, GatedMLP) and not isinstance(_gated_plan(model), str):
+    if not isinstance(model, GatedMLP) and _gated_plan(model)[0] is not None:
         return GatedMLP.from_module(model, backend=backend, recompute=recompute)
     for name, child in list(model.named_children()):
         new = fuse_gated_mlps(child, backend=backend, recompute=recompute)
