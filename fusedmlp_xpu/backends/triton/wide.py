@@ -318,15 +318,18 @@ def _gated_bwd_kernel(
 def _configs_nvidia(dual: bool) -> list[triton.Config]:
     """Hopper/Ampere, 16-bit operands. Large M: 128x256x64 with 8 warps and 3 stages is
     the classic Hopper tile for bf16 (3 x (128+256) x 64 x 2 B = 144 KB of smem, under the
-    228 KB an H100/H200 SM has); 4-stage 128x128 covers shapes whose tile count at 128x256
-    leaves SMs idle (N 4096 at M 8192 gives 1024 tiles = 7.8 waves on 132 SMs either way).
-    Small M (decode, <= 64 rows) is bound by reading the weights: narrow BLOCK_M, deep
-    BLOCK_K, and BLOCK_N small enough that N / BLOCK_N programs fill the 132 SMs.
-    ``dual`` kernels hold two accumulators: half the tile width keeps them in registers."""
-    big = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4)]
-    if dual:
-        big = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)]
+    228 KB an H100/H200 SM has); 4-stage 128x128 trades reuse for a smaller last wave
+    (M 8192, N 4096: 1024 tiles of 128x256 = 7.8 waves on 132 SMs, 2048 of 128x128 =
+    15.5). Small M (decode, <= 64 rows) is bound by reading the weights: narrow BLOCK_M,
+    deep BLOCK_K, and BLOCK_N small enough that N / BLOCK_N programs fill the 132 SMs
+    (N 4096 / 32 = 128 programs). ``dual`` kernels hold two accumulators: half the tile
+    width keeps them in registers. Not yet timed on an H200 by this file's author: the
+    lists are the search space, the autotuner picks per shape on first use."""
+    big = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4)]
     small = [(16, 64, 256, 4, 4), (32, 64, 128, 4, 5), (64, 64, 128, 4, 4), (16, 32, 256, 4, 5)]
+    if dual:  # two B tiles a stage: smem = stages x (BM + 2 BN) x BK x 2 B stays <= 196 KB
+        big = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4)]
+        small = [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 64, 4, 4)]
     return [_cfg(*c) for c in big + small]
 
 
@@ -408,8 +411,8 @@ def _bucket(m: int) -> int:
 def _meta(t: torch.Tensor) -> dict:
     up = interpreting() and t.dtype == torch.bfloat16
     # fp32 operands: full-precision products ("ieee") so fp32 keeps its 1e-5 bound, not
-    # the 1e-3 of tf32; 16-bit operands ignore the flag.
-    return dict(UPCAST=up, PRECISION="ieee")
+    # the 1e-3 of tf32; 16-bit operands keep Triton's default (tensor cores either way).
+    return dict(UPCAST=up, PRECISION="ieee" if t.dtype == torch.float32 else "tf32")
 
 
 def _grid(M, N):
