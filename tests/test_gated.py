@@ -107,6 +107,12 @@ def test_row_shapes(impl, lead):
     run(impl, "silu", lead=lead, dims=(17, 33, 9))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_whole_blocks(impl, dtype):
+    """d, hidden and rows multiples of 16: the kernels' unmasked K loops."""
+    run(impl, "silu", dtype, lead=(32,), dims=(32, 48, 16), bias=True)
+
+
 def test_recompute_saves_no_intermediate(impl):
     """recompute=True: autograd keeps x and the weights only (nothing [rows, hidden])."""
     name, dev = impl

@@ -88,6 +88,12 @@ def test_rows_and_dtypes(device, dtype, m):
     check(device, (24, 40, 17), dtype, "gelu_tanh", "none", m=m, strided=m % 2 == 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_whole_blocks(device, dtype):
+    """Every K a multiple of the block: the unmasked (EVEN_K) loads, rows included."""
+    check(device, (32, 48, 32), dtype, "silu", "none", m=32, strided=False)
+
+
 @pytest.mark.parametrize("needs", [(True, False, False), (False, True, False),
                                    (False, False, True), (False, True, True)], ids=str)
 def test_partial_needs(device, needs):

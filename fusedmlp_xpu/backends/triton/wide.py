@@ -117,9 +117,12 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
 
 
 @triton.jit
-def _load_k(ptrs, k_left, K_AXIS: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_k(ptrs, k_left, K_AXIS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """Load a tile whose K axis (0 or 1) may run past the end; rows/cols are wrapped
-    (modulo), so only K needs a mask and the tail contributes zeros."""
+    (modulo), so only K needs a mask and the tail contributes zeros. EVEN_K (K a
+    multiple of BLOCK_K, as in every transformer shape) drops the mask altogether."""
+    if EVEN_K:
+        return tl.load(ptrs)
     ks = tl.arange(0, BLOCK_K)
     if K_AXIS == 1:
         return tl.load(ptrs, mask=ks[None, :] < k_left, other=0.0)
@@ -140,7 +143,7 @@ def _mm(a_ptr, b_ptr, za_ptr, rows, cols, K,
         s_am, s_ak, s_bn, s_bk, s_zm, s_zk,
         acc, db_acc,
         A_ACT: tl.constexpr, DB: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_K: tl.constexpr):
+        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """acc += A'[rows, :] @ B[cols, :]^T over K, where A' = A * act'(ZA) when A_ACT != 0
     (the prologue fusion); db_acc += row sums of A' when DB."""
     ks = tl.arange(0, BLOCK_K)
@@ -148,10 +151,10 @@ def _mm(a_ptr, b_ptr, za_ptr, rows, cols, K,
     b_ptrs = b_ptr + cols[None, :] * s_bn + ks[:, None] * s_bk
     z_ptrs = za_ptr + rows[:, None] * s_zm + ks[None, :] * s_zk
     for k0 in range(0, K, BLOCK_K):
-        a = _load_k(a_ptrs, K - k0, 1, BLOCK_K)
-        b = _load_k(b_ptrs, K - k0, 0, BLOCK_K)
+        a = _load_k(a_ptrs, K - k0, 1, BLOCK_K, EVEN_K)
+        b = _load_k(b_ptrs, K - k0, 0, BLOCK_K, EVEN_K)
         if A_ACT != 0:
-            za = _load_k(z_ptrs, K - k0, 1, BLOCK_K).to(tl.float32)
+            za = _load_k(z_ptrs, K - k0, 1, BLOCK_K, EVEN_K).to(tl.float32)
             a = (a.to(tl.float32) * _act_grad(za, A_ACT)).to(b.dtype)
             z_ptrs += BLOCK_K * s_zk
         if DB:
@@ -183,12 +186,13 @@ def _linear_fwd_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     unused = tl.zeros((BLOCK_M,), tl.float32)
     acc, unused = _mm(x_ptr, w_ptr, x_ptr, rows % M, cols % N, K, s_xm, s_xk, s_wn, s_wk, 0, 0,
-                      acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K)
+                      acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if STORE_Z:
@@ -205,6 +209,7 @@ def _linear_dx_kernel(
     G_ACT: tl.constexpr, ACT: tl.constexpr, DUAL: tl.constexpr, STORE_H: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """out = (g' @ W [+ g2 @ W2]) * act'(z): the gradient w.r.t. the previous layer's
     pre-activation z (or w.r.t. x when ACT is 0 and there is no z). W is passed with its
@@ -215,10 +220,10 @@ def _linear_dx_kernel(
     unused = tl.zeros((BLOCK_M,), tl.float32)
     rw, cw = rows % M, cols % N
     acc, unused = _mm(g_ptr, w_ptr, zg_ptr, rw, cw, K, s_gm, s_gk, s_wn, s_wk, s_zgm, s_zgk,
-                      acc, unused, G_ACT, False, UPCAST, PRECISION, BLOCK_K)
+                      acc, unused, G_ACT, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if DUAL:
         acc, unused = _mm(g2_ptr, w2_ptr, g2_ptr, rw, cw, K2, s_g2m, s_g2k, s_w2n, s_w2k, 0, 0,
-                          acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K)
+                          acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if ACT != 0:
         z = _load_mn(z_ptr, rows, cols, s_zm, s_zn, M, N)
         acc = acc * _act_grad(z, ACT)
@@ -235,6 +240,7 @@ def _linear_dw_kernel(
     G_ACT: tl.constexpr, DB: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """dW[out, in] = g'^T @ h, K = the batch rows; g' and h are read through swapped
     strides. db = the row sums of g' from the same tiles; programs of the first column
@@ -244,7 +250,7 @@ def _linear_dw_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     db = tl.zeros((BLOCK_M,), tl.float32)
     acc, db = _mm(g_ptr, h_ptr, zg_ptr, rows % M, cols % N, K, s_gm, s_gk, s_hn, s_hk,
-                  s_zgm, s_zgk, acc, db, G_ACT, DB, UPCAST, PRECISION, BLOCK_K)
+                  s_zgm, s_zgk, acc, db, G_ACT, DB, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     _store(dw_ptr, rows, cols, s_wm, s_wn, acc, M, N)
     if DB:
         limit = tl.where(pid_n == 0, M, 0)  # only the first column of tiles stores db
@@ -259,6 +265,7 @@ def _gated_fwd_kernel(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """h = act(x Wg^T + bg) * (x Wu^T + bu): each x tile is loaded once and feeds both
     accumulators. With STORE_GU the two pre-activations are kept for backward."""
@@ -271,9 +278,9 @@ def _gated_fwd_kernel(
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = _load_k(x_ptrs, K - k0, 1, BLOCK_K)
-        acc_g = _dot(x, _load_k(g_ptrs, K - k0, 0, BLOCK_K), acc_g, UPCAST, PRECISION)
-        acc_u = _dot(x, _load_k(u_ptrs, K - k0, 0, BLOCK_K), acc_u, UPCAST, PRECISION)
+        x = _load_k(x_ptrs, K - k0, 1, BLOCK_K, EVEN_K)
+        acc_g = _dot(x, _load_k(g_ptrs, K - k0, 0, BLOCK_K, EVEN_K), acc_g, UPCAST, PRECISION)
+        acc_u = _dot(x, _load_k(u_ptrs, K - k0, 0, BLOCK_K, EVEN_K), acc_u, UPCAST, PRECISION)
         x_ptrs += BLOCK_K * s_xk
         g_ptrs += BLOCK_K * s_gwk
         u_ptrs += BLOCK_K * s_uwk
@@ -295,6 +302,7 @@ def _gated_bwd_kernel(
     ACT: tl.constexpr, STORE_H: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """dh = dy @ Wd (Wd read as B[n = hidden, k = out]); epilogue: dg = dh u act'(g),
     du = dh act(g) and, for the down projection's weight gradient, h = act(g) u."""
@@ -302,7 +310,7 @@ def _gated_bwd_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     unused = tl.zeros((BLOCK_M,), tl.float32)
     acc, unused = _mm(dy_ptr, wd_ptr, dy_ptr, rows % M, cols % N, K, s_dym, s_dyk, s_wn, s_wk,
-                      0, 0, acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K)
+                      0, 0, acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     g = _load_mn(g_ptr, rows, cols, s_gm, s_gn, M, N)
     u = _load_mn(u_ptr, rows, cols, s_um, s_un, M, N)
     a = _act(g, ACT)
@@ -356,6 +364,12 @@ def _cfg(bm, bn, bk, warps, stages, **extra) -> triton.Config:
                          num_warps=warps, num_stages=stages)
 
 
+def _even_k(args) -> bool:
+    """Every K loop of the kernel ends on a whole block (then no load needs a mask)."""
+    bk = args["BLOCK_K"]
+    return args["K"] % bk == 0 and args.get("K2", 0) % bk == 0
+
+
 def _prune(configs, named_args, **kwargs):
     """Decode-sized M gets the small-M tiles, everything else the large ones."""
     m = {**named_args, **kwargs}["M_BUCKET"]
@@ -396,7 +410,7 @@ def _kernel(name: str, device: torch.device):
         k = _tuned[(name, vendor)] = triton.autotune(
             configs, key=["M_BUCKET", "N", "K", *keys, "UPCAST", "PRECISION"],
             prune_configs_by={"early_config_prune": _prune},
-        )(fn)
+        )(triton.heuristics({"EVEN_K": _even_k})(fn))
     return k
 
 
