@@ -105,6 +105,26 @@ def test_recompute_when_nothing_saved(device, bias):
     check(device, (16, 40, 24, 12), torch.float16, "gelu", "none", bias=bias, keep_saved=False)
 
 
+@pytest.mark.parametrize("m", [0, 37])
+def test_hidden_grads_in_column_chunks(device, monkeypatch, m):
+    """Weight gradients of hidden layers built from h in column chunks (the memory
+    bound of wide layers), forced small here: chunks of 16 columns, a ragged last one."""
+    monkeypatch.setattr(wide, "H_CHUNK_BYTES", 37 * 16 * 4)
+    monkeypatch.setattr(wide, "CHUNK_ALIGN", 16)
+    assert len(wide._col_chunks(37, 40, 4)) == 3
+    check(device, (16, 40, 24, 8), torch.float32, "gelu", "softplus", m=m)
+
+
+def test_col_chunks_cover_columns():
+    for rows, cols, esize in [(8192, 16384, 2), (8192, 14336, 2), (16, 4096, 2), (8192, 300, 4)]:
+        chunks = wide._col_chunks(rows, cols, esize)
+        assert chunks[0][0] == 0 and chunks[-1][1] == cols
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert all((c1 - c0) * rows * esize <= wide.H_CHUNK_BYTES or c1 - c0 <= wide.CHUNK_ALIGN
+                   for c0, c1 in chunks)
+    assert len(wide._col_chunks(8192, 16384, 2)) == 2  # wide-gelu train: 2 x 128 MiB
+
+
 def test_forward_only(device):
     check(device, (16, 33, 8), torch.bfloat16, "relu", "sigmoid", grad=False)
 
