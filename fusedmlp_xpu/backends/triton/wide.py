@@ -330,8 +330,8 @@ def _configs_nvidia(dual: bool) -> list[triton.Config]:
     (M 8192, N 4096: 1024 tiles of 128x256 = 7.8 waves on 132 SMs, 2048 of 128x128 =
     15.5). Small M (decode, <= 64 rows) is bound by reading the weights: narrow BLOCK_M,
     deep BLOCK_K, and BLOCK_N small enough that N / BLOCK_N programs fill the 132 SMs
-    (N 4096 / 32 = 128 programs). ``dual`` kernels hold two accumulators: half the tile
-    width keeps them in registers. Not yet timed on an H200 by this file's author: the
+    (N 4096 / 32 = 128 programs). ``dual`` kernels hold two accumulators (or a heavy
+    epilogue): half the tile width keeps them in registers. Not yet timed on an H200 by this file's author: the
     lists are the search space, the autotuner picks per shape on first use."""
     big = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4)]
     small = [(16, 64, 256, 4, 4), (32, 64, 128, 4, 5), (64, 64, 128, 4, 4), (16, 32, 256, 4, 5)]
@@ -384,7 +384,8 @@ _KERNELS = {
     "dx": (_linear_dx_kernel, False, ("G_ACT", "ACT", "DUAL", "STORE_H", "K2")),
     "dw": (_linear_dw_kernel, False, ("G_ACT", "DB")),
     "gated_fwd": (_gated_fwd_kernel, True, ("ACT", "HAS_BIAS", "STORE_GU")),
-    "gated_bwd": (_gated_bwd_kernel, False, ("ACT", "STORE_H")),
+    # one accumulator, but an epilogue holding g, u and three outputs: the smaller tiles
+    "gated_bwd": (_gated_bwd_kernel, True, ("ACT", "STORE_H")),
 }
 _tuned: dict[tuple[str, str], object] = {}
 
