@@ -121,13 +121,14 @@ def _load_k(ptrs, k_left, K_AXIS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: t
     """Load a tile whose K axis (0 or 1) may run past the end; rows/cols are wrapped
     (modulo), so only K needs a mask and the tail contributes zeros. EVEN_K (K a
     multiple of BLOCK_K, as in every transformer shape) drops the mask altogether."""
-    if EVEN_K:
-        return tl.load(ptrs)
     ks = tl.arange(0, BLOCK_K)
-    if K_AXIS == 1:
-        return tl.load(ptrs, mask=ks[None, :] < k_left, other=0.0)
+    if EVEN_K:
+        t = tl.load(ptrs)
+    elif K_AXIS == 1:
+        t = tl.load(ptrs, mask=ks[None, :] < k_left, other=0.0)
     else:
-        return tl.load(ptrs, mask=ks[:, None] < k_left, other=0.0)
+        t = tl.load(ptrs, mask=ks[:, None] < k_left, other=0.0)
+    return t
 
 
 @triton.jit
