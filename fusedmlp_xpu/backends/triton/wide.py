@@ -428,7 +428,8 @@ def _meta(t: torch.Tensor) -> dict:
     up = interpreting() and t.dtype == torch.bfloat16
     # fp32 operands: full-precision products ("ieee") so fp32 keeps its 1e-5 bound, not
     # the 1e-3 of tf32; 16-bit operands keep Triton's default (tensor cores either way).
-    return dict(UPCAST=up, PRECISION="ieee" if t.dtype == torch.float32 else "tf32")
+    half = t.dtype in (torch.float16, torch.bfloat16)
+    return dict(UPCAST=up, PRECISION="tf32" if half else "ieee")
 
 
 def _grid(M, N):
