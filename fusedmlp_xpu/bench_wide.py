@@ -26,7 +26,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import fusedmlp_xpu as fm

@@ -32,6 +32,13 @@ pytestmark = pytest.mark.skipif(not DEVICES, reason="no cuda/xpu device and TRIT
 ACTS = sorted(activations.ACTIVATIONS)
 
 
+
+@pytest.fixture(autouse=True)
+def _first_config(monkeypatch):
+    """Correctness, not speed: one config per kernel, no timing runs on a GPU."""
+    monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "0")
+
+
 @pytest.fixture(params=DEVICES, ids=lambda d: d.type)
 def device(request):
     return request.param
