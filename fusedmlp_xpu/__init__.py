@@ -5,6 +5,7 @@ import torch
 
 from . import activations, dispatch
 from .dispatch import BackendUnavailableError, backends
+from .gated import GatedMLP, fuse_gated_mlps, fused_gated_mlp
 from .module import FusedMLP, fuse_mlps
 from .op import fused_mlp
 from .spec import MLPSpec
@@ -26,8 +27,9 @@ def _register_optional_backends() -> None:
 
 
 _register_optional_backends()
-__all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "explain", "backends", "MLPSpec",
-           "BackendUnavailableError", "activations", "__version__"]
+__all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
+           "fuse_gated_mlps", "explain", "backends", "MLPSpec", "BackendUnavailableError",
+           "activations", "__version__"]
 
 
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:

@@ -365,6 +365,14 @@ def summary(result) -> str:
 
 
 def cmd_bench(args) -> int:
+    if args.suite == "wide":  # transformer FFN blocks: their own harness (bench_wide.py)
+        from .bench_wide import main as wide_main
+
+        out = args.out or os.path.join("benchmarks", "results", "bench-wide.json")
+        argv = ["--out", out] + ([] if args.device == "auto" else ["--device", args.device])
+        if args.compile == "none":
+            argv += ["--compile", "none"]
+        return wide_main(argv)
     result = run_bench(args)
     out = args.out or os.path.join(
         "benchmarks", "results",
@@ -379,7 +387,8 @@ def cmd_bench(args) -> int:
 
 
 def _add_arguments(p):
-    p.add_argument("--suite", default="narrow", choices=sorted(SUITES))
+    p.add_argument("--suite", default="narrow", choices=sorted(SUITES) + ["wide"],
+                   help="narrow configs (this harness) or wide (bench_wide.py)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS))
     p.add_argument("--batch", action="append", type=int)
     p.add_argument("--dtype", action="append", choices=sorted(DTYPES))

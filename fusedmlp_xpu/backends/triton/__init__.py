@@ -2,7 +2,8 @@
 under TRITON_INTERPRET=1, CPU tensors (so CPU CI runs the kernel code itself).
 
 Narrow MLPs (every width <= 128, equal hidden widths, >= 2 layers) run as one fused
-kernel (narrow.py). Host code here: argument packing, tuning tables, launches.
+kernel (narrow.py); everything else layer by layer as GEMMs with fused epilogues
+(wide.py). Host code here: argument packing, tuning tables, launches.
 """
 from __future__ import annotations
 
@@ -101,14 +102,10 @@ class TritonBackend(Backend):
             return False, "CPU tensors need TRITON_INTERPRET=1 (the interpreter; for testing)"
         if spec.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return False, f"dtype {spec.dtype} not supported (fp16, bf16, fp32)"
-        if spec.n_layers < 2:
-            return False, "a single layer has nothing to fuse"
-        hidden = set(spec.widths[1:-1])
-        if len(hidden) != 1:
-            return False, f"hidden widths differ {spec.widths[1:-1]}"
-        if max(spec.widths) > MAX_WIDTH:
-            return False, f"width {max(spec.widths)} > {MAX_WIDTH} (narrow fused kernel limit)"
-        return True, f"fully-fused narrow kernel (widths <= {MAX_WIDTH})"
+        if not _narrow(spec):
+            return True, ("wide layers: one GEMM per layer with bias and activation fused in "
+                          "the epilogue (wide.py)")
+        return True, f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
 
     # -- launches -----------------------------------------------------------------------
     def _common(self, x, weights, biases, spec):
@@ -128,6 +125,10 @@ class TritonBackend(Backend):
         return narrow, IN, H, OUT, meta, wh
 
     def forward(self, x, weights, biases, spec, save):
+        if not _narrow(spec):
+            from . import wide
+
+            return wide.forward(x, weights, biases, spec, save)
         narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
         M = x.shape[0]
         L_HID = spec.n_layers - 2
@@ -154,6 +155,10 @@ class TritonBackend(Backend):
         return y, saved
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
+        if not _narrow(spec):
+            from . import wide
+
+            return wide.backward(grad_y, x, weights, biases, saved, spec, needs)
         need_x, need_w, need_b = needs
         if saved is None:  # recompute: the forward once more, saving this time
             _, saved = self.forward(x, weights, biases, spec, save=True)
@@ -195,6 +200,12 @@ class TritonBackend(Backend):
             widths = spec.widths[1:]
             gbs = [_own(b[i, : widths[i]], x.dtype) for i in range(spec.n_layers)]
         return (gx if need_x else None), gws, gbs
+
+
+def _narrow(spec) -> bool:
+    """The fully-fused kernel's domain: >= 2 layers, equal hidden widths, all <= 128."""
+    return (spec.n_layers >= 2 and len(set(spec.widths[1:-1])) == 1
+            and max(spec.widths) <= MAX_WIDTH)
 
 
 def _own(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,117 @@
+"""Compile the wide Triton kernels for an NVIDIA target without a GPU (ahead of time).
+
+    python ci/aot_wide.py [--arch 90] [--quick]
+
+CPU CI runs the kernels in Triton's interpreter, which accepts code the GPU compiler
+rejects; this compiles every kernel variant with each NVIDIA config for sm_<arch> and
+prints shared memory, registers, spill bytes and the MMA instruction family, so GPU
+compile errors and spilling configs show up before a device run. Arguments are
+specialised as Triton's launcher does for contiguous tensors (unit strides constant,
+pointers and sizes 16-divisible). Must run WITHOUT TRITON_INTERPRET.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from fusedmlp_xpu.backends.triton import wide  # noqa: E402
+
+# the strides that are 1 for row-major operands, per kernel (see the launchers in wide.py)
+UNIT_STRIDES = {
+    "fwd": "s_xk s_wk s_yn s_zn",
+    "dx": "s_gk s_wn s_zgk s_g2k s_w2n s_zn s_on s_hn",
+    "dw": "s_gm s_hn s_zgm s_wn",
+    "gated_fwd": "s_xk s_gwk s_uwk s_hn s_gn s_un",
+    "gated_bwd": "s_dyk s_wn s_gn s_un s_dgn s_dun s_hn",
+}
+# the constexpr combinations wide-gelu / wide-swiglu training use, plus prologue variants
+VARIANTS = {
+    "fwd": [dict(ACT=4, HAS_BIAS=True, STORE_Z=True), dict(ACT=0, HAS_BIAS=True, STORE_Z=False)],
+    "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False)],
+    "dw": [dict(G_ACT=0, DB=True), dict(G_ACT=7, DB=False)],
+    "gated_fwd": [dict(ACT=5, HAS_BIAS=False, STORE_GU=True)],
+    "gated_bwd": [dict(ACT=5, STORE_H=True)],
+}
+
+
+def compile_variant(name, consts, cfg, arch, dtype="bf16"):
+    fn = wide._KERNELS[name][0]
+    unit = set(UNIT_STRIDES[name].split())
+    sig, cx, attrs = {}, {}, {}
+    values = {**consts, **cfg.kwargs, "UPCAST": False, "EVEN_K": True,
+              "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+    for i, (n, p) in enumerate(zip(fn.arg_names, fn.params)):
+        if n in unit:
+            sig[n], cx[n] = "constexpr", 1
+        elif p.is_constexpr:
+            sig[n], cx[n] = "constexpr", values[n]
+        else:
+            sig[n] = f"*{dtype}" if n.endswith("_ptr") else "i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    ptx = k.asm["ptx"]
+    mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
+    return k.metadata.shared, mma, _ptxas_info(ptx)
+
+
+def _ptxas_info(ptx: str) -> str:
+    """registers and spill bytes from ptxas -v (the ptxas Triton ships), or '?'."""
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    arch = re.search(r"\.target (sm_\w+)", ptx).group(1)
+    for exe in ("ptxas-blackwell", "ptxas"):
+        path = os.path.join(bindir, exe)
+        if not os.path.exists(path):
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "k.ptx")
+            with open(src, "w") as f:
+                f.write(ptx)
+            r = subprocess.run([path, "-v", f"--gpu-name={arch}", src, "-o", os.path.join(d, "k.o")],
+                               capture_output=True, text=True)
+        regs = re.search(r"Used (\d+) registers", r.stderr)
+        spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+        if regs:
+            return f"regs {regs.group(1)}, spill {spill.group(1) if spill else '?'} B"
+    return "regs ?"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--quick", action="store_true",
+                   help="one large-M and one decode config per variant")
+    args = p.parse_args(argv)
+    if wide.interpreting():
+        p.error("unset TRITON_INTERPRET: the interpreter replaces the compiler")
+    failed = 0
+    for name, variants in VARIANTS.items():
+        configs = wide._configs_nvidia(wide._KERNELS[name][1])
+        if args.quick:
+            configs = [wide._prune(configs, {"M_BUCKET": 8192})[0],
+                       wide._prune(configs, {"M_BUCKET": 16})[0]]
+        for consts, cfg in itertools.product(variants, configs):
+            kw = cfg.kwargs
+            tile = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{cfg.num_warps} s{cfg.num_stages}"
+            try:
+                smem, mma, info = compile_variant(name, consts, cfg, args.arch)
+                print(f"{name:<10}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{info}  {consts}")
+            except Exception as e:  # report every failure, then fail the run
+                failed += 1
+                print(f"{name:<10}{tile:<20}FAILED {type(e).__name__}: {str(e)[:400]}  {consts}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,727 @@
+"""Wide layers: Triton GEMMs with fused prologues/epilogues, layer by layer, any widths.
+
+Kernels (each C = A @ B^T with A: [M, K], B: [N, K], any strides, fp32 accumulation):
+
+    _linear_fwd_kernel    y = act(x W^T + b); optionally also stores z = x W^T + b
+    _linear_dx_kernel     g_in = (g' W) * act'(z)   (derivative in the epilogue; optional
+                          second product for the gated dx = dg Wg + du Wu; optional h = act(z))
+    _linear_dw_kernel     dW = g'^T h, with db = sum_rows g' from the same A tiles
+    _gated_fwd_kernel     h = act(x Wg^T + bg) * (x Wu^T + bu): two accumulators, one x tile
+    _gated_bwd_kernel     dh = dy Wd; epilogue: dg = dh u act'(g), du = dh act(g), h = act(g) u
+
+g' is g times the output activation's derivative, applied in the prologue when a layer
+has one (the A tiles are scaled right after they are loaded), so no elementwise pass
+ever reads or writes an intermediate on its own.
+
+Host functions mirror the Backend interface: ``forward(x, weights, biases, spec, save)``
+and ``backward(grad_y, x, weights, biases, saved, spec, needs)``, plus ``gated_forward``
+and ``gated_backward``. Kernels see pointers, sizes and strides only; launches run on
+the current stream of the tensors' device (Triton's launcher), under a device guard.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import activations
+from .. import memory, saved_widths
+
+_ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
+GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+# Pointer offsets are 32-bit in the kernels (cheaper address math in the K loop);
+# larger operands are refused on the host, never silently wrapped.
+_MAX_ELEMENTS = 2**31 - 1
+
+
+# ---------------------------------------------------------------- activations ---
+# Ids and constants as in activations.py (LEAKY_RELU_SLOPE 0.01, SOFTPLUS_THRESHOLD 20).
+@triton.jit
+def _tanh(z):
+    # tl has no tanh in every Triton we support; 2*sigmoid(2z)-1 is exact in fp32 to ~1e-7
+    return 2.0 * tl.sigmoid(2.0 * z) - 1.0
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr):
+    """act(z), z in fp32; ACT is the registry id."""
+    if ACT == 1:
+        z = tl.maximum(z, 0.0)
+    elif ACT == 2:
+        z = tl.where(z > 0, z, 0.01 * z)
+    elif ACT == 3:
+        z = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
+    elif ACT == 4:
+        # 0.5 z (1 + tanh(u)) == z * sigmoid(2u): one transcendental instead of two
+        u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        z = z * tl.sigmoid(2.0 * u)
+    elif ACT == 5:
+        z = z * tl.sigmoid(z)
+    elif ACT == 6:
+        z = tl.sigmoid(z)
+    elif ACT == 7:
+        z = _tanh(z)
+    elif ACT == 8:
+        z = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))
+    return z
+
+
+@triton.jit
+def _act_grad(z, ACT: tl.constexpr):
+    """d act / dz at z (fp32)."""
+    if ACT == 0:
+        d = tl.full(z.shape, 1.0, tl.float32)
+    elif ACT == 1:
+        d = tl.where(z > 0, 1.0, 0.0)
+    elif ACT == 2:
+        d = tl.where(z > 0, 1.0, 0.01)
+    elif ACT == 3:
+        cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
+        d = cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
+    elif ACT == 4:
+        t = _tanh(0.7978845608028654 * (z + 0.044715 * z * z * z))
+        d = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * z * z)
+    elif ACT == 5:
+        s = tl.sigmoid(z)
+        d = s * (1.0 + z * (1.0 - s))
+    elif ACT == 6:
+        s = tl.sigmoid(z)
+        d = s * (1.0 - s)
+    elif ACT == 7:
+        t = _tanh(z)
+        d = 1.0 - t * t
+    else:
+        d = tl.where(z > 20.0, 1.0, tl.sigmoid(z))
+    return d
+
+
+# ---------------------------------------------------------------- shared pieces ---
+@triton.jit
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (rows, cols) of C. Programs walk GROUP_M row-blocks down a column
+    of tiles before moving right, so a column of B tiles stays in L2 while it is reused."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, cols, pid_n
+
+
+@triton.jit
+def _load_k(ptrs, k_left, K_AXIS: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Load a tile whose K axis (0 or 1) may run past the end; rows/cols are wrapped
+    (modulo), so only K needs a mask and the tail contributes zeros. EVEN_K (K a
+    multiple of BLOCK_K, as in every transformer shape) drops the mask altogether."""
+    ks = tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        t = tl.load(ptrs)
+    elif K_AXIS == 1:
+        t = tl.load(ptrs, mask=ks[None, :] < k_left, other=0.0)
+    else:
+        t = tl.load(ptrs, mask=ks[:, None] < k_left, other=0.0)
+    return t
+
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    if UPCAST:  # the CPU interpreter multiplies bf16 wrongly; fp32 there is exact
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _mm(a_ptr, b_ptr, za_ptr, rows, cols, K,
+        s_am, s_ak, s_bn, s_bk, s_zm, s_zk,
+        acc, db_acc,
+        A_ACT: tl.constexpr, DB: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc += A'[rows, :] @ B[cols, :]^T over K, where A' = A * act'(ZA) when A_ACT != 0
+    (the prologue fusion); db_acc += row sums of A' when DB."""
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * s_am + ks[None, :] * s_ak
+    b_ptrs = b_ptr + cols[None, :] * s_bn + ks[:, None] * s_bk
+    z_ptrs = za_ptr + rows[:, None] * s_zm + ks[None, :] * s_zk
+    for k0 in range(0, K, BLOCK_K):
+        a = _load_k(a_ptrs, K - k0, 1, BLOCK_K, EVEN_K)
+        b = _load_k(b_ptrs, K - k0, 0, BLOCK_K, EVEN_K)
+        if A_ACT != 0:
+            za = _load_k(z_ptrs, K - k0, 1, BLOCK_K, EVEN_K).to(tl.float32)
+            a = (a.to(tl.float32) * _act_grad(za, A_ACT)).to(b.dtype)
+            z_ptrs += BLOCK_K * s_zk
+        if DB:
+            db_acc += tl.sum(a.to(tl.float32), axis=1)
+        acc = _dot(a, b, acc, UPCAST, PRECISION)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    return acc, db_acc
+
+
+@triton.jit
+def _store(ptr, rows, cols, s_m, s_n, val, M, N):
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    tl.store(ptr + rows[:, None] * s_m + cols[None, :] * s_n, val.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_mn(ptr, rows, cols, s_m, s_n, M, N):
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    return tl.load(ptr + rows[:, None] * s_m + cols[None, :] * s_n, mask=mask, other=0.0).to(tl.float32)
+
+
+# ---------------------------------------------------------------- kernels ---
+@triton.jit
+def _linear_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, z_ptr,
+    M, N, K, M_BUCKET,
+    s_xm, s_xk, s_wn, s_wk, s_ym, s_yn, s_zm, s_zn,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    unused = tl.zeros((BLOCK_M,), tl.float32)
+    acc, unused = _mm(x_ptr, w_ptr, x_ptr, rows % M, cols % N, K, s_xm, s_xk, s_wn, s_wk, 0, 0,
+                      acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    if STORE_Z:
+        _store(z_ptr, rows, cols, s_zm, s_zn, acc, M, N)
+    _store(y_ptr, rows, cols, s_ym, s_yn, _act(acc, ACT), M, N)
+
+
+@triton.jit
+def _linear_dx_kernel(
+    g_ptr, w_ptr, zg_ptr, g2_ptr, w2_ptr, z_ptr, out_ptr, h_ptr,
+    M, N, K, K2, M_BUCKET,
+    s_gm, s_gk, s_wn, s_wk, s_zgm, s_zgk, s_g2m, s_g2k, s_w2n, s_w2k,
+    s_zm, s_zn, s_om, s_on, s_hm, s_hn,
+    G_ACT: tl.constexpr, ACT: tl.constexpr, DUAL: tl.constexpr, STORE_H: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """out = (g' @ W [+ g2 @ W2]) * act'(z): the gradient w.r.t. the previous layer's
+    pre-activation z (or w.r.t. x when ACT is 0 and there is no z). W is passed with its
+    strides swapped, as B[n = in, k = out]. With STORE_H also h = act(z), the previous
+    layer's output, which the weight gradient needs and forward did not keep."""
+    rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    unused = tl.zeros((BLOCK_M,), tl.float32)
+    rw, cw = rows % M, cols % N
+    acc, unused = _mm(g_ptr, w_ptr, zg_ptr, rw, cw, K, s_gm, s_gk, s_wn, s_wk, s_zgm, s_zgk,
+                      acc, unused, G_ACT, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    if DUAL:
+        acc, unused = _mm(g2_ptr, w2_ptr, g2_ptr, rw, cw, K2, s_g2m, s_g2k, s_w2n, s_w2k, 0, 0,
+                          acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    if ACT != 0:
+        z = _load_mn(z_ptr, rows, cols, s_zm, s_zn, M, N)
+        acc = acc * _act_grad(z, ACT)
+        if STORE_H:
+            _store(h_ptr, rows, cols, s_hm, s_hn, _act(z, ACT), M, N)
+    _store(out_ptr, rows, cols, s_om, s_on, acc, M, N)
+
+
+@triton.jit
+def _linear_dw_kernel(
+    g_ptr, h_ptr, zg_ptr, dw_ptr, db_ptr,
+    M, N, K, M_BUCKET,
+    s_gm, s_gk, s_hn, s_hk, s_zgm, s_zgk, s_wm, s_wn,
+    G_ACT: tl.constexpr, DB: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """dW[out, in] = g'^T @ h, K = the batch rows; g' and h are read through swapped
+    strides. db = the row sums of g' from the same tiles; programs of the first column
+    of tiles store it (the others sum too, which costs BLOCK_M*BLOCK_K adds per
+    BLOCK_M*BLOCK_N*BLOCK_K multiply-adds, and keeps the loop branch-free)."""
+    rows, cols, pid_n = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    db = tl.zeros((BLOCK_M,), tl.float32)
+    acc, db = _mm(g_ptr, h_ptr, zg_ptr, rows % M, cols % N, K, s_gm, s_gk, s_hn, s_hk,
+                  s_zgm, s_zgk, acc, db, G_ACT, DB, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    _store(dw_ptr, rows, cols, s_wm, s_wn, acc, M, N)
+    if DB:
+        limit = tl.where(pid_n == 0, M, 0)  # only the first column of tiles stores db
+        tl.store(db_ptr + rows, db.to(db_ptr.dtype.element_ty), mask=rows < limit)
+
+
+@triton.jit
+def _gated_fwd_kernel(
+    x_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, h_ptr, g_ptr, u_ptr,
+    M, N, K, M_BUCKET,
+    s_xm, s_xk, s_gwn, s_gwk, s_uwn, s_uwk, s_hm, s_hn, s_gm, s_gn, s_um, s_un,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """h = act(x Wg^T + bg) * (x Wu^T + bu): each x tile is loaded once and feeds both
+    accumulators. With STORE_GU the two pre-activations are kept for backward."""
+    rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rw, cw = rows % M, cols % N
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rw[:, None] * s_xm + ks[None, :] * s_xk
+    g_ptrs = wg_ptr + cw[None, :] * s_gwn + ks[:, None] * s_gwk
+    u_ptrs = wu_ptr + cw[None, :] * s_uwn + ks[:, None] * s_uwk
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = _load_k(x_ptrs, K - k0, 1, BLOCK_K, EVEN_K)
+        acc_g = _dot(x, _load_k(g_ptrs, K - k0, 0, BLOCK_K, EVEN_K), acc_g, UPCAST, PRECISION)
+        acc_u = _dot(x, _load_k(u_ptrs, K - k0, 0, BLOCK_K, EVEN_K), acc_u, UPCAST, PRECISION)
+        x_ptrs += BLOCK_K * s_xk
+        g_ptrs += BLOCK_K * s_gwk
+        u_ptrs += BLOCK_K * s_uwk
+    if HAS_BIAS:
+        acc_g += tl.load(bg_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bu_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    if STORE_GU:
+        _store(g_ptr, rows, cols, s_gm, s_gn, acc_g, M, N)
+        _store(u_ptr, rows, cols, s_um, s_un, acc_u, M, N)
+    _store(h_ptr, rows, cols, s_hm, s_hn, _act(acc_g, ACT) * acc_u, M, N)
+
+
+@triton.jit
+def _gated_bwd_kernel(
+    dy_ptr, wd_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, h_ptr,
+    M, N, K, M_BUCKET,
+    s_dym, s_dyk, s_wn, s_wk, s_gm, s_gn, s_um, s_un,
+    s_dgm, s_dgn, s_dum, s_dun, s_hm, s_hn,
+    ACT: tl.constexpr, STORE_H: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """dh = dy @ Wd (Wd read as B[n = hidden, k = out]); epilogue: dg = dh u act'(g),
+    du = dh act(g) and, for the down projection's weight gradient, h = act(g) u."""
+    rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    unused = tl.zeros((BLOCK_M,), tl.float32)
+    acc, unused = _mm(dy_ptr, wd_ptr, dy_ptr, rows % M, cols % N, K, s_dym, s_dyk, s_wn, s_wk,
+                      0, 0, acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    g = _load_mn(g_ptr, rows, cols, s_gm, s_gn, M, N)
+    u = _load_mn(u_ptr, rows, cols, s_um, s_un, M, N)
+    a = _act(g, ACT)
+    _store(dg_ptr, rows, cols, s_dgm, s_dgn, acc * u * _act_grad(g, ACT), M, N)
+    _store(du_ptr, rows, cols, s_dum, s_dun, acc * a, M, N)
+    if STORE_H:
+        _store(h_ptr, rows, cols, s_hm, s_hn, a * u, M, N)
+
+
+# ---------------------------------------------------------------- tuning ---
+# Each list is the config space the autotuner times once per (kernel, M bucket, N, K,
+# constexprs, dtypes); after warm-up every call is a dict lookup.
+def _configs_nvidia(dual: bool) -> list[triton.Config]:
+    """Hopper/Ampere, 16-bit operands. Large M: 128x256x64 with 8 warps and 3 stages is
+    the classic Hopper tile for bf16 (3 x (128+256) x 64 x 2 B = 144 KB of smem, under the
+    228 KB an H100/H200 SM has); 4-stage 128x128 trades reuse for a smaller last wave
+    (M 8192, N 4096: 1024 tiles of 128x256 = 7.8 waves on 132 SMs, 2048 of 128x128 =
+    15.5). Small M (decode, <= 64 rows) is bound by reading the weights: narrow BLOCK_M,
+    deep BLOCK_K, and BLOCK_N small enough that N / BLOCK_N programs fill the 132 SMs
+    (N 4096 / 32 = 128 programs). ``dual`` kernels hold two accumulators (or a heavy
+    epilogue): half the tile width keeps them in registers. Not yet timed on an H200 by this file's author: the
+    lists are the search space, the autotuner picks per shape on first use."""
+    big = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4)]
+    small = [(16, 64, 256, 4, 4), (32, 64, 128, 4, 5), (64, 64, 128, 4, 4), (16, 32, 256, 4, 5)]
+    if dual:  # two B tiles a stage: smem = stages x (BM + 2 BN) x BK x 2 B stays <= 196 KB
+        big = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4)]
+        small = [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 64, 4, 4)]
+    return [_cfg(*c) for c in big + small]
+
+
+def _configs_intel(dual: bool) -> list[triton.Config]:
+    """Data Center GPU Max 1550 (Triton's XPU backend): 32 warps of 16 lanes and the large
+    register file (grf_mode 'large', 256 registers a thread) are what Intel's own GEMM
+    tuning uses for 256x256 bf16 tiles; BLOCK_K 32 matches one DPAS k-step x 2. Unmeasured
+    here (no Intel GPU is reachable): a starting point, not a tuned result."""
+    big = [(256, 256, 32, 32, 4), (256, 128, 32, 32, 3), (128, 256, 32, 32, 3), (128, 128, 32, 16, 3)]
+    if dual:
+        big = [(256, 128, 32, 32, 3), (128, 128, 32, 16, 3), (128, 64, 32, 16, 3)]
+    small = [(16, 128, 64, 8, 3), (32, 64, 64, 8, 3), (64, 128, 32, 16, 3)]
+    return [_cfg(*c, grf_mode="large") for c in big + small]
+
+
+def _configs_interpreter(dual: bool) -> list[triton.Config]:
+    """The CPU interpreter: one small tile (16 is tl.dot's minimum), so no timing runs and
+    test shapes of a few dozen rows still cross several tiles and K steps."""
+    return [_cfg(16, 16, 16, 1, 1)]
+
+
+def _cfg(bm, bn, bk, warps, stages, **extra) -> triton.Config:
+    return triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **extra),
+                         num_warps=warps, num_stages=stages)
+
+
+def _even_k(args) -> bool:
+    """Every K loop of the kernel ends on a whole block (then no load needs a mask)."""
+    bk = args["BLOCK_K"]
+    return args["K"] % bk == 0 and args.get("K2", 0) % bk == 0
+
+
+#: FUSEDMLP_WIDE_AUTOTUNE=0 takes the first config of each list instead of timing them
+#: (correctness runs on a GPU: dozens of test shapes would otherwise each tune)
+AUTOTUNE_ENV = "FUSEDMLP_WIDE_AUTOTUNE"
+
+
+def _prune(configs, named_args, **kwargs):
+    """Decode-sized M gets the small-M tiles, everything else the large ones."""
+    m = {**named_args, **kwargs}["M_BUCKET"]
+    small = [c for c in configs if c.kwargs["BLOCK_M"] <= 64]
+    big = [c for c in configs if c.kwargs["BLOCK_M"] > 64]
+    pick = (small if m <= 64 else big) or configs
+    return pick[:1] if os.environ.get(AUTOTUNE_ENV, "1") == "0" else pick
+
+
+_KERNELS = {
+    "fwd": (_linear_fwd_kernel, False, ("ACT", "HAS_BIAS", "STORE_Z")),
+    "dx": (_linear_dx_kernel, False, ("G_ACT", "ACT", "DUAL", "STORE_H", "K2")),
+    "dw": (_linear_dw_kernel, False, ("G_ACT", "DB")),
+    "gated_fwd": (_gated_fwd_kernel, True, ("ACT", "HAS_BIAS", "STORE_GU")),
+    # one accumulator, but an epilogue holding g, u and three outputs: the smaller tiles
+    "gated_bwd": (_gated_bwd_kernel, True, ("ACT", "STORE_H")),
+}
+_tuned: dict[tuple[str, str], object] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _vendor(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "interpreter"
+    return "intel" if device.type == "xpu" else "nvidia"
+
+
+def _kernel(name: str, device: torch.device):
+    """The autotuned kernel for this vendor, built once per process."""
+    vendor = _vendor(device)
+    k = _tuned.get((name, vendor))
+    if k is None:
+        fn, dual, keys = _KERNELS[name]
+        configs = {"nvidia": _configs_nvidia, "intel": _configs_intel,
+                   "interpreter": _configs_interpreter}[vendor](dual)
+        k = _tuned[(name, vendor)] = triton.autotune(
+            configs, key=["M_BUCKET", "N", "K", *keys, "UPCAST", "PRECISION"],
+            prune_configs_by={"early_config_prune": _prune},
+        )(triton.heuristics({"EVEN_K": _even_k})(fn))
+    return k
+
+
+def _bucket(m: int) -> int:
+    """Tuning key for the row count: powers of two up to 64 rows (decode), then 8 coarse
+    buckets, so serving traffic with every M in 1..8192 tunes ~14 times, not 8192."""
+    if m <= 64:
+        return max(16, triton.next_power_of_2(m))
+    return min(triton.next_power_of_2(m), 8192)
+
+
+def _meta(t: torch.Tensor) -> dict:
+    up = interpreting() and t.dtype == torch.bfloat16
+    # fp32 operands: full-precision products ("ieee") so fp32 keeps its 1e-5 bound, not
+    # the 1e-3 of tf32; 16-bit operands keep Triton's default (tensor cores either way).
+    half = t.dtype in (torch.float16, torch.bfloat16)
+    return dict(UPCAST=up, PRECISION="tf32" if half else "ieee")
+
+
+def _grid(M, N):
+    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+
+def _guard(t: torch.Tensor):
+    """Launch on ``t``'s device: Triton takes the current device's current stream."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    if t.device.type == "xpu":
+        return torch.xpu.device(t.device)
+    return contextlib.nullcontext()
+
+
+def _check_size(*ts):
+    for t in ts:
+        if t is not None and t.numel() > _MAX_ELEMENTS:
+            raise ValueError(f"wide kernels: a {tuple(t.shape)} operand exceeds 2^31 elements; "
+                             "split the batch")
+
+
+def available() -> tuple[bool, str]:
+    """Whether these kernels can run in this process (any device they support)."""
+    if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return True, f"triton {triton.__version__}"
+    if interpreting():
+        return True, f"triton {triton.__version__} interpreter (TRITON_INTERPRET=1), slow"
+    return False, "no cuda/xpu device and TRITON_INTERPRET is not set"
+
+
+def supports_device(device: torch.device) -> bool:
+    return device.type in ("cuda", "xpu") or (device.type == "cpu" and interpreting())
+
+
+# ---------------------------------------------------------------- launchers ---
+def linear(x, w, b, act: str, save_z: bool):
+    """act(x @ w^T + b) -> (y [M, N], z [M, N] or None). x: [M, K] any strides."""
+    M, K = x.shape
+    N = w.shape[0]
+    y = memory.new_empty(M, N, like=x)
+    z = memory.new_empty(M, N, like=x) if save_z else None
+    if M == 0:
+        return y, z
+    _check_size(x, w, y)
+    zz = z if z is not None else y
+    with _guard(x):
+        _kernel("fwd", x.device)[_grid(M, N)](
+            x, w, b if b is not None else w, y, zz,
+            M, N, K, _bucket(M),
+            x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+            y.stride(0), y.stride(1), zz.stride(0), zz.stride(1),
+            ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x),
+        )
+    return y, z
+
+
+def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=None,
+               store_h=False, out=None):
+    """(g' @ w [+ g2 @ w2]) * act'(z) -> (out [M, in], h = act(z) or None).
+
+    g: [M, out]; w: [out, in]; g' = g * g_act'(g_z) (prologue). z: [M, in] or None.
+    ``out``: a preallocated [M, in] (view) to write into."""
+    M, K = g.shape
+    N = w.shape[1]
+    out = memory.new_empty(M, N, like=g) if out is None else out
+    h = memory.new_empty(M, N, like=g) if store_h else None
+    if M == 0:
+        return out, h
+    _check_size(g, w, out, g2, w2)
+    zg = g_z if g_z is not None else g
+    zz = z if z is not None else out
+    hh = h if h is not None else out
+    g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
+    with _guard(g):
+        _kernel("dx", g.device)[_grid(M, N)](
+            g, w, zg, g2_, w2_, zz, out, hh,
+            M, N, K, w2_.shape[0], _bucket(M),
+            g.stride(0), g.stride(1), w.stride(1), w.stride(0), zg.stride(0), zg.stride(1),
+            g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
+            zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0), hh.stride(1),
+            G_ACT=_ACT[g_act], ACT=_ACT[act] if z is not None else 0, DUAL=g2 is not None,
+            STORE_H=store_h, **_meta(g),
+        )
+    return out, h
+
+
+def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
+    """(g'^T @ h [out, in], row sums of g' [out] or None); g: [M, out], h: [M, in].
+    ``out``: a preallocated [out, in] (view) to write dW into."""
+    M, N_out = g.shape
+    N_in = h.shape[1]
+    dw = memory.new_empty(N_out, N_in, like=g) if out is None else out
+    db = memory.new_empty(N_out, like=g) if bias_grad else None
+    if M == 0:  # a sum over no rows
+        dw.zero_()
+        if db is not None:
+            db.zero_()
+        return dw, db
+    _check_size(g, h, dw)
+    zg = g_z if g_z is not None else g
+    dbb = db if db is not None else dw
+    with _guard(g):
+        # K of this GEMM is the batch; bucket the output rows (N_out) like any M
+        _kernel("dw", g.device)[_grid(N_out, N_in)](
+            g, h, zg, dw, dbb,
+            N_out, N_in, M, _bucket(N_out),
+            g.stride(1), g.stride(0), h.stride(1), h.stride(0), zg.stride(1), zg.stride(0),
+            dw.stride(0), dw.stride(1),
+            G_ACT=_ACT[g_act], DB=bias_grad, **_meta(g),
+        )
+    return dw, db
+
+
+def _bias_grad(g, g_z, g_act):
+    """Bias gradient alone (weights need none): one reduction over the rows."""
+    dtype = g.dtype
+    if g_act != "none":
+        g = g.float() * activations.ACTIVATIONS[g_act].grad(g_z.float())
+    return g.sum(0, dtype=torch.float32).to(dtype)
+
+
+# ---------------------------------------------------------------- Backend shapes ---
+def forward(x, weights, biases, spec, save):
+    """x: [N, in] (any strides) -> (y [N, out], saved pre-activations as Backend.forward)."""
+    saved = []
+    h = x
+    L = len(weights)
+    for i, w in enumerate(weights):
+        last = i == L - 1
+        act = spec.output_activation if last else spec.activation
+        keep = save and (not last or act != "none")
+        h, z = linear(h, w, None if biases is None else biases[i], act, keep)
+        if keep:
+            saved.append(z)
+    if not save:
+        return h, None
+    # the Backend contract: one [N, S] tensor. With one saved layer (the usual two-layer FFN)
+    # that is z itself; with more, this concatenation is an extra copy (not yet avoided by
+    # writing z into slices of one buffer)
+    if len(saved) == 1:
+        return h, saved[0]
+    return h, torch.cat(saved, dim=-1) if saved else x.new_empty(x.shape[0], 0)
+
+
+# The weight gradient of layer i needs h_{i-1} = act(z_{i-1}), which forward did not keep
+# (it saves z only). Rebuilding all of it at once costs a [rows, width] temporary on top
+# of z, g_{i-1} and dW: for wide-gelu train at M 8192 (width 16384, bf16) that is 256 MiB
+# and puts the step's peak level with eager's. Built in column chunks of <= 128 MiB
+# (2 chunks there) the peak drops ~128 MiB below eager's, and each chunk's GEMMs stay
+# large (8192 x 8192 x 4096). Chunks are multiples of 256 columns, the widest tile.
+H_CHUNK_BYTES = 128 * 2**20
+CHUNK_ALIGN = 256
+
+
+def _col_chunks(rows: int, cols: int, esize: int) -> list[tuple[int, int]]:
+    n = max(1, -(-rows * cols * esize // H_CHUNK_BYTES))
+    step = -(-cols // n)
+    step = -(-step // CHUNK_ALIGN) * CHUNK_ALIGN
+    return [(c, min(c + step, cols)) for c in range(0, cols, step)]
+
+
+def _hidden_layer_grads(g, w, z, act, g_z, g_act, need_b):
+    """For a hidden layer i > 0: g_{i-1} = (g' W_i) * act'(z_{i-1}) and dW_i = g'^T h_{i-1},
+    h_{i-1} rebuilt chunk by chunk of columns in the epilogue of the g_{i-1} GEMM."""
+    M, n_in = z.shape
+    g_next = memory.new_empty(M, n_in, like=g)
+    dw = memory.new_empty(w.shape[0], n_in, like=g)
+    db = None
+    for c0, c1 in _col_chunks(M, n_in, g.element_size()):
+        _, h = grad_input(g, w[:, c0:c1], z[:, c0:c1], act, g_z, g_act, store_h=True,
+                          out=g_next[:, c0:c1])
+        _, db_c = grad_weight(g, h, g_z, g_act, need_b and db is None, out=dw[:, c0:c1])
+        db = db if db is not None else db_c
+        del h  # free this chunk's h before the next one is allocated
+    return g_next, dw, db
+
+
+def backward(grad_y, x, weights, biases, saved, spec, needs):
+    """grad_y: [N, out] -> (grad_x | None, grad_weights, grad_biases) as Backend.backward.
+
+    Per layer i (last first), with g' = g * act'(z_i) already folded in:
+      grad_input: g_{i-1} = (g' W_i) * act'(z_{i-1}), and h_{i-1} = act(z_{i-1}) when
+                  the weight gradient needs it (forward kept z, not h), by column chunks;
+      grad_weight: dW_i = g'^T h_{i-1}, db_i from the same tiles."""
+    need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    if saved is None:
+        _, saved = forward(x, weights, biases, spec, True)
+    saved = [z.contiguous() for z in saved.split(saved_widths(spec), dim=-1)]
+    L = len(weights)
+    act = spec.activation
+    g, g_z, g_act = grad_y, None, "none"
+    if spec.output_activation != "none":
+        g_z, g_act = saved[L - 1], spec.output_activation
+    gw, gb = [None] * L, [None] * L
+    grad_x = None
+    for i in range(L - 1, -1, -1):
+        h_in = x
+        g_next = None
+        if i > 0 and need_w and act != "none":
+            g_next, gw[i], gb[i] = _hidden_layer_grads(g, weights[i], saved[i - 1], act,
+                                                       g_z, g_act, need_b)
+            g, g_z, g_act = g_next, None, "none"
+            continue
+        if i > 0:  # with no hidden activation h_{i-1} is z_{i-1} itself
+            g_next, _ = grad_input(g, weights[i], saved[i - 1], act, g_z, g_act)
+            h_in = saved[i - 1]
+        elif need_x:
+            grad_x, _ = grad_input(g, weights[0], None, "none", g_z, g_act)
+        if need_w:
+            gw[i], gb[i] = grad_weight(g, h_in, g_z, g_act, need_b)
+        elif need_b:
+            gb[i] = _bias_grad(g, g_z, g_act)
+        g, g_z, g_act = g_next, None, "none"
+    return grad_x, (gw if need_w else []), (gb if need_b else [])
+
+
+# ---------------------------------------------------------------- gated ---
+def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
+    """h = act(x Wg^T + bg) * (x Wu^T + bu) -> (h [M, H], [g, u] when save else [])."""
+    M, K = x.shape
+    H = w_gate.shape[0]
+    h = memory.new_empty(M, H, like=x)
+    g = memory.new_empty(M, H, like=x) if save else None
+    u = memory.new_empty(M, H, like=x) if save else None
+    if M > 0:
+        _check_size(x, w_gate, h)
+        gg, uu = (g, u) if save else (h, h)
+        with _guard(x):
+            _kernel("gated_fwd", x.device)[_grid(M, H)](
+                x, w_gate, w_up, b_gate if b_gate is not None else w_gate,
+                b_up if b_up is not None else w_up, h, gg, uu,
+                M, H, K, _bucket(M),
+                x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1),
+                w_up.stride(0), w_up.stride(1), h.stride(0), h.stride(1),
+                gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1),
+                ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save, **_meta(x),
+            )
+    return h, ([g, u] if save else [])
+
+
+def gated_forward(x, w_gate, w_up, w_down, activation, save, biases=None):
+    """x: [M, d] -> (y [M, d_out], saved = [g, u] pre-activations when save, else []).
+
+    biases: None or (b_gate, b_up, b_down)."""
+    bg, bu, bd = biases if biases is not None else (None, None, None)
+    h, saved = gated_hidden(x, w_gate, w_up, activation, save, bg, bu)
+    y, _ = linear(h, w_down, bd, "none", False)
+    return y, saved
+
+
+def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, biases=None):
+    """grad_y: [M, d_out] -> (grad_x | None, [dWg, dWu, dWd] or [], [dbg, dbu, dbd] or []).
+
+    ``saved`` = [g, u] from gated_forward(save=True), or empty: then they are recomputed
+    here (one more gated GEMM) and freed when this returns. needs = (x, weights, biases)."""
+    need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    if not saved:
+        bg, bu = (biases[0], biases[1]) if biases is not None else (None, None)
+        _, saved = gated_hidden(x, w_gate, w_up, activation, True, bg, bu)
+    g, u = saved
+    M, H = g.shape
+    dg = memory.new_empty(M, H, like=g)
+    du = memory.new_empty(M, H, like=g)
+    h = memory.new_empty(M, H, like=g) if need_w else None
+    if M > 0:
+        hh = h if h is not None else dg
+        with _guard(g):
+            _kernel("gated_bwd", g.device)[_grid(M, H)](
+                grad_y, w_down, g, u, dg, du, hh,
+                M, H, w_down.shape[0], _bucket(M),
+                grad_y.stride(0), grad_y.stride(1), w_down.stride(1), w_down.stride(0),
+                g.stride(0), g.stride(1), u.stride(0), u.stride(1),
+                dg.stride(0), dg.stride(1), du.stride(0), du.stride(1), hh.stride(0), hh.stride(1),
+                ACT=_ACT[activation], STORE_H=need_w, **_meta(g),
+            )
+    grad_x, gw, gb = None, [], []
+    if need_x:
+        grad_x, _ = grad_input(dg, w_gate, g2=du, w2=w_up)
+    if need_w:
+        dwg, dbg = grad_weight(dg, x, bias_grad=need_b)
+        dwu, dbu = grad_weight(du, x, bias_grad=need_b)
+        dwd, dbd = grad_weight(grad_y, h, bias_grad=need_b)
+        gw = [dwg, dwu, dwd]
+        gb = [dbg, dbu, dbd] if need_b else []
+    elif need_b:
+        gb = [_bias_grad(t, None, "none") for t in (dg, du, grad_y)]
+    return grad_x, gw, gb

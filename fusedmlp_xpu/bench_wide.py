@@ -1,0 +1,505 @@
+"""The wide-MLP benchmark: wide-gelu and wide-swiglu (BENCHMARKS.md), one command.
+
+    python benchmarks/wide.py --out wide.json            # on a CUDA GPU, ~3-4 min on an H200
+    TRITON_INTERPRET=1 python benchmarks/wide.py --tiny --out /tmp/w.json   # CPU smoke run
+
+Per config, row count M (16, 8192), mode (inference, train = forward + backward for x
+and every weight and bias) and backend (eager, compile, triton = ours, bare = the same
+matmuls with no bias/activation), it checks the output and gradients against an fp32
+reference (ours with NaN-poisoned outputs), then times with device events (warm-up,
+median of >= 7 repeats of back-to-back calls, rotating inputs past the 60 MB L2) and
+records peak memory per train step. Each config is timed in two passes (the card
+throttles under long matmul runs); ceilings (copy GB/s, 8192^3 matmul TFLOP/s) are
+measured in the same run. Writes fusedmlp-bench/1 JSON and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import dispatch
+from fusedmlp_xpu.backends import Backend
+
+SCHEMA = "fusedmlp-bench/1"
+L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
+TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-5}  # tests' table
+
+# name: (d, hidden, bias, gated)
+CONFIGS = {"wide-gelu": (4096, 16384, True, False), "wide-swiglu": (4096, 14336, False, True)}
+TINY = {"wide-gelu": (32, 160, True, False), "wide-swiglu": (32, 144, False, True)}
+
+
+# --- the models ---------------------------------------------------------------------
+class LlamaMLP(nn.Module):
+    """The eager baseline for wide-swiglu: Llama's MLP block."""
+
+    def __init__(self, d, hidden, device, dtype):
+        super().__init__()
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj, self.up_proj = nn.Linear(d, hidden, **kw), nn.Linear(d, hidden, **kw)
+        self.down_proj = nn.Linear(hidden, d, **kw)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def eager_model(config, dims, device, dtype) -> nn.Module:
+    d, hidden, bias, gated = dims
+    if gated:
+        return LlamaMLP(d, hidden, device, dtype)
+    return nn.Sequential(nn.Linear(d, hidden, bias=bias, device=device, dtype=dtype),
+                         nn.GELU(approximate="tanh"),
+                         nn.Linear(hidden, d, bias=bias, device=device, dtype=dtype))
+
+
+class _WideShim(Backend):
+    """Until the 'triton' backend is registered, run fused_mlp's wide layers on the wide
+    kernels through a benchmark-only backend with the same interface."""
+
+    name = "triton-wide"
+    device_types = ("cuda", "xpu", "cpu")
+
+    def available(self):
+        from .backends.triton import wide
+        return wide.available()
+
+    def supports(self, spec, device):
+        from .backends.triton import wide
+        return wide.supports_device(device), "wide kernels"
+
+    def forward(self, x, weights, biases, spec, save):
+        from .backends.triton import wide
+        return wide.forward(x, weights, biases, spec, save)
+
+    def backward(self, grad_y, x, weights, biases, saved, spec, needs):
+        from .backends.triton import wide
+        return wide.backward(grad_y, x, weights, biases, saved, spec, needs)
+
+
+def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module, str]:
+    """Our fused module sharing the eager model's parameters."""
+    if device.type == "cpu":
+        from .backends.triton import wide
+        if not wide.interpreting():
+            _note(notes, "cpu without TRITON_INTERPRET=1: 'triton' rows ran the reference")
+            name = "reference"
+        else:
+            name = "triton"
+    else:
+        name = "triton"
+    if gated:
+        return fm.GatedMLP.from_module(eager, backend=name), name
+    mlp_name = name
+    if name == "triton" and ("triton" not in dispatch.REGISTRY
+                             or not dispatch.availability("triton")[0]):
+        dispatch.register(_WideShim())
+        mlp_name = _WideShim.name
+        _note(notes, "fused_mlp ran through a benchmark-only backend over backends/triton/wide.py"
+                     " ('triton' backend not registered in this checkout)")
+    lin1, lin2 = eager[0], eager[2]
+
+    class Ours(nn.Module):
+        def forward(self, x):
+            return fm.fused_mlp(x, [lin1.weight, lin2.weight], [lin1.bias, lin2.bias],
+                                "gelu_tanh", backend=mlp_name)
+
+    return Ours(), name
+
+
+def _note(notes, text):
+    if text not in notes:
+        notes.append(text)
+
+
+def bare_fns(eager: nn.Module, gated: bool):
+    """The same matmuls as the model, no bias, activation or gate product: inference and
+    a hand-written train step (forward + backward GEMMs, no autograd, no reductions)."""
+    if gated:
+        wg, wu, wd = eager.gate_proj.weight, eager.up_proj.weight, eager.down_proj.weight
+
+        def infer(x):
+            g, u = x.mm(wg.t()), x.mm(wu.t())
+            return u.mm(wd.t()), g
+
+        def train(x, gy):
+            g, u = x.mm(wg.t()), x.mm(wu.t())
+            y = u.mm(wd.t())
+            dh = gy.mm(wd)
+            return y, torch.addmm(dh.mm(wg), dh, wu), gy.t().mm(u), dh.t().mm(x), dh.t().mm(x)
+    else:
+        w1, w2 = eager[0].weight, eager[2].weight
+
+        def infer(x):
+            return x.mm(w1.t()).mm(w2.t())
+
+        def train(x, gy):
+            h = x.mm(w1.t())
+            y = h.mm(w2.t())
+            dh = gy.mm(w2)
+            return y, dh.mm(w1), gy.t().mm(h), dh.t().mm(x)
+    return infer, train
+
+
+# --- measuring ----------------------------------------------------------------------
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+class _Clock:
+    """Device events where there are some, else wall time after a synchronize."""
+
+    def __init__(self, device):
+        self.device = device
+        mod = getattr(torch, device.type, None)
+        self.events = device.type in ("cuda", "xpu") and hasattr(mod, "Event")
+        self.mod = mod
+
+    def time(self, fn, n):
+        """ms per call of ``fn(i)`` for i in range(n), back to back."""
+        if self.events:
+            a, b = self.mod.Event(enable_timing=True), self.mod.Event(enable_timing=True)
+            a.record()
+            for i in range(n):
+                fn(i)
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) / n
+        _sync(self.device)
+        t = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        _sync(self.device)
+        return (time.perf_counter() - t) * 1e3 / n
+
+
+WARMUP = 3  # calls before timing (the first one autotunes/compiles)
+
+
+def time_calls(clock, fn, repeats, target_ms, warmup=None):
+    """(median, min, max) ms of fn(i) over ``repeats`` timed batches, after warm-up."""
+    for i in range(WARMUP if warmup is None else warmup):
+        fn(i)
+    est = clock.time(fn, 1)
+    inner = max(1, min(50, math.ceil(target_ms / max(est, 1e-3))))
+    ts = [clock.time(fn, inner) for _ in range(repeats)]
+    return statistics.median(ts), min(ts), max(ts)
+
+
+def ceilings(device, dtype, tiny):
+    """Device copy GB/s (read + write bytes) and an n^3 matmul's TFLOP/s, measured now."""
+    clock = _Clock(device)
+    n = 2**24 if tiny else 2**29  # 512 MiB (uint8): ~9x the H200's 60 MB L2
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms, _, _ = time_calls(clock, lambda i: dst.copy_(src), 7, 20)
+    copy = 2 * n / (ms * 1e-3) / 1e9
+    m = 512 if tiny else 8192
+    a = torch.randn(m, m, device=device, dtype=dtype)
+    b = torch.randn(m, m, device=device, dtype=dtype)
+    ms, _, _ = time_calls(clock, lambda i: a.mm(b), 7, 50)
+    del src, dst
+    return copy, 2 * m**3 / (ms * 1e-3) / 1e12
+
+
+def env(device) -> dict:
+    info = {"device": str(device), "vendor": device.type, "capability": None, "driver": None,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except Exception as e:  # recorded, not fatal
+        info["triton"] = f"not usable ({type(e).__name__})"
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(device=p.name, vendor="amd" if torch.version.hip else "nvidia",
+                    capability=f"{p.major}.{p.minor}")
+        with contextlib.suppress(Exception):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
+                                  "--format=csv,noheader", f"--id={device.index or 0}"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip()
+            drv, *clocks = [s.strip() for s in out.split(",")]
+            info["driver"] = drv
+            info["clocks"] = clocks
+    elif device.type == "xpu":
+        info.update(device=torch.xpu.get_device_name(device), vendor="intel")
+    else:
+        info.update(device=platform.processor() or platform.machine(), vendor="cpu")
+    return info
+
+
+def flops_bytes(dims, m, mode, esize):
+    d, hidden, _, gated = dims
+    mats = 3 if gated else 2
+    f = 2 * m * d * hidden * mats
+    w = mats * d * hidden * esize
+    io = 2 * m * d * esize  # x read, y written
+    if mode == "train":
+        return 3 * f, 2 * w + 2 * io  # + weights' grads written, grad_y read, grad_x written
+    return f, w + io
+
+
+def rel(a, b):
+    a, b = a.detach().float(), b.detach().float()
+    if torch.isnan(a).any():
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@contextlib.contextmanager
+def poisoned():
+    """Outputs our kernels allocate start as NaN (an unwritten element cannot pass)."""
+    from .backends import memory
+    real = memory.new_empty
+
+    def nan_empty(*shape, like, dtype=None):
+        t = real(*shape, like=like, dtype=dtype)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    memory.new_empty = nan_empty
+    try:
+        yield
+    finally:
+        memory.new_empty = real
+
+
+# --- one config ---------------------------------------------------------------------
+def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backends):
+    """Check, then time, each of ``backends`` on this config and M, both modes."""
+    d, hidden, bias, gated = dims
+    torch.manual_seed(0)
+    eager = eager_model(config, dims, device, dtype)
+    ours, ours_name = ours_model(eager, gated, device, notes)
+    bare_infer, bare_train = bare_fns(eager, gated)
+    params = list(eager.parameters())
+    x_bytes = m * d * dtype.itemsize
+    n_sets = max(2, min(16, math.ceil(2 * L2_BYTES / max(x_bytes, 1))))
+    xs = [torch.randn(m, d, device=device, dtype=dtype) for _ in range(n_sets)]
+    gys = [torch.randn(m, d, device=device, dtype=dtype) for _ in range(n_sets)]
+
+    fns = {"eager": eager, "triton": ours}
+    if "compile" in backends:
+        fns["compile"] = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
+    records = []
+    for mode in ("inference", "train"):
+        flops, nbytes = flops_bytes(dims, m, mode, dtype.itemsize)
+        floor = max(flops / (ceil["matmul"] * 1e12), nbytes / (ceil["copy"] * 1e9)) * 1e3
+        # the fp32 reference (same bf16 parameters, upcast), and its gradients
+        x0 = xs[0].float().requires_grad_(mode == "train")
+        ref_params = [p.detach().float().requires_grad_(mode == "train") for p in params]
+        y_ref = torch.func.functional_call(eager, dict(zip(
+            [n for n, _ in eager.named_parameters()], ref_params)), (x0,))
+        ref = [y_ref]
+        if mode == "train":
+            ref += list(torch.autograd.grad(y_ref, [x0, *ref_params], gys[0].float()))
+        for backend in backends:
+            if backend == "compile" and (args.compile == "inference" and mode == "train"):
+                continue
+            if backend == "compile" and time.perf_counter() - t_start > args.budget_s:
+                notes.append(f"{config} M {m} {mode}: compile skipped, past --budget-s")
+                continue
+            if backend == "bare":
+                step = (lambda i: bare_infer(xs[i % n_sets])) if mode == "inference" else \
+                    (lambda i: bare_train(xs[i % n_sets], gys[i % n_sets]))
+                err = None
+            else:
+                fn = fns[backend]
+                if mode == "inference":
+                    def step(i, fn=fn):
+                        with torch.inference_mode():
+                            return [fn(xs[i % n_sets])]
+                else:
+                    def step(i, fn=fn):
+                        x = xs[i % n_sets].detach().requires_grad_()
+                        y = fn(x)
+                        return [y, *torch.autograd.grad(y, [x, *params], gys[i % n_sets])]
+                with poisoned() if backend == "triton" else contextlib.nullcontext():
+                    outs = step(0)
+                err = max(rel(o, r) for o, r in zip(outs, ref))
+                del outs
+                if not err <= args.check_tol:
+                    notes.append(f"{config} M {m} {mode} {backend}: CHECK FAILED, max rel error "
+                                 f"{err:.3e} > {args.check_tol}; not timed")
+                    records.append(_record(config, m, dtype, mode, backend, "python", 0, None,
+                                           floor, flops, err, None))
+                    continue
+            peak = None
+            if mode == "train" and device.type == "cuda":
+                step(0)  # warm (autotuning, compile) before the measured step
+                _sync(device)
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                step(1)
+                _sync(device)
+                peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+            for p in range(1, args.passes + 1):
+                t = time_calls(_Clock(device), step, args.repeats, args.target_ms)
+                records.append(_record(config, m, dtype, mode, backend, "python", p, t, floor,
+                                       flops, err, peak))
+            if (m <= 64 and mode == "inference" and device.type == "cuda"
+                    and backend != "compile" and not args.no_graphs):
+                t = _graph_time(step, device, args, notes, f"{config} M {m} {backend}")
+                if t is not None:
+                    records.append(_record(config, m, dtype, mode, backend, "graph", 1, t,
+                                           floor, flops, err, peak))
+    del xs, gys, eager, ours, fns
+    return records
+
+
+def _graph_time(step, device, args, notes, what):
+    """Small batches are launch-bound: device time alone, replayed from a CUDA graph."""
+    try:
+        step(0)
+        s = torch.cuda.Stream(device)
+        s.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(s):
+            step(0)
+        torch.cuda.current_stream(device).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(10):
+                step(i)
+        t = time_calls(_Clock(device), lambda i: g.replay(), args.repeats, args.target_ms)
+        return tuple(v / 10 for v in t)
+    except Exception as e:  # record why, keep the python-timed rows
+        notes.append(f"{what}: CUDA-graph timing failed: {type(e).__name__}: {e}")
+        return None
+
+
+def _record(config, m, dtype, mode, backend, timing, p, t, floor, flops, err, peak):
+    r = {"config": config, "N": m, "dtype": str(dtype).replace("torch.", ""), "mode": mode,
+         "backend": backend, "timing": timing, "pass": p, "median_ms": None, "min_ms": None,
+         "max_ms": None, "rows_per_s": None, "tflops": None, "floor_ms": floor,
+         "x_floor": None, "x_bare": None, "max_rel_error": err, "peak_mem_MB": peak}
+    if t is not None:
+        med, lo, hi = t
+        r.update(median_ms=med, min_ms=lo, max_ms=hi, rows_per_s=m / (med * 1e-3),
+                 tflops=flops / (med * 1e-3) / 1e12, x_floor=med / floor)
+    return r
+
+
+def _relate(records, notes):
+    """x_bare against the bare row of the same config, N, mode, timing and pass; flag
+    passes that disagree by more than 5%."""
+    bare = {(r["config"], r["N"], r["mode"], r["timing"], r["pass"]): r["median_ms"]
+            for r in records if r["backend"] == "bare"}
+    for r in records:
+        b = bare.get((r["config"], r["N"], r["mode"], r["timing"], r["pass"]))
+        if b and r["median_ms"]:
+            r["x_bare"] = r["median_ms"] / b
+    by = {}
+    for r in records:
+        if r["median_ms"]:
+            by.setdefault((r["config"], r["N"], r["mode"], r["backend"], r["timing"]), []).append(r["median_ms"])
+    for k, v in by.items():
+        if len(v) > 1 and max(v) > 1.05 * min(v):
+            notes.append(f"{' '.join(map(str, k))}: passes disagree by "
+                         f"{100 * (max(v) / min(v) - 1):.1f}% (throttling or noise)")
+
+
+def table(records) -> str:
+    lines = [f"{'config':<12}{'N':>6} {'mode':<10}{'backend':<9}{'timing':<7}{'pass':>4}"
+             f"{'median ms':>12}{'x bare':>9}{'x floor':>9}{'TFLOP/s':>10}{'peak MB':>10}"
+             f"{'rel err':>10}"]
+    for r in records:
+        def f(k, fmt):
+            width = int(fmt.split(".")[0])
+            return format(r[k], fmt) if r[k] is not None else "-".rjust(width)
+        lines.append(f"{r['config']:<12}{r['N']:>6} {r['mode']:<10}{r['backend']:<9}"
+                     f"{r['timing']:<7}{r['pass']:>4} {f('median_ms', '11.4f')} {f('x_bare', '8.3f')}"
+                     f" {f('x_floor', '8.2f')} {f('tflops', '9.1f')} {f('peak_mem_MB', '9.0f')}"
+                     f" {f('max_rel_error', '9.1e')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--rows", nargs="+", type=int, default=None, help="M values (default 16 8192)")
+    p.add_argument("--compile", choices=("none", "inference", "all"), default="inference",
+                   help="torch.compile(max-autotune-no-cudagraphs) baseline: its autotuning "
+                        "takes minutes, so by default only for inference")
+    p.add_argument("--passes", type=int, default=2, help="timing passes per case")
+    p.add_argument("--repeats", type=int, default=9, help="timed batches per pass (median)")
+    p.add_argument("--target-ms", type=float, default=20.0, help="length of one timed batch")
+    p.add_argument("--check-tol", type=float, default=None,
+                   help="max rel error vs fp32 accepted before timing (default: tests' table)")
+    p.add_argument("--budget-s", type=float, default=180.0,
+                   help="skip compile cases once this much time has passed")
+    p.add_argument("--no-graphs", action="store_true", help="skip CUDA-graph rows at M <= 64")
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    t_start = time.perf_counter()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else
+                                          "xpu" if hasattr(torch, "xpu") and torch.xpu.is_available()
+                                          else "cpu"))
+    if device.type == "cpu" and not args.tiny:
+        p.error("no GPU: use --tiny on the CPU")
+    if device.type != "cpu":
+        mod = getattr(torch, device.type)
+        if device.index is None:
+            device = torch.device(device.type, mod.current_device())
+        mod.set_device(device)
+    dtype = torch.bfloat16
+    args.check_tol = args.check_tol or TOL[dtype]
+    if args.tiny:
+        global WARMUP
+        args.passes, args.repeats, args.target_ms, WARMUP = min(args.passes, 1), 7, 1.0, 1
+    rows = args.rows or ([16, 40] if args.tiny else [16, 8192])
+    notes = []
+    copy, mm = ceilings(device, dtype, args.tiny)
+    ceil = {"copy": copy, "matmul": mm}
+    records = []
+    for config in args.configs:
+        dims = (TINY if args.tiny else CONFIGS)[config]
+        for m in rows:
+            records += run_config(config, dims, m, args, device, dtype, ceil, notes, t_start,
+                                  ("bare", "eager", "triton"))
+    # torch.compile's max-autotune takes ~1 min a shape: it runs last, largest M first (the
+    # targets), within --budget-s; its x_bare is against the bare rows timed earlier
+    if args.compile != "none" and device.type != "cpu":
+        for m in sorted(rows, reverse=True):
+            for config in args.configs:
+                dims = CONFIGS[config]
+                records += run_config(config, dims, m, args, device, dtype, ceil, notes,
+                                      t_start, ("compile",))
+    _relate(records, notes)
+    notes.append("peak_mem_MB: torch.cuda.max_memory_allocated during one train step minus "
+                 "the memory allocated before it (parameters and inputs excluded)")
+    notes.append("bare train: the forward and backward GEMMs of the same shapes by hand "
+                 "(no bias, activation, gate product or bias-gradient reductions)")
+    if args.tiny:
+        notes.append("--tiny: toy shapes, not a performance result")
+    out = {"schema": SCHEMA, "env": env(device),
+           "ceilings": {"copy_GBps": copy, "matmul_TFLOPs": {"bfloat16": mm}},
+           "records": records, "notes": notes}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(table(records))
+    print(f"ceilings: copy {copy:.0f} GB/s, bf16 matmul {mm:.1f} TFLOP/s")
+    for n in notes:
+        print("note:", n)
+    print(f"wrote {args.out} in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

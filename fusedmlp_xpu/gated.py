@@ -1,0 +1,385 @@
+"""Gated MLPs (SwiGLU, GEGLU): the ops, the functional entry, GatedMLP, fuse_gated_mlps.
+
+    y = (act(x Wg^T + bg) * (x Wu^T + bu)) Wd^T + bd        x: [..., d] -> y: [..., d_out]
+
+    fusedmlp::gated_mlp           forward; autograd recomputes g and u in backward
+    fusedmlp::gated_mlp_train     forward that also returns g, u (the pre-activations)
+    fusedmlp::gated_mlp_backward  gradients for x, the three weights and the biases
+
+On cuda/xpu the Triton kernels of ``backends/triton/wide.py`` run (the gate and up
+products in one kernel, two accumulators over the same x tiles; backward with the
+activation derivative fused into the dh GEMM's epilogue); elsewhere, or when Triton is
+not usable, the composite torch reference in this file. ``backend="triton"`` or
+``"reference"`` (or $FUSEDMLP_BACKEND) forces one; a forced backend that cannot run
+is an error. Module layout and state_dict keys are those of Llama's/Mistral's MLP
+(``gate_proj``, ``up_proj``, ``down_proj``).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import activations, dispatch
+from .dispatch import BackendUnavailableError
+from .op import DEVICE_TYPES, _autocast
+
+GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+BACKENDS = ("triton", "reference")
+
+
+# --- the composite reference --------------------------------------------------------
+class _Reference:
+    """Torch ops on any device; the same roundings as eager Llama MLP in the same dtype."""
+
+    name = "reference"
+
+    @staticmethod
+    def gated_forward(x, w_gate, w_up, w_down, activation, save, biases=None):
+        bg, bu, bd = biases if biases is not None else (None, None, None)
+        g, u = F.linear(x, w_gate, bg), F.linear(x, w_up, bu)
+        y = F.linear(activations.ACTIVATIONS[activation].fn(g) * u, w_down, bd)
+        return y, ([g, u] if save else [])
+
+    @staticmethod
+    def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, biases=None):
+        need_x, need_w, need_b = needs
+        need_b = need_b and biases is not None
+        if not saved:
+            _, saved = _Reference.gated_forward(x, w_gate, w_up, w_down, activation, True, biases)
+        g, u = saved
+        act = activations.ACTIVATIONS[activation]
+        wide = torch.promote_types(g.dtype, torch.float32)  # derivative in fp32 at least
+        a = act.fn(g.to(wide))
+        dh = grad_y.mm(w_down).to(wide)
+        dg = (dh * u.to(wide) * act.grad(g.to(wide))).to(g.dtype)
+        du = (dh * a).to(g.dtype)
+        grad_x = dg.mm(w_gate) + du.mm(w_up) if need_x else None
+        gw = [dg.t().mm(x), du.t().mm(x), grad_y.t().mm((a * u.to(wide)).to(g.dtype))] \
+            if need_w else []
+        gb = [t.sum(0, dtype=torch.float32).to(t.dtype) for t in (dg, du, grad_y)] \
+            if need_b else []
+        return grad_x, gw, gb
+
+
+def _wide():
+    return importlib.import_module(".backends.triton.wide", __package__)
+
+
+def _triton_usable(device: torch.device, forced: bool) -> tuple[bool, str]:
+    """Triton's verdict for this device: the registered 'triton' backend's availability
+    when there is one, else the wide kernels' own check. On the CPU only when asked for
+    by name (the interpreter is for testing the kernels, never an automatic choice)."""
+    if device.type == "cpu" and not forced:
+        return False, "cpu: the reference is used unless backend='triton' is forced"
+    try:
+        wide = _wide()
+    except Exception as e:  # triton missing or broken: report, do not fail the import
+        return False, f"cannot import the Triton kernels: {type(e).__name__}: {e}"
+    if "triton" in dispatch.REGISTRY:
+        ok, why = dispatch.availability("triton")
+    else:
+        ok, why = wide.available()
+    if ok and not wide.supports_device(device):
+        ok, why = False, f"does not run on {device.type} (set TRITON_INTERPRET=1 for cpu)"
+    return ok, why
+
+
+def choose(device: torch.device, backend: str | None = None):
+    """The implementation (wide kernels or the reference) for this device and request."""
+    name = backend or os.environ.get(dispatch.ENV_VAR) or "auto"
+    src = "backend" if backend else dispatch.ENV_VAR
+    if name == "auto":
+        return _wide() if _triton_usable(device, False)[0] else _Reference
+    if name == "reference":
+        return _Reference
+    if name == "triton":
+        ok, why = _triton_usable(device, True)
+        if not ok:
+            raise BackendUnavailableError(f"backend 'triton' cannot run the gated MLP on {device}: {why}")
+        return _wide()
+    if name in dispatch.REGISTRY:
+        raise BackendUnavailableError(
+            f"{src}: backend {name!r} has no gated-MLP kernels; use one of {list(BACKENDS)}")
+    raise ValueError(f"{src}: unknown backend {name!r}; the gated MLP knows {list(BACKENDS)}")
+
+
+# --- validation ----------------------------------------------------------------------
+def validate(x, w_gate, w_up, w_down, biases, activation) -> str:
+    """Check the inputs; return the activation's registry name. TypeError/ValueError
+    name the argument. x: [..., d]; w_gate, w_up: [hidden, d]; w_down: [d_out, hidden];
+    biases: None or (b_gate [hidden], b_up [hidden], b_down [d_out])."""
+    named = {"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"x: expected a floating dtype, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError("x: expected at least 1 dimension [..., in_features], got a scalar")
+    for name in ("w_gate", "w_up", "w_down"):
+        if named[name].dim() != 2:
+            raise ValueError(f"{name}: expected 2-D [out, in], got shape {tuple(named[name].shape)}")
+    d, hidden = x.shape[-1], w_gate.shape[0]
+    if w_gate.shape[1] != d:
+        raise ValueError(f"w_gate: expected [hidden, {d}] (in_features = x.shape[-1]), "
+                         f"got {tuple(w_gate.shape)}")
+    if tuple(w_up.shape) != tuple(w_gate.shape):
+        raise ValueError(f"w_up: expected the shape of w_gate {tuple(w_gate.shape)}, "
+                         f"got {tuple(w_up.shape)}")
+    if w_down.shape[1] != hidden:
+        raise ValueError(f"w_down: expected [out, {hidden}] (hidden = w_gate.shape[0]), "
+                         f"got {tuple(w_down.shape)}")
+    tensors = dict(named)
+    if biases is not None:
+        if isinstance(biases, torch.Tensor) or len(biases) != 3:
+            raise TypeError("biases: expected None or (b_gate, b_up, b_down)")
+        for i, (b, n) in enumerate(zip(biases, (hidden, hidden, w_down.shape[0]))):
+            if not isinstance(b, torch.Tensor):
+                raise TypeError(f"biases[{i}]: expected a torch.Tensor, got {type(b).__name__}")
+            if tuple(b.shape) != (n,):
+                raise ValueError(f"biases[{i}]: expected shape ({n},), got {tuple(b.shape)}")
+            tensors[f"biases[{i}]"] = b
+    for name, t in tensors.items():
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (the device of x), got "
+                             f"{t.device}; move the module or the input with .to(device)")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: expected dtype {x.dtype} (the dtype of x), got {t.dtype}; "
+                            "cast the module or the input, or use torch.autocast")
+    act = activations.get(activation).name
+    if act not in GATE_ACTIVATIONS:
+        raise ValueError(f"activation: the gated MLP supports {list(GATE_ACTIVATIONS)}, got {act!r}")
+    return act
+
+
+# --- the ops -------------------------------------------------------------------------
+_ARGS = ("Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor[]? biases, "
+         "str activation, str backend")
+
+
+def _run_forward(x, w_gate, w_up, w_down, biases, activation, backend, save):
+    impl = choose(x.device, backend or None)
+    lead = x.shape[:-1]
+    y, saved = impl.gated_forward(x.reshape(-1, x.shape[-1]), w_gate, w_up, w_down,
+                                  activation, save, biases)
+    return y.reshape(*lead, y.shape[-1]), [t.reshape(*lead, t.shape[-1]) for t in saved]
+
+
+@torch.library.custom_op("fusedmlp::gated_mlp", mutates_args=(), device_types=DEVICE_TYPES,
+                         schema=f"({_ARGS}) -> Tensor")
+def gated_mlp(x, w_gate, w_up, w_down, biases, activation, backend):
+    return _run_forward(x, w_gate, w_up, w_down, biases, activation, backend, False)[0]
+
+
+@gated_mlp.register_fake
+def _(x, w_gate, w_up, w_down, biases, activation, backend):
+    return x.new_empty(*x.shape[:-1], w_down.shape[0])
+
+
+@torch.library.custom_op("fusedmlp::gated_mlp_train", mutates_args=(), device_types=DEVICE_TYPES,
+                         schema=f"({_ARGS}) -> (Tensor, Tensor, Tensor)")
+def gated_mlp_train(x, w_gate, w_up, w_down, biases, activation, backend):
+    y, (g, u) = _run_forward(x, w_gate, w_up, w_down, biases, activation, backend, True)
+    return y, g, u
+
+
+@gated_mlp_train.register_fake
+def _(x, w_gate, w_up, w_down, biases, activation, backend):
+    lead, hidden = x.shape[:-1], w_gate.shape[0]
+    return (x.new_empty(*lead, w_down.shape[0]), x.new_empty(*lead, hidden),
+            x.new_empty(*lead, hidden))
+
+
+@torch.library.custom_op(
+    "fusedmlp::gated_mlp_backward", mutates_args=(), device_types=DEVICE_TYPES,
+    schema="(Tensor grad_y, Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, "
+           "Tensor[]? biases, Tensor[] saved, str activation, str backend, bool need_x, "
+           "bool need_w, bool need_b) -> (Tensor[], Tensor[], Tensor[])",
+)
+def gated_mlp_backward(grad_y, x, w_gate, w_up, w_down, biases, saved, activation, backend,
+                       need_x, need_w, need_b):
+    impl = choose(x.device, backend or None)
+    n = x.shape[:-1].numel()
+    gx, gw, gb = impl.gated_backward(
+        grad_y.reshape(n, grad_y.shape[-1]), x.reshape(n, x.shape[-1]), w_gate, w_up, w_down,
+        [t.reshape(n, t.shape[-1]) for t in saved], activation,
+        (need_x, need_w, need_b and biases is not None), biases)
+    return ([gx.reshape(x.shape)] if need_x else []), list(gw), list(gb)
+
+
+@gated_mlp_backward.register_fake
+def _(grad_y, x, w_gate, w_up, w_down, biases, saved, activation, backend, need_x, need_w,
+      need_b):
+    def like(t):
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    gx = [like(x)] if need_x else []
+    gw = [like(w) for w in (w_gate, w_up, w_down)] if need_w else []
+    gb = [like(b) for b in biases] if need_b and biases is not None else []
+    return gx, gw, gb
+
+
+# --- autograd ------------------------------------------------------------------------
+def _setup(ctx, inputs, saved):
+    x, w_gate, w_up, w_down, biases, activation, backend = inputs
+    ctx.meta = (biases is not None, activation, backend)
+    ctx.save_for_backward(x, w_gate, w_up, w_down, *(biases or ()), *saved)
+
+
+def _backward(ctx, grad_y):
+    has_b, activation, backend = ctx.meta
+    t = ctx.saved_tensors
+    x, w_gate, w_up, w_down = t[:4]
+    biases = list(t[4:7]) if has_b else None
+    saved = list(t[7:] if has_b else t[4:])
+    need_x, ng, nu, nd, need_bs = ctx.needs_input_grad[:5]
+    need_ws = (ng, nu, nd)
+    need_w, need_b = any(need_ws), has_b and any(need_bs or ())
+    gx, gw, gb = torch.ops.fusedmlp.gated_mlp_backward(
+        grad_y.contiguous(), x, w_gate, w_up, w_down, biases, saved, activation, backend,
+        need_x, need_w, need_b)
+    gw = [g if n else None for g, n in zip(gw, need_ws)] if need_w else [None] * 3
+    gb = [g if n else None for g, n in zip(gb, need_bs)] if need_b else None
+    return (gx[0] if need_x else None), *gw, gb, None, None
+
+
+gated_mlp.register_autograd(_backward, setup_context=lambda ctx, inputs, output: _setup(ctx, inputs, ()))
+gated_mlp_train.register_autograd(
+    lambda ctx, grad_y, grad_g, grad_u: _backward(ctx, grad_y),
+    setup_context=lambda ctx, inputs, output: _setup(ctx, inputs, output[1:]),
+)
+
+
+# --- the functional entry ------------------------------------------------------------
+def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                    w_down: torch.Tensor, activation: str = "silu", backend: str | None = None,
+                    recompute: bool = False, *, biases=None) -> torch.Tensor:
+    """y = (act(x Wg^T + bg) * (x Wu^T + bu)) Wd^T + bd, as one op.
+
+    x: [..., d]; w_gate, w_up: [hidden, d]; w_down: [d_out, hidden] (nn.Linear layout);
+    biases: None or (b_gate, b_up, b_down). Returns [..., d_out]. activation: silu
+    (SwiGLU), gelu or gelu_tanh (GEGLU). ``recompute``: training keeps nothing of the
+    [..., hidden] intermediates and recomputes them in backward (less memory, one more
+    gated GEMM)."""
+    if isinstance(x, torch.Tensor) and all(isinstance(w, torch.Tensor) for w in (w_gate, w_up, w_down)):
+        bl = None if biases is None else list(biases)
+        x, ws, bl = _autocast(x, [w_gate, w_up, w_down], bl)
+        w_gate, w_up, w_down = ws
+        biases = bl
+    act = validate(x, w_gate, w_up, w_down, biases, activation)
+    if backend is not None and backend not in BACKENDS:
+        choose(x.device, backend)  # raises, naming the argument
+    biases = None if biases is None else list(biases)
+    args = (x, w_gate, w_up, w_down, biases, act, backend or "")
+    needs_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, w_gate, w_up, w_down, *(biases or ())))
+    if needs_grad and not recompute:
+        return torch.ops.fusedmlp.gated_mlp_train.default(*args)[0]
+    return torch.ops.fusedmlp.gated_mlp.default(*args)
+
+
+# --- modules -------------------------------------------------------------------------
+class GatedMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)) as one op. x: [..., in] -> [..., out].
+
+    Children and state_dict keys as Llama's MLP: gate_proj, up_proj ([hidden, in]) and
+    down_proj ([out, hidden]). out_features defaults to in_features."""
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
+                 activation: str = "silu", bias: bool = False, device=None, dtype=None, *,
+                 backend: str | None = None, recompute: bool = False):
+        super().__init__()
+        out_features = in_features if out_features is None else out_features
+        for name, v in (("in_features", in_features), ("hidden_features", hidden_features),
+                        ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        act = activations.get(activation).name
+        if act not in GATE_ACTIVATIONS:
+            raise ValueError(f"activation: the gated MLP supports {list(GATE_ACTIVATIONS)}, "
+                             f"got {act!r}")
+        self.activation, self.backend, self.recompute = act, backend, recompute
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.up_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.down_proj = nn.Linear(hidden_features, out_features, **kw)
+
+    @property
+    def has_bias(self) -> bool:
+        return self.gate_proj.bias is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        biases = ([self.gate_proj.bias, self.up_proj.bias, self.down_proj.bias]
+                  if self.has_bias else None)
+        return fused_gated_mlp(x, self.gate_proj.weight, self.up_proj.weight,
+                               self.down_proj.weight, self.activation, self.backend,
+                               self.recompute, biases=biases)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.gate_proj.in_features}, hidden={self.gate_proj.out_features}, "
+                f"out={self.down_proj.out_features}, activation={self.activation!r}, "
+                f"bias={self.has_bias}")
+
+    @classmethod
+    def from_module(cls, mlp: nn.Module, *, backend: str | None = None,
+                    recompute: bool = False) -> "GatedMLP":
+        """A GatedMLP whose children ARE ``mlp``'s gate/up/down Linears (shared, not
+        copied). ValueError saying what does not fit otherwise."""
+        act, why = _gated_plan(mlp)
+        if act is None:
+            raise ValueError(f"mlp: cannot fuse: {why}")
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m.activation, m.backend, m.recompute = act, backend, recompute
+        m.gate_proj, m.up_proj, m.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        m.train(mlp.training)
+        return m
+
+
+_FUNCTIONS = {F.silu: "silu", F.gelu: "gelu"}
+
+
+def _act_name(act_fn) -> str | None:
+    if isinstance(act_fn, nn.Module):
+        a = activations.from_module(act_fn)
+        return a.name if a is not None else None
+    return _FUNCTIONS.get(act_fn)
+
+
+def _gated_plan(mlp: nn.Module):
+    """(gate activation name, None) if ``mlp`` is a Llama-style MLP we can fuse, else
+    (None, why not)."""
+    lins = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if any(type(l) is not nn.Linear for l in lins):
+        return None, "gate_proj, up_proj and down_proj must all be nn.Linear"
+    gate, up, down = lins
+    if not hasattr(mlp, "act_fn"):
+        return None, "no act_fn"
+    act = _act_name(mlp.act_fn)
+    if act not in GATE_ACTIVATIONS:
+        return None, f"act_fn {mlp.act_fn!r} is not one of {list(GATE_ACTIVATIONS)}"
+    if gate.weight.shape != up.weight.shape or down.in_features != gate.out_features:
+        return None, "gate/up/down shapes do not chain"
+    if len({l.bias is not None for l in lins}) > 1:
+        return None, "some projections have a bias and some do not"
+    if len({(l.weight.dtype, l.weight.device) for l in lins}) > 1:
+        return None, "projections differ in dtype or device"
+    return act, None
+
+
+def fuse_gated_mlps(model: nn.Module, *, backend: str | None = None,
+                    recompute: bool = False) -> nn.Module:
+    """Replace, in place, every module with gate_proj/up_proj/down_proj Linears and an
+    act_fn (SiLU -> silu, GELU(tanh) -> gelu_tanh, GELU -> gelu) by a GatedMLP that
+    shares its Linears. Returns ``model`` (or the GatedMLP when ``model`` is one such)."""
+    if not isinstance(model, GatedMLP) and _gated_plan(model)[0] is not None:
+        return GatedMLP.from_module(model, backend=backend, recompute=recompute)
+    for name, child in list(model.named_children()):
+        new = fuse_gated_mlps(child, backend=backend, recompute=recompute)
+        if new is not child:
+            setattr(model, name, new)
+    return model

@@ -1,0 +1,190 @@
+"""The wide-layer Triton kernels (backends/triton/wide.py), called with the Backend shapes.
+
+On the CPU they run under Triton's interpreter (TRITON_INTERPRET=1) at small shapes;
+tests marked ``gpu`` run wide and decode shapes on a cuda/xpu device. Every output is
+allocated through memory.new_empty, which conftest poisons with NaN."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusedmlp_xpu import activations
+from fusedmlp_xpu.spec import MLPSpec
+
+from conftest import GRAD_VS_EAGER, TOLERANCE, assert_close, eager_errors, make_params, reference
+
+wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
+
+
+def _devices():
+    out = []
+    if wide.interpreting():
+        out.append(torch.device("cpu"))
+    if torch.cuda.is_available():
+        out.append(torch.device("cuda"))
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        out.append(torch.device("xpu"))
+    return out
+
+
+DEVICES = _devices()
+ACTS = sorted(activations.ACTIVATIONS)
+
+
+
+@pytest.fixture(autouse=True)
+def _first_config(monkeypatch):
+    """Correctness, not speed: one config per kernel, no timing runs on a GPU."""
+    monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "0")
+
+
+@pytest.fixture(params=DEVICES or [None], ids=lambda d: getattr(d, "type", "none"))
+def device(request):
+    if request.param is None:
+        pytest.skip("no cuda/xpu device and TRITON_INTERPRET unset")
+    return request.param
+
+
+def check(device, widths, dtype, act, out_act, bias=True, m=37, strided=True, grad=True,
+          keep_saved=True, needs=(True, True, True)):
+    """wide.forward/backward on fresh data vs the float64 reference (and, for 16-bit
+    gradients, vs eager autograd in the same dtype, as the shared suite does)."""
+    ws, bs = make_params(widths, bias, dtype, device)
+    # strided: every other column of a wider buffer, so the kernels must honour strides
+    x = torch.randn(m, 2 * widths[0], device=device).to(dtype)[:, ::2] if strided \
+        else torch.randn(m, widths[0], device=device).to(dtype)
+    spec = MLPSpec(tuple(widths), act, out_act, bias, dtype)
+    tol = TOLERANCE[dtype]
+    y, saved = wide.forward(x, ws, bs, spec, grad)
+    if not grad:
+        assert saved == []
+        assert_close(y, reference(x, ws, bs, act, out_act), tol)
+        return
+    assert len(saved) == len(ws) - 1 + (out_act != "none")
+    gy = torch.randn_like(y)
+    gx, gw, gb = wide.backward(gy, x, ws, bs, saved if keep_saved else [], spec, needs)
+    ref = reference(x, ws, bs, act, out_act, grad_y=gy)
+    ry, rgx, rgw, rgb = ref
+    assert_close(y, ry, tol)
+    tols = [tol] * (1 + len(ws) + len(bs or []))
+    if dtype != torch.float32 and m > 0:
+        tols = [max(tol, GRAD_VS_EAGER * e) for e in eager_errors(x, ws, bs, act, out_act, gy, ref)]
+    n = len(ws)
+    if needs[0]:
+        assert_close(gx, rgx, tols[0], "grad x")
+    else:
+        assert gx is None
+    assert len(gw) == (n if needs[1] else 0)
+    for i, g in enumerate(gw):
+        assert_close(g, rgw[i], tols[1 + i], f"grad weights[{i}]")
+    assert len(gb) == (n if needs[2] and bias else 0)
+    for i, g in enumerate(gb):
+        assert_close(g, rgb[i], tols[1 + n + i], f"grad biases[{i}]")
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_activations(device, act):
+    """Every activation in the epilogue (hidden) and in the backward prologue (output)."""
+    out_act = ACTS[(ACTS.index(act) + 4) % len(ACTS)]
+    check(device, (20, 40, 33, 9), torch.float32, act, out_act)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [0, 1, 7, 37])
+def test_rows_and_dtypes(device, dtype, m):
+    """Row counts below, at and across the block; K and N not multiples of the block."""
+    check(device, (24, 40, 17), dtype, "gelu_tanh", "none", m=m, strided=m % 2 == 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_whole_blocks(device, dtype):
+    """Every K a multiple of the block: the unmasked (EVEN_K) loads, rows included."""
+    check(device, (32, 48, 32), dtype, "silu", "none", m=32, strided=False)
+
+
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, False),
+                                   (False, False, True), (False, True, True)], ids=str)
+def test_partial_needs(device, needs):
+    check(device, (16, 24, 8), torch.float32, "silu", "tanh", needs=needs)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_recompute_when_nothing_saved(device, bias):
+    check(device, (16, 40, 24, 12), torch.float16, "gelu", "none", bias=bias, keep_saved=False)
+
+
+@pytest.mark.parametrize("m", [0, 37])
+def test_hidden_grads_in_column_chunks(device, monkeypatch, m):
+    """Weight gradients of hidden layers built from h in column chunks (the memory
+    bound of wide layers), forced small here: chunks of 16 columns, a ragged last one."""
+    monkeypatch.setattr(wide, "H_CHUNK_BYTES", 37 * 16 * 4)
+    monkeypatch.setattr(wide, "CHUNK_ALIGN", 16)
+    assert len(wide._col_chunks(37, 40, 4)) == 3
+    check(device, (16, 40, 24, 8), torch.float32, "gelu", "softplus", m=m)
+
+
+def test_col_chunks_cover_columns():
+    for rows, cols, esize in [(8192, 16384, 2), (8192, 14336, 2), (16, 4096, 2), (8192, 300, 4)]:
+        chunks = wide._col_chunks(rows, cols, esize)
+        assert chunks[0][0] == 0 and chunks[-1][1] == cols
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert all((c1 - c0) * rows * esize <= wide.H_CHUNK_BYTES or c1 - c0 <= wide.CHUNK_ALIGN
+                   for c0, c1 in chunks)
+    assert len(wide._col_chunks(8192, 16384, 2)) == 2  # wide-gelu train: 2 x 128 MiB
+
+
+def test_forward_only(device):
+    check(device, (16, 33, 8), torch.bfloat16, "relu", "sigmoid", grad=False)
+
+
+def test_tile_order_covers_every_tile(device):
+    """More row blocks than GROUP_M (8) and several column blocks: the grouped program
+    order must still write each output tile exactly once (NaN poison shows a miss)."""
+    m = 16 * 9 + 3 if device.type == "cpu" else 4096 + 3
+    check(device, (16, 48), torch.float32, "none", "none", m=m, grad=False)
+
+
+def test_tuning_buckets():
+    assert [wide._bucket(m) for m in (1, 16, 17, 64, 65, 8192, 10**6)] == \
+        [16, 16, 32, 64, 128, 8192, 8192]
+
+
+def test_config_lists_are_well_formed():
+    for fn in (wide._configs_nvidia, wide._configs_intel, wide._configs_interpreter):
+        for dual in (False, True):
+            cfgs = fn(dual)
+            assert cfgs, fn.__name__
+            for c in cfgs:
+                assert c.kwargs["BLOCK_M"] >= 16 and c.kwargs["BLOCK_K"] >= 16, c
+            # both the decode and the large-M prune keep at least one config
+            assert wide._prune(cfgs, {"M_BUCKET": 16}) and wide._prune(cfgs, {"M_BUCKET": 8192})
+
+
+def test_kernels_compile_for_hopper():
+    """The interpreter accepts code the GPU compiler may not: compile every kernel variant
+    for sm_90 ahead of time (no GPU needed; one large and one decode config each)."""
+    import os
+    import subprocess
+    import sys
+
+    import triton
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not os.path.isdir(bindir):
+        pytest.skip("this Triton has no NVIDIA backend/ptxas")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(root, "ci", "aot_wide.py"), "--quick"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("wgmma") >= len(wide._KERNELS), r.stdout  # tensor cores, Hopper MMA
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 37, 64, 1000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_device_wide_and_decode(m, dtype):
+    """Transformer-sized widths on the device, decode row counts included."""
+    devs = [d for d in DEVICES if d.type != "cpu"]
+    if not devs:
+        pytest.skip("needs a cuda/xpu device")
+    check(devs[0], (512, 2048, 512), dtype, "gelu_tanh", "none", m=m)
