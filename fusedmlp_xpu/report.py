@@ -60,6 +60,7 @@ class Machine:
     notes: list[str]
     records: list[dict]
     spread: list[tuple[dict, dict, float]] = field(default_factory=list)  # pass disagreements
+    host: list[dict] = field(default_factory=list)  # host overhead per call (timing "host")
 
 
 def _load_one(path: str) -> dict:
@@ -88,8 +89,10 @@ def load(paths: list[str]) -> list[Machine]:
     machines = []
     for (p, d), name in zip(raw, names):
         label = name if names.count(name) == 1 else f"{name} ({os.path.basename(p)})"
+        recs = list(d.get("records", []))
         m = Machine(label, p, d.get("env", {}), d.get("ceilings", {}), list(d.get("notes", [])),
-                    list(d.get("records", [])))
+                    [r for r in recs if r["timing"] != "host"],
+                    host=[r for r in recs if r["timing"] == "host"])
         m.records, m.spread = _merge_passes(m.records)
         machines.append(m)
     return machines
@@ -348,6 +351,15 @@ def render(machines: list[Machine], out_dir: str) -> str:
                               ("speedup", "speed-up vs eager and torch.compile")):
             if kind in files:
                 md += [f"![{c}: {caption}]({files[kind]})", ""]
+    host = [(m, r) for m in machines for r in m.host]
+    if host:
+        md += ["## Host overhead of one eager call", "",
+               "Host time of one no-grad call at 1 row (the device keeps up, so the host bounds).",
+               ""]
+        md += _table(["machine", "config", "dtype", "backend", "us per call"],
+                     [[m.label, r["config"], r["dtype"], r["backend"],
+                       f"{r.get('host_us', r['median_ms'] * 1e3):.1f}"] for m, r in host])
+        md += [""]
     md += ["## Pass disagreement", ""]
     spread = [(m, a, b, s) for m in machines for a, b, s in m.spread]
     if spread:
