@@ -78,6 +78,27 @@ def test_autocast_computes_in_autocast_dtype(backend, dtype):
     assert ws[0].grad.dtype == torch.float32  # gradients flow back to the fp32 masters
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+def test_ops_autograd_in_eager(backend, monkeypatch, recompute):
+    """Plain eager calls normally take a leaner path; the ops' own autograd must hold too."""
+    import fusedmlp_xpu.op as op_module
+
+    monkeypatch.setattr(op_module, "EAGER_FAST_PATH", False)
+    name, dev = backend
+    ws, bs = make_params((16, 32, 32, 8), True, torch.float32, dev, requires_grad=True)
+    x = torch.randn(3, 37, 16, device=dev, requires_grad=True)
+    y = fm.fused_mlp(x, ws, bs, "silu", "tanh", backend=name, recompute=recompute)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    ry, rgx, rgw, rgb = reference(x, ws, bs, "silu", "tanh", grad_y=gy)
+    tol = tolerance(name, torch.float32)
+    assert_close(y, ry, tol)
+    assert_close(x.grad, rgx, tol, "grad x")
+    for i in range(3):
+        assert_close(ws[i].grad, rgw[i], tol, f"grad weights[{i}]")
+        assert_close(bs[i].grad, rgb[i], tol, f"grad biases[{i}]")
+
+
 def test_env_var_forces_backend(monkeypatch):
     x = torch.randn(4, 16)
     ws, bs = make_params((16, 8), True, torch.float32, "cpu")
