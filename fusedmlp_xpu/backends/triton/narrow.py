@@ -20,59 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _act(z, ACT: tl.constexpr):
-    """Activation by registry id (fusedmlp_xpu.activations); z is fp32."""
-    if ACT == 1:
-        z = tl.maximum(z, 0.0)
-    elif ACT == 2:
-        z = tl.where(z > 0, z, z * 0.01)
-    elif ACT == 3:
-        z = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
-    elif ACT == 4:
-        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-        z = 0.5 * z * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
-    elif ACT == 5:
-        z = z * tl.sigmoid(z)
-    elif ACT == 6:
-        z = tl.sigmoid(z)
-    elif ACT == 7:
-        z = 2.0 * tl.sigmoid(2.0 * z) - 1.0
-    elif ACT == 8:
-        z = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))
-    return z
-
-
-@triton.jit
-def _act_grad(z, ACT: tl.constexpr):
-    """d act / d z at z (fp32)."""
-    if ACT == 0:
-        d = tl.full(z.shape, 1.0, tl.float32)
-    elif ACT == 1:
-        d = tl.where(z > 0, 1.0, 0.0)
-    elif ACT == 2:
-        d = tl.where(z > 0, 1.0, 0.01)
-    elif ACT == 3:
-        cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
-        d = cdf + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
-    elif ACT == 4:
-        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-        t = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
-        d = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (
-            1.0 + 0.134145 * z * z)
-    elif ACT == 5:
-        s = tl.sigmoid(z)
-        d = s * (1.0 + z * (1.0 - s))
-    elif ACT == 6:
-        s = tl.sigmoid(z)
-        d = s * (1.0 - s)
-    elif ACT == 7:
-        t = 2.0 * tl.sigmoid(2.0 * z) - 1.0
-        d = 1.0 - t * t
-    else:
-        d = tl.where(z > 20.0, 1.0, tl.sigmoid(z))
-    return d
+from .act import act as _act
+from .act import act_grad as _act_grad
 
 
 @triton.jit

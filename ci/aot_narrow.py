@@ -1,0 +1,84 @@
+"""Compile the narrow fully-fused Triton kernels for an NVIDIA target without a GPU.
+
+    python ci/aot_narrow.py [--arch 90]
+
+Like ci/aot_wide.py: CPU CI runs the kernels in Triton's interpreter, which accepts code
+the GPU compiler rejects (seen: a loop-carried tile whose shape changed compiled in the
+interpreter and failed on the H200). This compiles the forward and backward kernel for
+sm_<arch> with the tuning the H200 uses, for every padded width and activation family,
+and prints shared memory, MMA family, registers and spills. Must run WITHOUT
+TRITON_INTERPRET.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from aot_wide import _ptxas_info  # noqa: E402
+from fusedmlp_xpu.backends import triton as tb  # noqa: E402
+from fusedmlp_xpu.backends.triton import narrow  # noqa: E402
+from fusedmlp_xpu.spec import MLPSpec  # noqa: E402
+
+# strides that are 1 for contiguous tensors; the launcher specialises them the same way
+UNIT = {"s_xk"}
+
+
+def compile_kernel(fn, consts, arch, num_warps):
+    sig, cx, attrs = {}, {}, {}
+    for i, (n, p) in enumerate(zip(fn.arg_names, fn.params)):
+        if n in UNIT:
+            sig[n], cx[n] = "constexpr", 1
+        elif p.is_constexpr:
+            sig[n], cx[n] = "constexpr", consts[n]
+        else:
+            sig[n] = ("*fp32" if n in ("dw0_ptr", "dwh_ptr", "dwl_ptr", "db_ptr") else "*fp16") \
+                if n.endswith("_ptr") else "i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=num_warps, num_stages=tb.NUM_STAGES))
+    ptx = k.asm["ptx"]
+    mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
+    return k.metadata.shared, mma, _ptxas_info(ptx)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--quick", action="store_true", help="widths 64 and 128, relu only")
+    args = p.parse_args(argv)
+    if tb._interpreting():
+        p.error("unset TRITON_INTERPRET: the interpreter replaces the compiler")
+    failed = 0
+    for P in (64, 128) if args.quick else (16, 32, 64, 128):
+        spec = MLPSpec((64, P, P, 64))
+        acts = ((1, 0),) if args.quick else ((1, 0), (4, 6), (8, 2))  # relu/none, gelu_tanh/...
+        for act, out_act in acts:
+            base = dict(IN_P=P, H_P=P, OUT_P=P, ACT=act, OUT_ACT=out_act, F32=False,
+                        PREC="tf32x3")
+            jobs = [("fwd", narrow._mlp_fwd_kernel, "fwd",
+                     dict(base, HAS_BIAS=True, SAVE=True)),
+                    ("bwd", narrow._mlp_bwd_kernel, "bwd",
+                     dict(base, DB_P=P, NEED_X=True, NEED_W=True, NEED_B=True))]
+            for name, fn, mode, consts in jobs:
+                bm, warps = tb._tuning_nvidia(spec, mode)
+                consts["BLOCK_M"] = bm
+                try:
+                    smem, mma, info = compile_kernel(fn, consts, args.arch, warps)
+                    print(f"{name} P={P:<4} act {act}/{out_act} BLOCK_M {bm:<4} w{warps} "
+                          f"{smem // 1024:>4} KB smem {mma:<6} {info}")
+                except Exception as e:  # report every failure, then fail the run
+                    failed += 1
+                    print(f"{name} P={P} act {act}/{out_act}: FAILED {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
