@@ -6,6 +6,7 @@ tb = importlib.import_module("fusedmlp_xpu.backends.triton")
 W, IN, OUT, BM, WARPS, MODE, N = sys.argv[1:8]
 W, IN, OUT, BM, WARPS, N = map(int, (W, IN, OUT, BM, WARPS, N))
 tb._tuning_nvidia = lambda spec, mode: (BM, WARPS)
+tb._tuning_cached.cache_clear()
 bias = len(sys.argv) > 8
 m = fm.FusedMLP(IN, OUT, W, 4, bias=bias, device="cuda", dtype=torch.float16, backend="triton")
 x = torch.randn(N, IN, device="cuda", dtype=torch.float16, requires_grad=MODE == "bwd")

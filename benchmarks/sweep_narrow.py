@@ -36,6 +36,7 @@ def main():
                     for warps in (4, 8):
                         for per_sm in ((1, 2) if mode == "bwd" else (0,)):
                             tb._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
+                            tb._tuning_cached.cache_clear()
                             tb._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
                             try:
                                 with torch.no_grad():

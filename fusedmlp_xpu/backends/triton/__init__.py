@@ -7,6 +7,7 @@ kernel (narrow.py); everything else layer by layer as GEMMs with fused epilogues
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -55,12 +56,17 @@ def _tuning_interpreter(spec, mode: str) -> tuple[int, int]:
     return 64, 1
 
 
-def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
-    if device.type == "cpu":
+@functools.lru_cache(maxsize=1024)
+def _tuning_cached(device_type: str, spec, mode: str) -> tuple[int, int]:
+    if device_type == "cpu":
         return _tuning_interpreter(spec, mode)
-    if device.type == "xpu":
+    if device_type == "xpu":
         return _tuning_intel(spec, mode)
     return _tuning_nvidia(spec, mode)
+
+
+def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
+    return _tuning_cached(device.type, spec, mode)
 
 
 _SM_COUNT: dict = {}
@@ -76,11 +82,6 @@ def _n_programs(device: torch.device, n_blocks: int) -> int:
     if device.type == "xpu":
         return max(1, min(n_blocks, 512))
     return max(1, min(n_blocks, 4))
-
-
-def _stack(ts):
-    """Stack hidden-layer tensors; a 1-element dummy when there are none."""
-    return torch.stack(ts) if ts else None
 
 
 class TritonBackend(Backend):
@@ -112,17 +113,8 @@ class TritonBackend(Backend):
         from . import narrow
 
         IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
-        interp = x.device.type == "cpu"
-        # Every tile is padded to ONE width P (masks keep the real sizes). On the H200 with
-        # Triton 3.6, mixing tile widths (in or out padded differently from hidden) gave
-        # wrong input gradients and illegal addresses, while every equal-width case passed
-        # the suite; the price is extra FLOPs in the first/last layer when they are narrower.
-        P = _pow2(max(IN, H, OUT))
-        meta = dict(IN_P=P, H_P=P, OUT_P=P, ACT=spec.activation_id,
-                    OUT_ACT=spec.output_activation_id,
-                    F32=interp, PREC="ieee" if interp else "tf32x3")
-        wh = _stack([w for w in weights[1:-1]])
-        return narrow, IN, H, OUT, meta, wh
+        wh = torch.stack(weights[1:-1]) if spec.n_layers > 2 else None
+        return narrow, IN, H, OUT, _launch_meta(spec, x.device.type), wh
 
     def forward(self, x, weights, biases, spec, save):
         if not _narrow(spec):
@@ -138,7 +130,7 @@ class TritonBackend(Backend):
         if save:
             z = saved = memory.new_empty(M, sum(saved_widths(spec)), like=x)
         has_b = biases is not None
-        bh = _stack(list(biases[1:-1])) if has_b else None
+        bh = torch.stack(biases[1:-1]) if has_b and L_HID else None
         block_m, warps = _tuning(x.device, spec, "fwd")
         grid = (triton_cdiv(M, block_m),)
         if M == 0:
@@ -200,6 +192,20 @@ class TritonBackend(Backend):
             widths = spec.widths[1:]
             gbs = [_own(b[i, : widths[i]], x.dtype) for i in range(spec.n_layers)]
         return (gx if need_x else None), gws, gbs
+
+
+@functools.lru_cache(maxsize=512)
+def _launch_meta(spec, device_type: str) -> dict:
+    """The kernels' constexpr arguments for a spec, computed once (host time per call)."""
+    interp = device_type == "cpu"
+    # Every tile is padded to ONE width P (masks keep the real sizes). On the H200 with
+    # Triton 3.6, mixing tile widths (in or out padded differently from hidden) gave wrong
+    # input gradients and illegal addresses, while every equal-width case passed the suite;
+    # the price is extra FLOPs in the first/last layer when they are narrower.
+    P = _pow2(max(spec.widths))
+    return dict(IN_P=P, H_P=P, OUT_P=P, ACT=spec.activation_id,
+                OUT_ACT=spec.output_activation_id,
+                F32=interp, PREC="ieee" if interp else "tf32x3")
 
 
 def _narrow(spec) -> bool:
