@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu import dispatch
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import math
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -31,6 +28,7 @@ from torch import nn
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
+from fusedmlp_xpu.bench import _sync, environment
 
 SCHEMA = "fusedmlp-bench/1"
 L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
@@ -154,13 +152,6 @@ def bare_fns(eager: nn.Module, gated: bool):
 
 
 # --- measuring ----------------------------------------------------------------------
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-
-
 class _Clock:
     """Device events where there are some, else wall time after a synchronize."""
 
@@ -215,33 +206,6 @@ def ceilings(device, dtype, tiny):
     ms, _, _ = time_calls(clock, lambda i: a.mm(b), 7, 50)
     del src, dst
     return copy, 2 * m**3 / (ms * 1e-3) / 1e12
-
-
-def env(device) -> dict:
-    info = {"device": str(device), "vendor": device.type, "capability": None, "driver": None,
-            "torch": torch.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except Exception as e:  # recorded, not fatal
-        info["triton"] = f"not usable ({type(e).__name__})"
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        info.update(device=p.name, vendor="amd" if torch.version.hip else "nvidia",
-                    capability=f"{p.major}.{p.minor}")
-        with contextlib.suppress(Exception):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
-                                  "--format=csv,noheader", f"--id={device.index or 0}"],
-                                 capture_output=True, text=True, timeout=20).stdout.strip()
-            drv, *clocks = [s.strip() for s in out.split(",")]
-            info["driver"] = drv
-            info["clocks"] = clocks
-    elif device.type == "xpu":
-        info.update(device=torch.xpu.get_device_name(device), vendor="intel")
-    else:
-        info.update(device=platform.processor() or platform.machine(), vendor="cpu")
-    return info
 
 
 def flops_bytes(dims, m, mode, esize):
@@ -488,7 +452,7 @@ def main(argv=None) -> int:
                  "(no bias, activation, gate product or bias-gradient reductions)")
     if args.tiny:
         notes.append("--tiny: toy shapes, not a performance result")
-    out = {"schema": SCHEMA, "env": env(device),
+    out = {"schema": SCHEMA, "env": environment(device),
            "ceilings": {"copy_GBps": copy, "matmul_TFLOPs": {"bfloat16": mm}},
            "records": records, "notes": notes}
     with open(args.out, "w") as f:
