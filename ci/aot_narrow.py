@@ -38,8 +38,7 @@ def compile_kernel(fn, consts, arch, num_warps):
         elif p.is_constexpr:
             sig[n], cx[n] = "constexpr", consts[n]
         else:
-            sig[n] = ("*fp32" if n in ("dw0_ptr", "dwh_ptr", "dwl_ptr", "db_ptr") else "*fp16") \
-                if n.endswith("_ptr") else "i32"
+            sig[n] = ("*fp32" if n == "acc_ptr" else "*fp16") if n.endswith("_ptr") else "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=num_warps, num_stages=tb.NUM_STAGES))
@@ -65,7 +64,8 @@ def main(argv=None) -> int:
             jobs = [("fwd", narrow._mlp_fwd_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=True)),
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
-                     dict(base, DB_P=P, NEED_X=True, NEED_W=True, NEED_B=True))]
+                     dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
+                          NEED_B=True))]
             for name, fn, mode, consts in jobs:
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 consts["BLOCK_M"] = bm

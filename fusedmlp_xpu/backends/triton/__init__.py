@@ -163,34 +163,33 @@ class TritonBackend(Backend):
         block_m, warps = _tuning(x.device, spec, "bwd")
         n_blocks = triton_cdiv(M, block_m)
         P = _n_programs(x.device, n_blocks)
-        f32 = dict(device=x.device, dtype=torch.float32)
         gx = memory.new_empty(M, IN, like=x) if need_x else x
-        dw0 = torch.zeros(P, H_P, IN_P, **f32) if need_w else grad_y
-        dwh = torch.zeros(P, max(L_HID, 1), H_P, H_P, **f32) if need_w else grad_y
-        dwl = torch.zeros(P, OUT_P, H_P, **f32) if need_w else grad_y
-        DB_P = max(H_P, OUT_P)
-        db = torch.zeros(P, L_HID + 2, DB_P, **f32) if need_b else grad_y
+        # one fp32 scratch for every program's partial sums: per layer a weight slot of the
+        # largest padded tile, then its bias (one zero-fill and one reduction, not eight)
+        W_SLOT = max(H_P * IN_P, H_P * H_P, OUT_P * H_P)
+        SLOT = W_SLOT + max(H_P, OUT_P)
+        acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32) \
+            if need_w or need_b else grad_y
         if M > 0:
             narrow._mlp_bwd_kernel[(P,)](
                 grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z,
-                gx, dw0, dwh, dwl, db,
+                gx, acc,
                 M, IN, H, OUT, L_HID, n_blocks,
                 grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0),
                 NEED_X=need_x, NEED_W=need_w, NEED_B=need_b, BLOCK_M=block_m, num_warps=warps,
-                num_stages=NUM_STAGES,
-                DB_P=DB_P, **meta,
+                num_stages=NUM_STAGES, W_SLOT=W_SLOT, SLOT=SLOT, **meta,
             )
         gws, gbs = [], []
-        if need_w:
-            gws = [dw0.sum(0)[:H, :IN]]
-            if L_HID:
-                gws += list(dwh.sum(0)[:L_HID, :H, :H].unbind(0))
-            gws.append(dwl.sum(0)[:OUT, :H])
-            gws = [_own(g, x.dtype) for g in gws]
-        if need_b:
-            b = db.sum(0)
-            widths = spec.widths[1:]
-            gbs = [_own(b[i, : widths[i]], x.dtype) for i in range(spec.n_layers)]
+        if need_w or need_b:
+            total = acc.sum(0)  # [layers, SLOT]
+            outs, ins = spec.widths[1:], spec.widths[:-1]
+            pads = [(H_P, IN_P)] + [(H_P, H_P)] * L_HID + [(OUT_P, H_P)]
+            if need_w:
+                gws = [_own(total[i, : r * c].view(r, c)[: outs[i], : ins[i]], x.dtype)
+                       for i, (r, c) in enumerate(pads)]
+            if need_b:
+                gbs = [_own(total[i, W_SLOT : W_SLOT + outs[i]], x.dtype)
+                       for i in range(spec.n_layers)]
         return (gx if need_x else None), gws, gbs
 
 

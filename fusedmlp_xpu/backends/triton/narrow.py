@@ -119,11 +119,11 @@ def _accumulate_bias(acc_ptr, g, N_P: tl.constexpr):
 @triton.jit
 def _mlp_bwd_kernel(
     gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr,
-    dw0_ptr, dwh_ptr, dwl_ptr, db_ptr,
+    acc_ptr,
     M, IN, H, OUT, L_HID, n_blocks,
     s_gym, s_xm, s_xk, s_zm,
     IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
-    DB_P: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
+    W_SLOT: tl.constexpr, SLOT: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
     NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
@@ -134,11 +134,12 @@ def _mlp_bwd_kernel(
     co = tl.arange(0, OUT_P)
     dt = x_ptr.dtype.element_ty
     n_layers = L_HID + 2
-    # this program's slices of the fp32 scratch
-    dw0 = dw0_ptr + pid.to(tl.int64) * H_P * IN_P
-    dwh = dwh_ptr + pid.to(tl.int64) * L_HID * H_P * H_P
-    dwl = dwl_ptr + pid.to(tl.int64) * OUT_P * H_P
-    db = db_ptr + pid.to(tl.int64) * n_layers * DB_P  # rows of DB_P = max(H_P, OUT_P)
+    # this program's slice of the fp32 scratch [programs, layers, SLOT]: per layer, the
+    # weight gradient ([out_P, in_P] row-major) in the first W_SLOT, then the bias gradient
+    dw0 = acc_ptr + pid.to(tl.int64) * n_layers * SLOT
+    dwh = dw0 + SLOT  # hidden layer l at dwh + l * SLOT
+    dwl = dw0 + (n_layers - 1) * SLOT
+    db = dw0 + W_SLOT  # layer i's bias gradient at db + i * SLOT
     for blk in range(pid, n_blocks, n_prog):
         # int64 before the multiply (blk is a plain int under the interpreter)
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -158,7 +159,7 @@ def _mlp_bwd_kernel(
         if NEED_W:
             _accumulate(dwl, god, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
         if NEED_B:
-            _accumulate_bias(db + (n_layers - 1) * DB_P, go, OUT_P)
+            _accumulate_bias(db + (n_layers - 1) * SLOT, go, OUT_P)
         g = _dot(god, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
         for j in range(L_HID):
             l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
@@ -166,9 +167,9 @@ def _mlp_bwd_kernel(
                          other=0.0).to(tl.float32)
             gh = g.to(dt)
             if NEED_W:
-                _accumulate(dwh + l * H_P * H_P, gh, _act(zh, ACT).to(dt), H_P, H_P, F32, PREC)
+                _accumulate(dwh + l * SLOT, gh, _act(zh, ACT).to(dt), H_P, H_P, F32, PREC)
             if NEED_B:
-                _accumulate_bias(db + (l + 1) * DB_P, g, H_P)
+                _accumulate_bias(db + (l + 1) * SLOT, g, H_P)
             g = _dot(gh, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
                 * _act_grad(zh, ACT)
         gd = g.to(dt)
