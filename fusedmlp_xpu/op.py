@@ -80,7 +80,8 @@ def mlp_backward(grad_y, x, weights, biases, saved, activation, output_activatio
     n = x.shape[:-1].numel()
     gx, gw, gb = be.backward(
         grad_y.reshape(n, spec.out_features), x.reshape(n, spec.in_features), weights, biases,
-        None if saved is None else saved.reshape(n, saved.shape[-1]), spec, (need_x, need_w, need_b and biases is not None),
+        None if saved is None else saved.reshape(n, saved.shape[-1]), spec,
+        (need_x, need_w, need_b and biases is not None),
     )
     return ([gx.reshape(x.shape)] if need_x else []), list(gw), list(gb)
 

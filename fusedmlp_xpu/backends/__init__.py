@@ -10,6 +10,7 @@ package's modules relatively or through ``importlib``.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -52,6 +53,16 @@ class Backend:
         ``needs`` = (x, weights, biases); lists are empty where not needed.
         """
         raise NotImplementedError
+
+
+def device_guard(t: torch.Tensor):
+    """Make ``t``'s device current while launching: Triton (and torch's current stream or
+    queue) follow the current device, which need not be the tensors' device."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    if t.device.type == "xpu":
+        return torch.xpu.device(t.device)
+    return contextlib.nullcontext()
 
 
 def saved_widths(spec: MLPSpec) -> list[int]:

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from .. import Backend, memory, saved_widths
+from .. import Backend, device_guard, memory, saved_widths
 
 MAX_WIDTH = 128
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
@@ -135,15 +135,16 @@ class TritonBackend(Backend):
         grid = (triton_cdiv(M, block_m),)
         if M == 0:
             return y, saved
-        narrow._mlp_fwd_kernel[grid](
-            x, weights[0], wh if wh is not None else weights[0], weights[-1],
-            biases[0] if has_b else x, bh if bh is not None else x, biases[-1] if has_b else x,
-            y, z,
-            M, IN, H, OUT, L_HID,
-            x.stride(0), x.stride(1), y.stride(0), z.stride(0),
-            HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m, num_warps=warps, num_stages=NUM_STAGES,
-            **meta,
-        )
+        with device_guard(x):
+            narrow._mlp_fwd_kernel[grid](
+                x, weights[0], wh if wh is not None else weights[0], weights[-1],
+                biases[0] if has_b else x, bh if bh is not None else x, biases[-1] if has_b else x,
+                y, z,
+                M, IN, H, OUT, L_HID,
+                x.stride(0), x.stride(1), y.stride(0), z.stride(0),
+                HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m, num_warps=warps,
+                num_stages=NUM_STAGES, **meta,
+            )
         return y, saved
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
@@ -171,14 +172,15 @@ class TritonBackend(Backend):
         acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32) \
             if need_w or need_b else grad_y
         if M > 0:
-            narrow._mlp_bwd_kernel[(P,)](
-                grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z,
-                gx, acc,
-                M, IN, H, OUT, L_HID, n_blocks,
-                grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0),
-                NEED_X=need_x, NEED_W=need_w, NEED_B=need_b, BLOCK_M=block_m, num_warps=warps,
-                num_stages=NUM_STAGES, W_SLOT=W_SLOT, SLOT=SLOT, **meta,
-            )
+            with device_guard(x):
+                narrow._mlp_bwd_kernel[(P,)](
+                    grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z,
+                    gx, acc,
+                    M, IN, H, OUT, L_HID, n_blocks,
+                    grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0),
+                    NEED_X=need_x, NEED_W=need_w, NEED_B=need_b, BLOCK_M=block_m,
+                    num_warps=warps, num_stages=NUM_STAGES, W_SLOT=W_SLOT, SLOT=SLOT, **meta,
+                )
         gws, gbs = [], []
         if need_w or need_b:
             total = acc.sum(0)  # [layers, SLOT]

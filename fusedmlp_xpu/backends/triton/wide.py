@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ... import activations
+from .. import device_guard as _guard
 from .. import memory, saved_widths
 from .act import act as _act
 from .act import act_grad as _act_grad
@@ -381,15 +382,6 @@ def _meta(t: torch.Tensor) -> dict:
 
 def _grid(M, N):
     return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-
-
-def _guard(t: torch.Tensor):
-    """Launch on ``t``'s device: Triton takes the current device's current stream."""
-    if t.device.type == "cuda":
-        return torch.cuda.device(t.device)
-    if t.device.type == "xpu":
-        return torch.xpu.device(t.device)
-    return contextlib.nullcontext()
 
 
 def _check_size(*ts):
