@@ -94,6 +94,26 @@ def _sync(device):
         torch.xpu.synchronize(device)
 
 
+def calls_ms(device, fn, n: int, start: int = 0) -> float:
+    """ms per call of fn(i) for i in start..start+n-1, back to back: device events on GPUs,
+    a host clock between two synchronizations elsewhere."""
+    if device.type in ("cuda", "xpu"):
+        mod = torch.cuda if device.type == "cuda" else torch.xpu
+        a, b = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+        a.record()
+        for i in range(start, start + n):
+            fn(i)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / n
+    _sync(device)
+    t = time.perf_counter()
+    for i in range(start, start + n):
+        fn(i)
+    _sync(device)
+    return (time.perf_counter() - t) * 1e3 / n
+
+
 class Timer:
     """Median/min/max milliseconds per call of fn(i): device events on GPUs, a host clock
     (after a sync) on the CPU. Each repeat times ``inner`` back-to-back calls."""
@@ -102,20 +122,7 @@ class Timer:
         self.device, self.warmup, self.repeats, self.min_repeat_ms = device, warmup, repeats, min_repeat_ms
 
     def _one(self, fn, inner, start_i):
-        if self.device.type in ("cuda", "xpu"):
-            mod = torch.cuda if self.device.type == "cuda" else torch.xpu
-            a, b = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
-            a.record()
-            for i in range(inner):
-                fn(start_i + i)
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b) / inner
-        _sync(self.device)
-        t = time.perf_counter()
-        for i in range(inner):
-            fn(start_i + i)
-        return (time.perf_counter() - t) * 1e3 / inner
+        return calls_ms(self.device, fn, inner, start_i)
 
     def __call__(self, fn) -> tuple[float, float, float]:
         for i in range(self.warmup):

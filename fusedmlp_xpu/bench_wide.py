@@ -28,7 +28,7 @@ from torch import nn
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
-from fusedmlp_xpu.bench import _sync, environment
+from fusedmlp_xpu.bench import _sync, calls_ms, environment
 
 SCHEMA = "fusedmlp-bench/1"
 L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
@@ -153,30 +153,14 @@ def bare_fns(eager: nn.Module, gated: bool):
 
 # --- measuring ----------------------------------------------------------------------
 class _Clock:
-    """Device events where there are some, else wall time after a synchronize."""
+    """Times fn(i) on one device (bench.calls_ms: events where there are some)."""
 
     def __init__(self, device):
         self.device = device
-        mod = getattr(torch, device.type, None)
-        self.events = device.type in ("cuda", "xpu") and hasattr(mod, "Event")
-        self.mod = mod
 
     def time(self, fn, n):
         """ms per call of ``fn(i)`` for i in range(n), back to back."""
-        if self.events:
-            a, b = self.mod.Event(enable_timing=True), self.mod.Event(enable_timing=True)
-            a.record()
-            for i in range(n):
-                fn(i)
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b) / n
-        _sync(self.device)
-        t = time.perf_counter()
-        for i in range(n):
-            fn(i)
-        _sync(self.device)
-        return (time.perf_counter() - t) * 1e3 / n
+        return calls_ms(self.device, fn, n)
 
 
 WARMUP = 3  # calls before timing (the first one autotunes/compiles)

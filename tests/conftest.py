@@ -200,3 +200,22 @@ def saved_z(x, weights, biases, activation, output_activation, backend):
     if out_act == "none":
         zs.append(y)
     return zs
+
+
+def run_aot_compile(script: str) -> str:
+    """Run ci/<script> --quick (ahead-of-time compile of Triton kernels for sm_90, no GPU) in
+    a process without TRITON_INTERPRET; skip where this Triton has no NVIDIA backend.
+    Returns its stdout; fails the test if it failed."""
+    import subprocess
+    import sys
+
+    triton = pytest.importorskip("triton")
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                      "bin")):
+        pytest.skip("this Triton has no NVIDIA backend/ptxas")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, os.path.join(root, "ci", script), "--quick"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout

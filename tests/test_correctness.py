@@ -7,7 +7,8 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 
-from conftest import assert_close, is_slow, make_params, reference, saved_z, tolerance
+from conftest import (assert_close, is_slow, make_params, reference, run_aot_compile, saved_z,
+                      tolerance)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTS = sorted(activations.ACTIVATIONS)
@@ -128,16 +129,5 @@ def test_fresh_data_each_call(backend):
 def test_narrow_triton_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler rejects (seen on the H200: a tile whose
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
-    import os
-    import subprocess
-    import sys
-
-    triton = pytest.importorskip("triton")
-    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia")):
-        pytest.skip("this Triton has no NVIDIA backend")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join(root, "ci", "aot_narrow.py"), "--quick"],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("wgmma") == 4, r.stdout  # fwd + bwd at two widths, on tensor cores
+    out = run_aot_compile("aot_narrow.py")
+    assert out.count("wgmma") == 4, out  # fwd + bwd at two widths, on tensor cores

@@ -12,7 +12,8 @@ from fusedmlp_xpu import activations
 from fusedmlp_xpu.backends import saved_widths
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import GRAD_VS_EAGER, TOLERANCE, assert_close, eager_errors, make_params, reference
+from conftest import (GRAD_VS_EAGER, TOLERANCE, assert_close, eager_errors, make_params,
+                      reference, run_aot_compile)
 
 wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
 
@@ -166,20 +167,8 @@ def test_config_lists_are_well_formed():
 def test_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler may not: compile every kernel variant
     for sm_90 ahead of time (no GPU needed; one large and one decode config each)."""
-    import os
-    import subprocess
-    import sys
-
-    import triton
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    if not os.path.isdir(bindir):
-        pytest.skip("this Triton has no NVIDIA backend/ptxas")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, os.path.join(root, "ci", "aot_wide.py"), "--quick"],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("wgmma") >= len(wide._KERNELS), r.stdout  # tensor cores, Hopper MMA
+    out = run_aot_compile("aot_wide.py")
+    assert out.count("wgmma") >= len(wide._KERNELS), out  # tensor cores, Hopper MMA
 
 
 @pytest.mark.gpu
