@@ -248,10 +248,21 @@ def _backward(ctx, grad_y):
 
 
 gated_mlp.register_autograd(_backward, setup_context=lambda ctx, inputs, output: _setup(ctx, inputs, ()))
-gated_mlp_train.register_autograd(
-    lambda ctx, grad_y, grad_g, grad_u: _backward(ctx, grad_y),
-    setup_context=lambda ctx, inputs, output: _setup(ctx, inputs, output[1:]),
-)
+def _setup_train(ctx, inputs, output):
+    _setup(ctx, inputs, output[1:])
+    # g and u are outputs nobody differentiates: without this autograd would hand backward
+    # two zero-filled [..., hidden] tensors for them, 2 x M x H more at the peak (measured:
+    # the train step's peak above eager's on the H200)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_train(ctx, grad_y, grad_g, grad_u):
+    if grad_y is None:  # y took no part in the loss
+        return None, None, None, None, None, None, None
+    return _backward(ctx, grad_y)
+
+
+gated_mlp_train.register_autograd(_backward_train, setup_context=_setup_train)
 
 
 # --- the functional entry ------------------------------------------------------------

@@ -127,9 +127,14 @@ def _setup_recompute(ctx, inputs, output):
 
 def _setup_train(ctx, inputs, output):
     _setup(ctx, inputs, (output[1],))
+    # the saved pre-activations are an output nobody differentiates: without this, autograd
+    # would hand backward a zero-filled [N, S] tensor for them (memory and a fill kernel)
+    ctx.set_materialize_grads(False)
 
 
 def _backward_train(ctx, grad_y, grad_saved):
+    if grad_y is None:  # y took no part in the loss
+        return None, None, None, None, None, None
     return _backward(ctx, grad_y)
 
 

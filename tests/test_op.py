@@ -130,3 +130,29 @@ def test_unavailable_forced_backend_is_an_error(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "never")
     with pytest.raises(fm.BackendUnavailableError, match="never"):
         fm.fused_mlp(x, ws)
+
+
+def _zero_fills(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.key for e in prof.key_averages() if e.key in ("aten::zeros", "aten::zero_")]
+
+
+@pytest.mark.parametrize("which", ["mlp_train", "gated_mlp_train"])
+def test_train_ops_get_no_zero_grads_for_saved_outputs(monkeypatch, which):
+    """The train ops return their saved intermediates as outputs; autograd must not build
+    zero-filled gradients for them (a [rows, hidden] tensor each, at the step's peak)."""
+    import fusedmlp_xpu.op as op_module
+    from fusedmlp_xpu import gated
+
+    monkeypatch.setattr(op_module, "EAGER_FAST_PATH", False)
+    x = torch.randn(5, 16, requires_grad=True)
+    if which == "mlp_train":
+        ws, bs = make_params((16, 32, 8), False, torch.float32, "cpu", requires_grad=True)
+        step = lambda: fm.fused_mlp(x, ws, None, "relu", backend="reference").sum().backward()  # noqa: E731
+    else:
+        ws, _ = make_params((16, 32, 16), False, torch.float32, "cpu", requires_grad=True)
+        wu = torch.randn(32, 16, requires_grad=True)
+        step = lambda: gated.fused_gated_mlp(x, ws[0], wu, ws[1], backend="reference").sum().backward()  # noqa: E731
+    assert _zero_fills(step) == []
+    assert x.grad is not None and torch.isfinite(x.grad).all()

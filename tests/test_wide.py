@@ -164,6 +164,29 @@ def test_config_lists_are_well_formed():
             assert wide._prune(cfgs, {"M_BUCKET": 16}) and wide._prune(cfgs, {"M_BUCKET": 8192})
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("m", [16, 8192])
+def test_prune_fits_shared_memory(monkeypatch, dtype, dual, m):
+    """Every config the prune hands the autotuner (or the one taken without tuning) fits
+    the device's shared memory for the operands' element size: the 16-bit lists at fp32
+    asked 245-295 KB on the H200 (limit 227 KB) and failed to launch."""
+    limit = 227 * 1024
+    monkeypatch.setattr(wide, "_smem_limit", lambda device: limit)
+    x = torch.empty(2, 2, dtype=dtype)
+    for autotune in ("1", "0"):
+        monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", autotune)
+        cfgs = wide._prune(wide._configs_nvidia(dual), {"x_ptr": x, "M_BUCKET": m}, dual=dual)
+        assert cfgs
+        for c in cfgs:
+            assert wide._smem_bytes(c, x.element_size(), dual) <= limit, c
+    if dtype == torch.bfloat16:  # the lists were made for 16-bit operands: kept as they are
+        monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "1")
+        cfgs = wide._configs_nvidia(dual)
+        assert wide._prune(cfgs, {"x_ptr": x, "M_BUCKET": m}, dual=dual) == \
+            [c for c in cfgs if (c.kwargs["BLOCK_M"] <= 64) == (m <= 64)]
+
+
 def test_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler may not: compile every kernel variant
     for sm_90 ahead of time (no GPU needed; one large and one decode config each)."""

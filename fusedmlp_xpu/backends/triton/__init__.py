@@ -39,10 +39,14 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
       fwd+bwd  P=64:  BLOCK_M 128 / 8 warps 5.61 ms (64/4: 6.07, 256/4: 8.29)
       fwd+bwd  P=128: BLOCK_M 128 / 8 warps 15.8 ms (256/8: 17.4, 64/4: 23.7)
     Narrower P is not swept; it takes P=64's values.
+    fp32 at P=128 backward: 128 rows asked 256 KB of shared memory on the H200 (limit
+    227 KB), so fp32 takes 64 rows there (not swept).
     """
     P = _pow2(max(spec.widths))
     if mode == "fwd":
         return (256, 4) if P > 64 else (128, 4)
+    if P > 64 and spec.dtype == torch.float32:
+        return 64, 8
     return 128, 8
 
 

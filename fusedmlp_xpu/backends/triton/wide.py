@@ -21,6 +21,7 @@ the current stream of the tensors' device (Triton's launcher), under a device gu
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -319,13 +320,66 @@ def _even_k(args) -> bool:
 AUTOTUNE_ENV = "FUSEDMLP_WIDE_AUTOTUNE"
 
 
-def _prune(configs, named_args, **kwargs):
-    """Decode-sized M gets the small-M tiles, everything else the large ones."""
-    m = {**named_args, **kwargs}["M_BUCKET"]
+def _prune(configs, named_args, dual=False, **kwargs):
+    """Decode-sized M gets the small-M tiles, everything else the large ones; each tile is
+    then fitted to the device's shared memory for the operands' element size."""
+    args = {**named_args, **kwargs}
+    m = args["M_BUCKET"]
     small = [c for c in configs if c.kwargs["BLOCK_M"] <= 64]
     big = [c for c in configs if c.kwargs["BLOCK_M"] > 64]
     pick = (small if m <= 64 else big) or configs
+    t = next((v for v in args.values() if isinstance(v, torch.Tensor)), None)
+    if t is not None:
+        fitted = {}
+        for c in pick:
+            f = _fit_smem(c, t.element_size(), dual, _smem_limit(t.device))
+            fitted.setdefault((tuple(sorted(f.kwargs.items())), f.num_warps, f.num_stages), f)
+        pick = list(fitted.values())
     return pick[:1] if os.environ.get(AUTOTUNE_ENV, "1") == "0" else pick
+
+
+def _smem_bytes(c: triton.Config, esize: int, dual: bool) -> int:
+    """Shared memory of the pipelined operand tiles: stages x (A tile + B tile(s)). On the
+    H200 this matched Triton's own figure (294912 B for 128x256x64, 3 stages, fp32)."""
+    k = c.kwargs
+    return c.num_stages * (k["BLOCK_M"] + k["BLOCK_N"] * (2 if dual else 1)) * k["BLOCK_K"] * esize
+
+
+def _fit_smem(c: triton.Config, esize: int, dual: bool, limit: int) -> triton.Config:
+    """The config itself if it fits; else BLOCK_K halved (fp32 operands take twice the bytes
+    the 16-bit lists were made for), then fewer stages, down to 32 and 2."""
+    k, stages = dict(c.kwargs), c.num_stages
+    fits = lambda: _smem_bytes(  # noqa: E731
+        triton.Config(k, num_warps=c.num_warps, num_stages=stages), esize, dual) <= limit
+    while not fits() and k["BLOCK_K"] > 32:
+        k["BLOCK_K"] //= 2
+    while not fits() and stages > 2:
+        stages -= 1
+    if k == c.kwargs and stages == c.num_stages:
+        return c
+    return triton.Config(k, num_warps=c.num_warps, num_stages=stages, **_extra(c))
+
+
+def _extra(c: triton.Config) -> dict:
+    return {a: getattr(c, a) for a in ("num_ctas", "maxnreg") if getattr(c, a, None) is not None}
+
+
+_SMEM: dict = {}
+
+
+def _smem_limit(device: torch.device) -> int:
+    """Shared memory one program may use on this device (bytes); no limit in the interpreter."""
+    if device.type == "cpu":
+        return 1 << 30
+    key = (device.type, device.index)
+    if key not in _SMEM:
+        try:
+            idx = device.index if device.index is not None else 0
+            props = triton.runtime.driver.active.utils.get_device_properties(idx)
+            _SMEM[key] = int(props["max_shared_mem"])
+        except Exception:  # noqa: BLE001 -- a driver without the query: the smaller known limit
+            _SMEM[key] = 227 * 1024 if device.type == "cuda" else 128 * 1024
+    return _SMEM[key]
 
 
 _KERNELS = {
@@ -359,7 +413,7 @@ def _kernel(name: str, device: torch.device):
                    "interpreter": _configs_interpreter}[vendor](dual)
         k = _tuned[(name, vendor)] = triton.autotune(
             configs, key=["M_BUCKET", "N", "K", *keys, "UPCAST", "PRECISION"],
-            prune_configs_by={"early_config_prune": _prune},
+            prune_configs_by={"early_config_prune": functools.partial(_prune, dual=dual)},
         )(triton.heuristics({"EVEN_K": _even_k})(fn))
     return k
 
