@@ -12,6 +12,12 @@ if not torch.cuda.is_available() and not (hasattr(torch, "xpu") and torch.xpu.is
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+# Under pytest-xdist every worker would otherwise start one CPU thread per core for the
+# float64 reference: 16 workers x 16 threads made single small tests take minutes.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)
+                              // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
