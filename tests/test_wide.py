@@ -160,6 +160,7 @@ def test_config_lists_are_well_formed():
             assert cfgs, fn.__name__
             for c in cfgs:
                 assert c.kwargs["BLOCK_M"] >= 16 and c.kwargs["BLOCK_K"] >= 16, c
+                assert wide._K_MULTIPLE % c.kwargs["BLOCK_K"] == 0, c  # see grad_weight
             # both the decode and the large-M prune keep at least one config
             assert wide._prune(cfgs, {"M_BUCKET": 16}) and wide._prune(cfgs, {"M_BUCKET": 8192})
 

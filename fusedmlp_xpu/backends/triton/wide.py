@@ -39,6 +39,8 @@ GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # Pointer offsets are 32-bit in the kernels (cheaper address math in the K loop);
 # larger operands are refused on the host, never silently wrapped.
 _MAX_ELEMENTS = 2**31 - 1
+# the largest BLOCK_K of any config list: K a multiple of it is whole blocks for all of them
+_K_MULTIPLE = 256
 
 
 # ---------------------------------------------------------------- activations ---
@@ -524,6 +526,16 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
         return dw, db
     _check_size(g, h, dw)
     zg = g_z if g_z is not None else g
+    # The bias gradient rides along in the kernel only when the rows (this GEMM's K) fill
+    # whole K blocks of every config: on the H200 (Triton 3.6), summing the masked tail
+    # tiles for db while they also fed tl.dot gave a wrong dW (6% off at M 1000, bf16 and
+    # fp16; db itself right), with 128x256x64/3-stage and 64x64x64/3-stage tiles. An uneven
+    # M takes the separate row reduction instead.
+    if db is not None and M % _K_MULTIPLE != 0:
+        db.copy_(_bias_grad(g, g_z, g_act))
+        db_in_kernel = False
+    else:
+        db_in_kernel = db is not None
     dbb = db if db is not None else dw
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
@@ -532,7 +544,7 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
             N_out, N_in, M, _bucket(N_out),
             g.stride(1), g.stride(0), h.stride(1), h.stride(0), zg.stride(1), zg.stride(0),
             dw.stride(0), dw.stride(1),
-            G_ACT=_ACT[g_act], DB=bias_grad, **_meta(g),
+            G_ACT=_ACT[g_act], DB=db_in_kernel, **_meta(g),
         )
     return dw, db
 
