@@ -32,6 +32,9 @@ def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
 
 def _run_forward(x, weights, biases, spec, backend, save):
     be = dispatch.choose(x.device, spec, backend or None)
+    if x.dim() == 2:  # already [rows, in]: no reshapes (host time per call)
+        y, saved = be.forward(x, weights, biases, spec, save)
+        return (y, saved) if save else y
     lead = x.shape[:-1]
     y, saved = be.forward(x.reshape(-1, spec.in_features), weights, biases, spec, save)
     y = y.reshape(*lead, spec.out_features)

@@ -27,6 +27,20 @@ class MLPSpec:
     bias: bool = True
     dtype: torch.dtype = torch.float32
 
+    def __hash__(self) -> int:
+        # specs key every per-call cache (dispatch, tuning, launch constants): hash once,
+        # on first use (a spec built while tracing may hold symbolic sizes)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.widths, self.activation, self.output_activation, self.bias,
+                      self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self):  # never carry a hash across processes (str hashes are salted)
+        return (MLPSpec, (self.widths, self.activation, self.output_activation, self.bias,
+                          self.dtype))
+
     @property
     def in_features(self) -> int:
         return self.widths[0]

@@ -99,3 +99,15 @@ def test_fuse_mlps_keeps_outputs_and_gradients():
 def test_fuse_mlps_root_sequential():
     seq = _seq()
     assert isinstance(fm.fuse_mlps(seq), fm.FusedMLP)
+
+
+def test_spec_hash_and_pickle():
+    """Specs key the per-call caches: equal specs hash equal, also after a pickle round trip."""
+    import pickle
+
+    a = fm.MLPSpec((16, 32, 8), "relu", "none", True, torch.float16)
+    b = fm.MLPSpec((16, 32, 8), "relu", "none", True, torch.float16)
+    c = pickle.loads(pickle.dumps(a))
+    assert a == b == c and hash(a) == hash(b) == hash(c)
+    assert a != fm.MLPSpec((16, 32, 8), "relu", "none", True, torch.float32)
+    assert len({a, b, c}) == 1
