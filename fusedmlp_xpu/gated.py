@@ -248,6 +248,8 @@ def _backward(ctx, grad_y):
 
 
 gated_mlp.register_autograd(_backward, setup_context=lambda ctx, inputs, output: _setup(ctx, inputs, ()))
+
+
 def _setup_train(ctx, inputs, output):
     _setup(ctx, inputs, output[1:])
     # g and u are outputs nobody differentiates: without this autograd would hand backward

@@ -20,7 +20,6 @@ the current stream of the tensors' device (Triton's launcher), under a device gu
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 
