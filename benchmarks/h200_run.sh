@@ -8,7 +8,10 @@ steps=${*:-"tests sanitize bench"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
 for s in $steps; do
   case $s in
-    tests) python3 -m pytest -q -n 12 tests -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -4 "$OUT/tests.log"; grep -E "^FAILED" "$OUT/tests.log" | head -20 ;;
+    # -v names each result as it lands: a run cut by its time limit still says what failed
+    tests) timeout ${TESTS_S:-480} python3 -m pytest -v -n 16 -rf --tb=short -p no:benchmark tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
+           echo "passed $(grep -c ' PASSED ' "$OUT/tests.log"), failed $(grep -c ' FAILED ' "$OUT/tests.log")"
+           grep -E " FAILED | ERROR " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) //' | sort -u | head -30; tail -1 "$OUT/tests.log" ;;
     sanitize) timeout ${SAN_S:-60} compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_correctness.py -k "triton and cuda and odd_feature" -p no:cacheprovider > "$OUT/sanitizer.log" 2>&1; tail -4 "$OUT/sanitizer.log" ;;
     sweep) for w in 32 64 128; do for m in fwd bwd; do  # one process each: a fault ends one
              python3 benchmarks/sweep_narrow.py --width $w --mode $m 2>&1 | tee -a "$OUT/sweep.log" | grep -E "BEST|WRONG|Error"; done; done ;;
