@@ -279,7 +279,7 @@ def _configs_nvidia(dual: bool) -> list[triton.Config]:
     (N 4096 / 32 = 128 programs). ``dual`` kernels hold two accumulators (or a heavy
     epilogue): half the tile width keeps them in registers. The lists are the search space;
     the autotuner picks per shape on first use. On the H200 (Triton 3.6, bf16, M 8192) the
-    3-stage lists' picks ran at 545-560 TFLOP/s against cuBLAS's 680 (wide-gelu/-swiglu
+    3-stage lists' picks ran at 545-560 TFLOP/s against cuBLAS's ~695 (wide-gelu/-swiglu
     inference): the 4-stage large tiles were added after that run."""
     big = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
            (128, 256, 64, 8, 4), (256, 128, 64, 8, 4)]  # 4 stages: 192 KB
