@@ -98,8 +98,10 @@ void finish(sycl::queue &q, sycl::event e) {
 
 int64_t row_groups(int64_t n) { return (n + FMLP_TILE_ROWS - 1) / FMLP_TILE_ROWS; }
 
+// src: the rows the kernel reads (x forward, grad_y backward) with strides; dst: what it writes.
 FmlpNet make_net(int64_t n, int n_layers, const int32_t *widths, const void *const *w,
-                 const void *const *b, int act, int out_act) {
+                 const void *const *b, int act, int out_act, const void *src, int64_t src_rs,
+                 int64_t src_cs, void *dst) {
   if (n_layers < 1 || n_layers > FMLP_MAX_LAYERS)
     throw std::runtime_error("n_layers " + std::to_string(n_layers) + " outside [1, " +
                              std::to_string(FMLP_MAX_LAYERS) + "]");
@@ -108,6 +110,10 @@ FmlpNet make_net(int64_t n, int n_layers, const int32_t *widths, const void *con
   net.n_layers = n_layers;
   net.act = act;
   net.out_act = out_act;
+  net.src = src;
+  net.src_rs = src_rs;
+  net.src_cs = src_cs;
+  net.dst = dst;
   for (int l = 0; l < n_layers; ++l) {
     if (widths[l] < 1 || widths[l] > FMLP_MAX_WIDTH || widths[l + 1] < 1 || widths[l + 1] > FMLP_MAX_WIDTH)
       throw std::runtime_error("width outside [1, " + std::to_string(FMLP_MAX_WIDTH) + "]");
@@ -119,8 +125,18 @@ FmlpNet make_net(int64_t n, int n_layers, const int32_t *widths, const void *con
   return net;
 }
 
-sycl::nd_range<1> row_range(int64_t n) {
-  return sycl::nd_range<1>(sycl::range<1>(row_groups(n) * FMLP_WG_SIZE), sycl::range<1>(FMLP_WG_SIZE));
+// A row kernel (forward, row backward) over net.n_rows rows, one work-group per
+// FMLP_TILE_ROWS of them; no launch for no rows.
+void launch_rows(sycl::queue &q, const char *name, int dtype, const FmlpNet &net) {
+  if (net.n_rows == 0)
+    return;
+  sycl::kernel k = get_kernel(q, name, dtype);
+  finish(q, q.submit([&](sycl::handler &h) {
+    h.set_args(net);
+    h.parallel_for(sycl::nd_range<1>(sycl::range<1>(row_groups(net.n_rows) * FMLP_WG_SIZE),
+                                     sycl::range<1>(FMLP_WG_SIZE)),
+                   k);
+  }));
 }
 
 } // namespace
@@ -203,20 +219,10 @@ int fmlp_sycl_forward(void *queue, int variant, int dtype, int64_t n, int n_laye
                       const void *const *b, int act, int out_act, void *y, void *const *z) {
   return guarded([&] {
     sycl::queue &q = *static_cast<sycl::queue *>(queue);
-    FmlpNet net = make_net(n, n_layers, widths, w, b, act, out_act);
-    net.src = x;
-    net.src_rs = x_rs;
-    net.src_cs = x_cs;
-    net.dst = y;
+    FmlpNet net = make_net(n, n_layers, widths, w, b, act, out_act, x, x_rs, x_cs, y);
     for (int l = 0; z && l < n_layers; ++l)
       net.layer[l].z = z[l];
-    if (n == 0)
-      return;
-    sycl::kernel k = get_kernel(q, variant == 1 ? "fmlp_fwd_xmx" : "fmlp_fwd", dtype);
-    finish(q, q.submit([&](sycl::handler &h) {
-      h.set_args(net);
-      h.parallel_for(row_range(n), k);
-    }));
+    launch_rows(q, variant == 1 ? "fmlp_fwd_xmx" : "fmlp_fwd", dtype, net);
   });
 }
 
@@ -228,22 +234,12 @@ int fmlp_sycl_backward_rows(void *queue, int dtype, int64_t n, int n_layers, con
                             void *const *z, int act, int out_act, void *gx, void *const *dz) {
   return guarded([&] {
     sycl::queue &q = *static_cast<sycl::queue *>(queue);
-    FmlpNet net = make_net(n, n_layers, widths, w, nullptr, act, out_act);
-    net.src = gy;
-    net.src_rs = gy_rs;
-    net.src_cs = gy_cs;
-    net.dst = gx;
+    FmlpNet net = make_net(n, n_layers, widths, w, nullptr, act, out_act, gy, gy_rs, gy_cs, gx);
     for (int l = 0; l < n_layers; ++l) {
       net.layer[l].z = z ? z[l] : nullptr;
       net.layer[l].dz = dz ? dz[l] : nullptr;
     }
-    if (n == 0)
-      return;
-    sycl::kernel k = get_kernel(q, "fmlp_bwd_rows", dtype);
-    finish(q, q.submit([&](sycl::handler &h) {
-      h.set_args(net);
-      h.parallel_for(row_range(n), k);
-    }));
+    launch_rows(q, "fmlp_bwd_rows", dtype, net);
   });
 }
 

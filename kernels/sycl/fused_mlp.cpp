@@ -71,6 +71,23 @@ template <class T> inline void st(void *p, int64_t i, float v) { static_cast<T *
 // v rounded to T, kept in fp32 (a no-op for float)
 template <class T> inline float rnd(float v) { return static_cast<float>(static_cast<T>(v)); }
 
+// A forward unit's epilogue, shared by the portable and the XMX kernel: z = acc rounded to
+// T, stored where training asks for it; its activation rounded to T, stored as y on the
+// last layer; rows past the end store nothing. Returns the activation.
+template <class T>
+inline float forward_epilogue(const FmlpNet &net, const FmlpLayer &ly, int64_t row, int j,
+                              float acc, int act, bool last) {
+  const float z = rnd<T>(acc);
+  const float a = rnd<T>(act_fn(act, z));
+  if (row < net.n_rows) {
+    if (ly.z)
+      st<T>(ly.z, row * ly.out + j, z);
+    if (last)
+      st<T>(net.dst, row * ly.out + j, a);
+  }
+  return a;
+}
+
 // ---- forward: one work-group carries FMLP_TILE_ROWS rows through every layer --------
 // The tile of activations lives in local memory for the whole network (ping-pong
 // between two buffers); only x is read and only y (and, for training, z) written.
@@ -120,18 +137,8 @@ template <class T> void forward(const FmlpNet &net) {
         for (int i = 0; i < RB; ++i)
           acc[i] += h[r0 + i][k] * w;
       }
-      for (int i = 0; i < RB; ++i) {
-        const int64_t row = row0 + r0 + i;
-        float z = rnd<T>(acc[i]);
-        float a = rnd<T>(act_fn(act, z));
-        if (row < net.n_rows) {
-          if (ly.z)
-            st<T>(ly.z, row * ly.out + j, z);
-          if (last)
-            st<T>(net.dst, row * ly.out + j, a);
-        }
-        hn[r0 + i][j] = a;
-      }
+      for (int i = 0; i < RB; ++i)
+        hn[r0 + i][j] = forward_epilogue<T>(net, ly, row0 + r0 + i, j, acc[i], act, last);
     }
     sycl::group_barrier(grp);
     cur ^= 1;

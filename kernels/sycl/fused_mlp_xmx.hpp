@@ -76,16 +76,8 @@ template <class T> void forward(const FmlpNet &net) {
     // epilogue, as in the portable kernel: bias, rounding to T, activation, stores
     for (int e = lid; e < FMLP_TILE_ROWS * ly.out; e += FMLP_WG_SIZE) {
       int r = e / ly.out, j = e % ly.out;
-      int64_t row = row0 + r;
-      float z = rnd<T>(c[r][j] + (ly.b ? ld<T>(ly.b, j) : 0.0f));
-      float h = rnd<T>(act_fn(act, z));
-      if (row < net.n_rows) {
-        if (ly.z)
-          st<T>(ly.z, row * ly.out + j, z);
-        if (last)
-          st<T>(net.dst, row * ly.out + j, h);
-      }
-      a[r][j] = static_cast<T>(h);
+      float acc = c[r][j] + (ly.b ? ld<T>(ly.b, j) : 0.0f);
+      a[r][j] = static_cast<T>(forward_epilogue<T>(net, ly, row0 + r, j, acc, act, last));
     }
     sycl::group_barrier(grp);
   }
