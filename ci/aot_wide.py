@@ -33,7 +33,7 @@ UNIT_STRIDES = {
     "dx": "s_gk s_wn s_zgk s_g2k s_w2n s_zn s_on s_hn",
     "dw": "s_gm s_hn s_zgm s_wn",
     "gated_fwd": "s_xk s_gwk s_uwk s_hn s_gn s_un",
-    "gated_bwd": "s_dyk s_wn s_gn s_un s_dgn s_dun s_hn",
+    "gated_bwd": "s_dyk s_wn s_gn s_un s_dgn s_dun",
 }
 # the constexpr combinations wide-gelu / wide-swiglu training use, plus prologue variants
 VARIANTS = {
@@ -41,7 +41,7 @@ VARIANTS = {
     "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False)],
     "dw": [dict(G_ACT=0, DB=True), dict(G_ACT=7, DB=False)],
     "gated_fwd": [dict(ACT=5, HAS_BIAS=False, STORE_GU=True)],
-    "gated_bwd": [dict(ACT=5, STORE_H=True)],
+    "gated_bwd": [dict(ACT=5)],
 }
 
 

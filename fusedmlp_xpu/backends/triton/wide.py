@@ -7,7 +7,7 @@ Kernels (each C = A @ B^T with A: [M, K], B: [N, K], any strides, fp32 accumulat
                           second product for the gated dx = dg Wg + du Wu; optional h = act(z))
     _linear_dw_kernel     dW = g'^T h, with db = sum_rows g' from the same A tiles
     _gated_fwd_kernel     h = act(x Wg^T + bg) * (x Wu^T + bu): two accumulators, one x tile
-    _gated_bwd_kernel     dh = dy Wd; epilogue: dg = dh u act'(g), du = dh act(g), h = act(g) u
+    _gated_bwd_kernel     dh = dy Wd; epilogue: dg = dh u act'(g), du = dh act(g)
 
 g' is g times the output activation's derivative, applied in the prologue when a layer
 has one (the A tiles are scaled right after they are loaded), so no elementwise pass
@@ -241,17 +241,17 @@ def _gated_fwd_kernel(
 
 @triton.jit
 def _gated_bwd_kernel(
-    dy_ptr, wd_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, h_ptr,
+    dy_ptr, wd_ptr, g_ptr, u_ptr, dg_ptr, du_ptr,
     M, N, K, M_BUCKET,
     s_dym, s_dyk, s_wn, s_wk, s_gm, s_gn, s_um, s_un,
-    s_dgm, s_dgn, s_dum, s_dun, s_hm, s_hn,
-    ACT: tl.constexpr, STORE_H: tl.constexpr,
+    s_dgm, s_dgn, s_dum, s_dun,
+    ACT: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
     """dh = dy @ Wd (Wd read as B[n = hidden, k = out]); epilogue: dg = dh u act'(g),
-    du = dh act(g) and, for the down projection's weight gradient, h = act(g) u."""
+    du = dh act(g)."""
     rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     unused = tl.zeros((BLOCK_M,), tl.float32)
@@ -262,8 +262,6 @@ def _gated_bwd_kernel(
     a = _act(g, ACT)
     _store(dg_ptr, rows, cols, s_dgm, s_dgn, acc * u * _act_grad(g, ACT), M, N)
     _store(du_ptr, rows, cols, s_dum, s_dun, acc * a, M, N)
-    if STORE_H:
-        _store(h_ptr, rows, cols, s_hm, s_hn, a * u, M, N)
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -391,8 +389,8 @@ _KERNELS = {
     "dx": (_linear_dx_kernel, False, ("G_ACT", "ACT", "DUAL", "STORE_H", "K2")),
     "dw": (_linear_dw_kernel, False, ("G_ACT", "DB")),
     "gated_fwd": (_gated_fwd_kernel, True, ("ACT", "HAS_BIAS", "STORE_GU")),
-    # one accumulator, but an epilogue holding g, u and three outputs: the smaller tiles
-    "gated_bwd": (_gated_bwd_kernel, True, ("ACT", "STORE_H")),
+    # one accumulator, but an epilogue holding g, u and two outputs: the smaller tiles
+    "gated_bwd": (_gated_bwd_kernel, True, ("ACT",)),
 }
 _tuned: dict[tuple[str, str], object] = {}
 
@@ -719,12 +717,12 @@ def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, bi
     if M > 0:
         with _guard(g):
             _kernel("gated_bwd", g.device)[_grid(M, H)](
-                grad_y, w_down, g, u, dg, du, dg,
+                grad_y, w_down, g, u, dg, du,
                 M, H, w_down.shape[0], _bucket(M),
                 grad_y.stride(0), grad_y.stride(1), w_down.stride(1), w_down.stride(0),
                 g.stride(0), g.stride(1), u.stride(0), u.stride(1),
-                dg.stride(0), dg.stride(1), du.stride(0), du.stride(1), dg.stride(0), dg.stride(1),
-                ACT=_ACT[activation], STORE_H=False, **_meta(g),
+                dg.stride(0), dg.stride(1), du.stride(0), du.stride(1),
+                ACT=_ACT[activation], **_meta(g),
             )
     grad_x, gw, gb = None, [], []
     if need_x:
