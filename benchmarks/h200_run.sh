@@ -16,7 +16,7 @@ for s in $steps; do
     sweep) for w in 32 64 128; do for m in fwd bwd; do  # one process each: a fault ends one
              python3 benchmarks/sweep_narrow.py --width $w --mode $m 2>&1 | tee -a "$OUT/sweep.log" | grep -E "BEST|WRONG|Error"; done; done ;;
     profile) timeout 60 python3 -m fusedmlp_xpu.cli profile > "$OUT/profile.txt" 2>&1; cat "$OUT/profile.txt" | tail -14 ;;
-    overhead) python3 benchmarks/overhead.py --out "$OUT/overhead.json" ;;
+    overhead) python3 benchmarks/overhead.py --profile --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1; grep -E " us$|failed" "$OUT/overhead.txt" ;;
     bench) timeout ${BENCH_S:-500} python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" 2>"$OUT/bench.log" | tee "$OUT/bench-summary.txt" ;;
     *) echo "unknown step $s" ;;
   esac

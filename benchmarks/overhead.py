@@ -28,6 +28,7 @@ def per_call_us(fn, n=3000):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--profile", action="store_true", help="cProfile 2000 module calls")
     args = ap.parse_args()
     tb = importlib.import_module("fusedmlp_xpu.backends.triton")
     m = fm.FusedMLP(64, 64, 64, 4, bias=False, device="cuda", dtype=torch.float16)
@@ -58,8 +59,42 @@ def main():
                                          64, 1, 64, 64, HAS_BIAS=False, SAVE=False, BLOCK_M=64,
                                          num_warps=4, num_stages=tb.NUM_STAGES, **meta)
         res["raw_triton_launch"] = per_call_us(raw)
+        res["device_guard"] = per_call_us(lambda: torch.cuda.device(x.device).__enter__() or None)
+        res["current_stream"] = per_call_us(lambda: torch.cuda.current_stream())
+        ck = narrow._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3,
+                                          64, 1, 64, 64, HAS_BIAS=False, SAVE=False, BLOCK_M=64,
+                                          num_warps=4, num_stages=tb.NUM_STAGES, **meta)
+        ref = y.clone()
+        import triton
+        drv = triton.runtime.driver.active
+        stream = drv.get_current_stream(drv.get_current_device())
+        full = (x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3, 64, 1, 64, 64,
+                *meta.values())  # as ordered in the signature, constexprs included
+        lean = full[:18]
+        for name, args in (("compiled_run_all_args", full), ("compiled_run_no_constexpr", lean)):
+            try:
+                y.fill_(float("nan"))
+                ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args)
+                torch.cuda.synchronize()
+                ok = bool(torch.equal(y, ref))
+                res[name] = per_call_us(lambda: ck.run(1, 1, 1, stream, ck.function,
+                                                       ck.packed_metadata, None, None, None,
+                                                       *args)) if ok else -1.0
+            except Exception as e:  # noqa: BLE001
+                print(name, "failed:", type(e).__name__, e)
+                res[name] = -2.0
     for k, v in res.items():
         print(f"{k:<18} {v:8.1f} us")
+    if args.profile:
+        import cProfile
+        import pstats
+        with torch.no_grad():
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(2000):
+                m(x)
+            pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     if args.out:
         from fusedmlp_xpu.bench import environment
 
