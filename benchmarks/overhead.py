@@ -5,6 +5,7 @@ Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json]
 import argparse
 import importlib
 import json
+import os
 import time
 
 import torch
@@ -69,20 +70,28 @@ def main():
         drv = triton.runtime.driver.active
         stream = drv.get_current_stream(drv.get_current_device())
         full = (x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3, 64, 1, 64, 64,
-                *meta.values())  # as ordered in the signature, constexprs included
+                P, P, P, 1, 0, False, False, False, "tf32x3", 64)  # signature order
         lean = full[:18]
-        for name, args in (("compiled_run_all_args", full), ("compiled_run_no_constexpr", lean)):
+        for name, cargs in (("compiled_run_all_args", full), ("compiled_run_no_constexpr", lean)):
             try:
                 y.fill_(float("nan"))
-                ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args)
+                ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *cargs)
                 torch.cuda.synchronize()
                 ok = bool(torch.equal(y, ref))
                 res[name] = per_call_us(lambda: ck.run(1, 1, 1, stream, ck.function,
                                                        ck.packed_metadata, None, None, None,
-                                                       *args)) if ok else -1.0
+                                                       *cargs)) if ok else -1.0
             except Exception as e:  # noqa: BLE001
                 print(name, "failed:", type(e).__name__, e)
                 res[name] = -2.0
+    # the same calls through Triton's own launch path, for comparison
+    os.environ["FUSEDMLP_FAST_LAUNCH"] = "0"
+    with torch.no_grad():
+        res["module_call_triton_launch_path"] = per_call_us(lambda: m(x))
+    os.environ["FUSEDMLP_FAST_LAUNCH"] = "1"
+    xg = torch.randn(16, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    res["train_step_16_rows"] = per_call_us(lambda: m(xg).sum().backward(), n=1000)
+    res["eager_train_step_16_rows"] = per_call_us(lambda: seq(xg).sum().backward(), n=1000)
     for k, v in res.items():
         print(f"{k:<18} {v:8.1f} us")
     if args.profile:

@@ -52,6 +52,38 @@ class FusedMLP(nn.Module):
         for name, a, b in zip(names, widths[:-1], widths[1:]):
             self.add_module(name, nn.Linear(a, b, bias=bias, device=device, dtype=dtype))
         self._specs: dict[torch.dtype, MLPSpec] = {}
+        self._pack_hidden()
+
+    def _pack_hidden(self) -> None:
+        """Keep the hidden layers' weights (and biases) back to back in one buffer each, so
+        the fused kernel reads them in place instead of stacking a copy every call. The
+        Parameters stay the same objects (``.data`` is re-pointed); anything that breaks the
+        layout later (``load_state_dict(assign=True)``, re-assigned weights) only costs that
+        copy again, never correctness."""
+        hidden = [self._modules[n] for n in self._names[1:-1]]
+        if len(hidden) < 2:
+            return
+        for attr in ("weight", "bias"):
+            ps = [lin._parameters.get(attr) for lin in hidden]
+            if any(p is None for p in ps) or len({(p.shape, p.dtype, p.device) for p in ps}) > 1:
+                continue
+            with torch.no_grad():
+                buf = torch.stack([p.detach() for p in ps])
+                if ps[0].is_shared():  # after share_memory(): keep them in shared memory
+                    buf.share_memory_()
+            for p, b in zip(ps, buf):
+                p.data = b
+
+    def __setstate__(self, state):  # copy.deepcopy and unpickling: pack the copy too
+        super().__setstate__(state)
+        if "_names" in self.__dict__:
+            self._pack_hidden()
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .half() / .cuda() give every parameter its own new tensor: pack again
+        out = super()._apply(fn, recurse)
+        self._pack_hidden()
+        return out
 
     @property
     def in_features(self) -> int:

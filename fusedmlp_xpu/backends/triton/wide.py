@@ -32,6 +32,7 @@ from .. import device_guard as _guard
 from .. import memory, saved_widths
 from .act import act as _act
 from .act import act_grad as _act_grad
+from .launch import TunedLauncher
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -405,7 +406,7 @@ def _vendor(device: torch.device) -> str:
     return "intel" if device.type == "xpu" else "nvidia"
 
 
-def _kernel(name: str, device: torch.device):
+def _kernel(name: str, device: torch.device) -> TunedLauncher:
     """The autotuned kernel for this vendor, built once per process."""
     vendor = _vendor(device)
     k = _tuned.get((name, vendor))
@@ -413,10 +414,14 @@ def _kernel(name: str, device: torch.device):
         fn, dual, keys = _KERNELS[name]
         configs = {"nvidia": _configs_nvidia, "intel": _configs_intel,
                    "interpreter": _configs_interpreter}[vendor](dual)
-        k = _tuned[(name, vendor)] = triton.autotune(
-            configs, key=["M_BUCKET", "N", "K", *keys, "UPCAST", "PRECISION"],
+        key = ["M_BUCKET", "N", "K", *keys, "UPCAST", "PRECISION"]
+        tuner = triton.autotune(
+            configs, key=key,
             prune_configs_by={"early_config_prune": functools.partial(_prune, dual=dual)},
         )(triton.heuristics({"EVEN_K": _even_k})(fn))
+        # the runtime ints the tuning key and the EVEN_K heuristic read
+        k = _tuned[(name, vendor)] = TunedLauncher(tuner, fn, {"EVEN_K": _even_k},
+                                                   tune=("M_BUCKET", "N", "K", "K2"))
     return k
 
 
@@ -472,12 +477,15 @@ def linear(x, w, b, act: str, save_z: bool):
     _check_size(x, w, y)
     zz = z if z is not None else y
     with _guard(x):
-        _kernel("fwd", x.device)[_grid(M, N)](
-            x, w, b if b is not None else w, y, zz,
-            M, N, K, _bucket(M),
-            x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-            y.stride(0), y.stride(1), zz.stride(0), zz.stride(1),
-            ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x),
+        _kernel("fwd", x.device).launch(
+            _grid(M, N), (
+                x, w, b if b is not None else w, y, zz,
+                M, N, K, _bucket(M),
+                x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+                y.stride(0), y.stride(1), zz.stride(0), zz.stride(1),
+            ),
+            dict(ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x)),
+            x.device,
         )
     return y, z
 
@@ -500,14 +508,17 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     hh = h if h is not None else out
     g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
     with _guard(g):
-        _kernel("dx", g.device)[_grid(M, N)](
-            g, w, zg, g2_, w2_, zz, out, hh,
-            M, N, K, w2_.shape[0], _bucket(M),
-            g.stride(0), g.stride(1), w.stride(1), w.stride(0), zg.stride(0), zg.stride(1),
-            g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
-            zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0), hh.stride(1),
-            G_ACT=_ACT[g_act], ACT=_ACT[act] if z is not None else 0, DUAL=g2 is not None,
-            STORE_H=store_h, **_meta(g),
+        _kernel("dx", g.device).launch(
+            _grid(M, N), (
+                g, w, zg, g2_, w2_, zz, out, hh,
+                M, N, K, w2_.shape[0], _bucket(M),
+                g.stride(0), g.stride(1), w.stride(1), w.stride(0), zg.stride(0), zg.stride(1),
+                g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
+                zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0), hh.stride(1),
+            ),
+            dict(G_ACT=_ACT[g_act], ACT=_ACT[act] if z is not None else 0, DUAL=g2 is not None,
+                 STORE_H=store_h, **_meta(g)),
+            g.device,
         )
     return out, h
 
@@ -539,12 +550,15 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     dbb = db if db is not None else dw
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
-        _kernel("dw", g.device)[_grid(N_out, N_in)](
-            g, h, zg, dw, dbb,
-            N_out, N_in, M, _bucket(N_out),
-            g.stride(1), g.stride(0), h.stride(1), h.stride(0), zg.stride(1), zg.stride(0),
-            dw.stride(0), dw.stride(1),
-            G_ACT=_ACT[g_act], DB=db_in_kernel, **_meta(g),
+        _kernel("dw", g.device).launch(
+            _grid(N_out, N_in), (
+                g, h, zg, dw, dbb,
+                N_out, N_in, M, _bucket(N_out),
+                g.stride(1), g.stride(0), h.stride(1), h.stride(0), zg.stride(1), zg.stride(0),
+                dw.stride(0), dw.stride(1),
+            ),
+            dict(G_ACT=_ACT[g_act], DB=db_in_kernel, **_meta(g)),
+            g.device,
         )
     return dw, db
 
@@ -665,14 +679,17 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
         _check_size(x, w_gate, h)
         gg, uu = (g, u) if save else (h, h)
         with _guard(x):
-            _kernel("gated_fwd", x.device)[_grid(M, H)](
-                x, w_gate, w_up, b_gate if b_gate is not None else w_gate,
-                b_up if b_up is not None else w_up, h, gg, uu,
-                M, H, K, _bucket(M),
-                x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1),
-                w_up.stride(0), w_up.stride(1), h.stride(0), h.stride(1),
-                gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1),
-                ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save, **_meta(x),
+            _kernel("gated_fwd", x.device).launch(
+                _grid(M, H), (
+                    x, w_gate, w_up, b_gate if b_gate is not None else w_gate,
+                    b_up if b_up is not None else w_up, h, gg, uu,
+                    M, H, K, _bucket(M),
+                    x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1),
+                    w_up.stride(0), w_up.stride(1), h.stride(0), h.stride(1),
+                    gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1),
+                ),
+                dict(ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save, **_meta(x)),
+                x.device,
             )
     return h, ([g, u] if save else [])
 
@@ -716,13 +733,16 @@ def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, bi
     du = memory.new_empty(M, H, like=g)
     if M > 0:
         with _guard(g):
-            _kernel("gated_bwd", g.device)[_grid(M, H)](
-                grad_y, w_down, g, u, dg, du,
-                M, H, w_down.shape[0], _bucket(M),
-                grad_y.stride(0), grad_y.stride(1), w_down.stride(1), w_down.stride(0),
-                g.stride(0), g.stride(1), u.stride(0), u.stride(1),
-                dg.stride(0), dg.stride(1), du.stride(0), du.stride(1),
-                ACT=_ACT[activation], **_meta(g),
+            _kernel("gated_bwd", g.device).launch(
+                _grid(M, H), (
+                    grad_y, w_down, g, u, dg, du,
+                    M, H, w_down.shape[0], _bucket(M),
+                    grad_y.stride(0), grad_y.stride(1), w_down.stride(1), w_down.stride(0),
+                    g.stride(0), g.stride(1), u.stride(0), u.stride(1),
+                    dg.stride(0), dg.stride(1), du.stride(0), du.stride(1),
+                ),
+                dict(ACT=_ACT[activation], **_meta(g)),
+                g.device,
             )
     grad_x, gw, gb = None, [], []
     if need_x:

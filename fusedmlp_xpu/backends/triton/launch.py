@@ -1,0 +1,148 @@
+"""Kernel launches with less host time once a kernel is compiled (CUDA only).
+
+``kernel[grid](...)`` binds and specializes every argument, builds a string cache key and
+walks Triton's hook and global checks on every call; for the autotuned kernels the
+autotuner and the heuristics layer add their own argument dicts on top. At decode-sized
+inputs that host work is the whole cost of a call. Here the first call of each
+*specialization* goes through Triton as usual and keeps the compiled kernel it returns;
+later calls with the same specialization call that kernel's launcher directly.
+
+The specialization key is deliberately finer than Triton's own: per tensor its dtype and
+whether its address is 16-byte aligned, per int whether it is 1, a multiple of 16, and
+fits 32 bits, plus every constexpr value, the launch options and the device. Two calls
+with one key therefore always map to the same compiled kernel. Falls back to Triton's
+own path when a launch hook is set (profilers such as proton), on non-CUDA devices (the
+XPU launcher is not verified here), under the interpreter, or with
+``FUSEDMLP_FAST_LAUNCH=0``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+FAST_ENV = "FUSEDMLP_FAST_LAUNCH"
+_I32 = 1 << 31
+
+
+def _hooked() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:  # an older Triton: no knobs, no way to see hooks -> slow path
+        return True
+    return knobs.runtime.launch_enter_hook is not None
+
+
+def enabled(device: torch.device) -> bool:
+    return (device.type == "cuda" and os.environ.get(FAST_ENV, "1") != "0"
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+
+
+def arg_key(a):
+    """What Triton specializes a runtime argument on (or finer)."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if type(a) is int:
+        return a == 1, a % 16 == 0, -_I32 <= a < _I32
+    return type(a), a
+
+
+def _constexpr_names(fn) -> tuple[str, ...]:
+    return tuple(p.name for p in fn.params if p.is_constexpr)
+
+
+def _direct(entry, grid, args, device_index):
+    run, function, packed, tail = entry
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    stream = torch._C._cuda_getCurrentRawStream(device_index)
+    run(grid[0], g1, g2, stream, function, packed, None, None, None, *args, *tail)
+
+
+def _entry(ck, names, values: dict):
+    """What a direct launch needs from a compiled kernel: its launcher, function handle,
+    packed metadata, and the constexpr values in signature order (the launcher takes every
+    argument, constexprs included, and skips the constexprs itself)."""
+    if ck is None or not hasattr(ck, "packed_metadata"):
+        return None
+    return ck.run, ck.function, ck.packed_metadata, tuple(values[n] for n in names)
+
+
+class Launcher:
+    """A @triton.jit kernel. ``launch(grid, args, consts, device, **options)``: ``args``
+    are the runtime arguments in signature order (all of them come before the
+    constexprs), ``consts`` the constexprs by name, ``options`` num_warps/num_stages."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._names = None
+        self._cache: dict = {}
+
+    def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
+        if not enabled(device):
+            self.fn[grid](*args, **consts, **options)
+            return
+        key = (device.index, tuple(options.items()), tuple(consts.items()),
+               tuple(map(arg_key, args)))
+        entry = self._cache.get(key)
+        if entry is not None and not _hooked():
+            _direct(entry, grid, args, device.index)
+            return
+        ck = self.fn[grid](*args, **consts, **options)
+        if not _hooked():
+            if self._names is None:
+                self._names = _constexpr_names(self.fn)
+            e = _entry(ck, self._names, consts)
+            if e is not None:
+                self._cache[key] = e
+
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+
+class TunedLauncher:
+    """An autotuned kernel (``triton.autotune`` over ``triton.heuristics`` over the
+    @triton.jit function ``fn``). The autotuner runs as usual on the first call of each
+    key; afterwards its chosen config is launched directly. ``launch(grid, args, consts,
+    device)``: ``grid(meta)`` gives the grid for a config's constexprs; ``heuristics``
+    are the values the heuristics layer adds, as functions of all arguments by name;
+    ``tune`` names every runtime int the tuning key or a heuristic reads: the fast key
+    holds their values (the autotuner picks by value), the other ints only their
+    specialization."""
+
+    def __init__(self, tuner, fn, heuristics: dict, tune: tuple[str, ...]):
+        self.tuner, self.fn, self.heuristics, self.tune = tuner, fn, heuristics, tune
+        self._names = None  # read from the JITFunction on the first fast-path call
+        self._cache: dict = {}
+
+    def _prepare(self):
+        self._names = _constexpr_names(self.fn)
+        self._arg_names = [p.name for p in self.fn.params]
+        self._tune = tuple(self._arg_names.index(n) for n in self.tune if n in self._arg_names)
+
+    def launch(self, grid, args: tuple, consts: dict, device: torch.device):
+        if not enabled(device):
+            self.tuner[grid](*args, **consts)
+            return
+        if self._names is None:
+            self._prepare()
+        key = (device.index, tuple(args[i] for i in self._tune), tuple(consts.items()),
+               tuple(map(arg_key, args)))
+        entry = self._cache.get(key)
+        if entry is not None and not _hooked():
+            e, cfg = entry
+            _direct(e, grid(cfg), args, device.index)
+            return
+        ck = self.tuner[grid](*args, **consts)
+        cfg = getattr(self.tuner, "best_config", None)
+        if cfg is None or _hooked() or cfg.pre_hook is not None:
+            return
+        values = {**dict(zip(self._arg_names, args)), **consts, **cfg.kwargs}
+        for name, h in self.heuristics.items():
+            values[name] = h(values)
+        e = _entry(ck, self._names, values)
+        if e is not None:
+            self._cache[key] = (e, dict(cfg.kwargs))
+
+    def cache_size(self) -> int:
+        return len(self._cache)

@@ -1,0 +1,139 @@
+"""The lean launch path (backends/triton/launch.py): which calls reuse a compiled kernel,
+and what they hand its launcher. CPU: a stand-in kernel records every launch; GPU: real
+kernels across changes of alignment and sizes, against the float64 reference."""
+import types
+
+import pytest
+import torch
+
+import fusedmlp_xpu as fm
+
+from conftest import BACKENDS, assert_close, reference, tolerance
+
+launch = pytest.importorskip("fusedmlp_xpu.backends.triton.launch")
+
+
+class _Param:
+    def __init__(self, name, constexpr):
+        self.name, self.is_constexpr = name, constexpr
+
+
+class _FakeKernel:
+    """Stands in for a JITFunction: ``fn[grid](...)`` "compiles" (counted) and returns a
+    compiled kernel whose launcher records what it is handed."""
+
+    params = [_Param("x_ptr", False), _Param("n", False), _Param("A", True), _Param("B", True)]
+
+    def __init__(self):
+        self.compiles, self.direct = 0, []
+
+    def __getitem__(self, grid):
+        def jit_launch(*args, **kwargs):
+            self.compiles += 1
+            return types.SimpleNamespace(run=lambda *a: self.direct.append(a),
+                                         function="fn", packed_metadata="meta")
+        return jit_launch
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(launch, "enabled", lambda device: True)
+    monkeypatch.setattr(launch, "_hooked", lambda: False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda idx: 1234, raising=False)
+    return torch.device("cuda", 0)
+
+
+def test_arg_key_separates_what_triton_specializes_on():
+    buf = torch.zeros(64, dtype=torch.float16)
+    k = launch.arg_key
+    assert k(buf) != k(buf[1:])  # 16-byte aligned vs not
+    assert k(buf) != k(buf.float())  # dtype
+    assert k(buf[8:]) == k(buf)  # 16 bytes further: still aligned
+    assert k(1) != k(17)  # == 1
+    assert k(16) != k(17)  # divisible by 16
+    assert k(17) == k(33)
+    assert k(2 ** 31 + 16) != k(16)  # needs 64 bits
+    assert k(None) != k(0)
+
+
+def test_launcher_reuses_only_an_identical_specialization(fake_cuda):
+    fn = _FakeKernel()
+    la = launch.Launcher(fn)
+    buf = torch.zeros(64, dtype=torch.float16)
+    la.launch((3,), (buf, 17), dict(B=2, A=1), fake_cuda, num_warps=4)
+    assert (fn.compiles, len(fn.direct)) == (1, 0)
+    la.launch((5, 2), (buf, 33), dict(B=2, A=1), fake_cuda, num_warps=4)
+    assert (fn.compiles, len(fn.direct)) == (1, 1)
+    # grid, stream, function, metadata, no hooks, runtime args, constexprs in signature order
+    assert fn.direct[0] == (5, 2, 1, 1234, "fn", "meta", None, None, None, buf, 33, 1, 2)
+    for changed in [((buf[1:], 33), dict(B=2, A=1), 4),  # misaligned pointer
+                    ((buf, 32), dict(B=2, A=1), 4),  # a multiple of 16
+                    ((buf, 1), dict(B=2, A=1), 4),  # equal to 1
+                    ((buf.float(), 33), dict(B=2, A=1), 4),  # dtype
+                    ((buf, 33), dict(B=3, A=1), 4),  # a constexpr
+                    ((buf, 33), dict(B=2, A=1), 8)]:  # a launch option
+        before = fn.compiles
+        la.launch((1,), changed[0], changed[1], fake_cuda, num_warps=changed[2])
+        assert fn.compiles == before + 1, changed
+    assert len(fn.direct) == 1
+
+
+def test_launcher_takes_tritons_path_when_a_hook_is_set(fake_cuda, monkeypatch):
+    fn = _FakeKernel()
+    la = launch.Launcher(fn)
+    buf = torch.zeros(64, dtype=torch.float16)
+    la.launch((1,), (buf, 17), {"A": 1, "B": 2}, fake_cuda)
+    monkeypatch.setattr(launch, "_hooked", lambda: True)  # e.g. a profiler's launch hook
+    la.launch((1,), (buf, 17), {"A": 1, "B": 2}, fake_cuda)
+    assert (fn.compiles, len(fn.direct)) == (2, 0)
+
+
+def test_tuned_launcher_keys_on_tuning_values_and_uses_the_chosen_config(fake_cuda):
+    fn = _FakeKernel()
+    fn.params = [_Param("x_ptr", False), _Param("K", False), _Param("A", True),
+                 _Param("BLOCK", True), _Param("EVEN", True)]
+    class Tuner:  # picks BLOCK 64 for K > 100, else 16, like an autotuner would by timing
+        best_config = None
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                self.best_config = types.SimpleNamespace(
+                    kwargs={"BLOCK": 64 if args[1] > 100 else 16}, pre_hook=None)
+                return fn[grid](*args, **kwargs)
+            return run
+
+    tl_ = launch.TunedLauncher(Tuner(), fn, {"EVEN": lambda a: a["K"] % a["BLOCK"] == 0},
+                               tune=("K",))
+    buf = torch.zeros(64, dtype=torch.float16)
+    grid = lambda meta: (1000 // meta["BLOCK"],)  # noqa: E731
+    tl_.launch(grid, (buf, 128), {"A": 7}, fake_cuda)
+    tl_.launch(grid, (buf, 128), {"A": 7}, fake_cuda)
+    assert (fn.compiles, len(fn.direct)) == (1, 1)
+    # the grid from the chosen config, the heuristic's value, constexprs in order
+    assert fn.direct[0] == (15, 1, 1, 1234, "fn", "meta", None, None, None, buf, 128, 7, 64, True)
+    tl_.launch(grid, (buf, 144), {"A": 7}, fake_cuda)  # same specialization, new tuning value
+    assert (fn.compiles, len(fn.direct)) == (2, 1)
+
+
+GPU = [(n, d) for n, d in BACKENDS if d.type == "cuda" and n == "triton"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("widths", [(64, 64, 64, 64, 16), (64, 256, 64)], ids=["narrow", "wide"])
+@pytest.mark.parametrize("backend", GPU, ids=[f"{n}-{d.type}" for n, d in GPU])
+def test_fast_launches_follow_alignment_and_size_changes(backend, widths):
+    """The same module called with x aligned and misaligned, with 1, 16 and 1037 rows,
+    in an order that revisits each: every result against the float64 reference."""
+    name, dev = backend
+    dt = torch.float16
+    m = fm.FusedMLP(widths[0], widths[-1], widths[1], len(widths) - 2, device=dev, dtype=dt,
+                    backend=name)
+    tol = tolerance(name, dt)
+    for rows, offset in [(1037, 0), (1037, 1), (16, 0), (1, 0), (1037, 0), (16, 1), (1037, 1)]:
+        flat = torch.randn(rows * widths[0] + offset, device=dev, dtype=dt)
+        x = flat[offset:].view(rows, widths[0])
+        assert (x.data_ptr() % 16 == 0) == (offset == 0)
+        with torch.no_grad():
+            y = m(x)
+        assert_close(y, reference(x, m.weights(), m.biases(), "relu", "none"), tol,
+                     f"{rows} rows, offset {offset}")
