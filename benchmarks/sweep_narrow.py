@@ -22,7 +22,12 @@ def main():
     ap.add_argument("--n", type=int, default=2 ** 22)
     ap.add_argument("--width", type=int, action="append")
     ap.add_argument("--mode", action="append", choices=["fwd", "bwd"])
+    ap.add_argument("--persistent", action="store_true",
+                    help="forward only: the persistent kernel's stages and programs per SM")
+    ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     args = ap.parse_args()
+    if args.persistent:
+        return sweep_persistent(args)
     dev = torch.device("cuda")
     rows = []
     for W in args.width or (32, 64, 128):
@@ -64,6 +69,49 @@ def main():
                             if best is None or ms < best[0]:
                                 best = (ms, bm, warps, per_sm)
                 print(f"BEST W{W} {mode}: {best}", flush=True)
+    if args.out:
+        json.dump(rows, open(args.out, "w"), indent=1)
+
+
+def sweep_persistent(args):
+    """The persistent forward against the one-program-per-block forward, same process."""
+    dev = torch.device("cuda")
+    rows = []
+    for W in args.width or (32, 64):
+        m = fm.FusedMLP(64, 64, W, args.hidden, bias=False, device=dev, dtype=torch.float16,
+                        backend="triton")
+        x = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
+        with torch.no_grad():
+            ref = m.to_sequential()(x[:8192]).float()
+        variants = [None] + [(bm, w, st, k) for bm in (64, 128) for w in (4, 8)
+                             for st in (2, 3) for k in (1, 2)]
+        best = None
+        for v in variants:
+            if v is None:
+                tb._persistent = lambda d, spec: None
+                label = "per-block (current)"
+            else:
+                bm, w, st, k = v
+                tb._tuning_nvidia = lambda spec, md, bm=bm, w=w: (bm, w)
+                tb._persistent = lambda d, spec, st=st, k=k: (st, k)
+                label = f"persistent bm{bm} w{w} stages{st} k{k}"
+            tb._tuning_cached.cache_clear()
+            try:
+                with torch.no_grad():
+                    err = ((m(x[:8192]).float() - ref).norm() / ref.norm()).item()
+                    if not err < 1e-2:
+                        print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
+                        continue
+                    ms = triton.testing.do_bench(lambda: m(x), warmup=50, rep=300,
+                                                 return_mode="median")
+            except Exception as e:  # out of resources, etc.
+                print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                continue
+            rows.append(dict(W=W, hidden=args.hidden, variant=label, ms=ms))
+            print(f"W{W} L{args.hidden} {label}: {ms:.4f} ms", flush=True)
+            if best is None or ms < best[0]:
+                best = (ms, label)
+        print(f"BEST W{W} L{args.hidden} fwd: {best}", flush=True)
     if args.out:
         json.dump(rows, open(args.out, "w"), indent=1)
 

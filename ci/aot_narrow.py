@@ -4,7 +4,8 @@
 
 Like ci/aot_wide.py: CPU CI runs the kernels in Triton's interpreter, which accepts code
 the GPU compiler rejects (seen: a loop-carried tile whose shape changed compiled in the
-interpreter and failed on the H200). This compiles the forward and backward kernel for
+interpreter and failed on the H200). This compiles the forward (one program per row
+block, and persistent) and backward kernels for
 sm_<arch> with the tuning the H200 uses, for every padded width and activation family,
 and prints shared memory, MMA family, registers and spills. Must run WITHOUT
 TRITON_INTERPRET.
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
                         PREC="tf32x3")
             jobs = [("fwd", narrow._mlp_fwd_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=True)),
+                    ("fwd_persistent", narrow._mlp_fwd_persistent_kernel, "fwd",
+                     dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2)),
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
                           NEED_B=True))]
@@ -71,7 +74,7 @@ def main(argv=None) -> int:
                 consts["BLOCK_M"] = bm
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps)
-                    print(f"{name} P={P:<4} act {act}/{out_act} BLOCK_M {bm:<4} w{warps} "
+                    print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {bm:<4} w{warps} "
                           f"{smem // 1024:>4} KB smem {mma:<6} {info}")
                 except Exception as e:  # report every failure, then fail the run
                     failed += 1

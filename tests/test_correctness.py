@@ -126,8 +126,22 @@ def test_fresh_data_each_call(backend):
                      tolerance(name, torch.float32))
 
 
+@pytest.mark.parametrize("widths", [(64, 64, 64), (17, 33, 33, 33, 9), (64, 128, 128, 128, 128, 16)],
+                         ids=["0hidden", "2hidden-odd", "4hidden-128"])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_persistent_forward(backend, widths, grad, monkeypatch):
+    """The narrow forward as a persistent kernel (programs striding over row blocks, the
+    layer loop unrolled), forced on: more row blocks than programs, a ragged last block."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "_persistent", lambda device, spec: (2, 1))
+    run(backend, widths, torch.float16, act="silu", out_act="sigmoid", grad=grad, lead=(1037,))
+
+
 def test_narrow_triton_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler rejects (seen on the H200: a tile whose
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
-    assert out.count("wgmma") == 4, out  # fwd + bwd at two widths, on tensor cores
+    assert out.count("wgmma") == 6, out  # fwd, persistent fwd, bwd at two widths: tensor cores

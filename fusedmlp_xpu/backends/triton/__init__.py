@@ -50,6 +50,12 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     return 128, 8
 
 
+def _persistent_nvidia(spec) -> tuple[int, int] | None:
+    """The forward as a persistent kernel: (pipeline stages of its loop over row blocks,
+    programs per SM), or None for one program per row block. Not yet measured: off."""
+    return None
+
+
 def _tuning_intel(spec, mode: str) -> tuple[int, int]:
     """(BLOCK_M, num_warps) on Intel GPUs through Triton's XPU backend (not measured here)."""
     return (64, 8) if _pow2(max(spec.widths)) > 64 else (128, 8)
@@ -73,16 +79,21 @@ def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
     return _tuning_cached(device.type, spec, mode)
 
 
+def _persistent(device: torch.device, spec) -> tuple[int, int] | None:
+    """(stages, programs per SM) when the forward runs persistent on this device."""
+    return _persistent_nvidia(spec) if device.type == "cuda" else None
+
+
 _SM_COUNT: dict = {}
 
 
-def _n_programs(device: torch.device, n_blocks: int) -> int:
-    """Persistent-grid size for backward: a few programs per multiprocessor."""
+def _n_programs(device: torch.device, n_blocks: int, per_sm: int = 1) -> int:
+    """Persistent-grid size: ``per_sm`` programs per multiprocessor (backward: one, 5.61 ms
+    vs 5.63 ms with two, fwd+bwd, P=64, H200)."""
     if device.type == "cuda":
         if device.index not in _SM_COUNT:
             _SM_COUNT[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-        # one program per SM: 5.61 ms vs 5.63 ms with two (fwd+bwd, P=64, H200)
-        return max(1, min(n_blocks, _SM_COUNT[device.index]))
+        return max(1, min(n_blocks, per_sm * _SM_COUNT[device.index]))
     if device.type == "xpu":
         return max(1, min(n_blocks, 512))
     return max(1, min(n_blocks, 4))
@@ -136,21 +147,26 @@ class TritonBackend(Backend):
         has_b = biases is not None
         bh = _stacked(biases[1:-1]) if has_b and L_HID else None
         block_m, warps = _tuning(x.device, spec, "fwd")
-        grid = (triton_cdiv(M, block_m),)
+        n_blocks = triton_cdiv(M, block_m)
         if M == 0:
             return y, saved
+        ptrs = (x, weights[0], wh if wh is not None else weights[0], weights[-1],
+                biases[0] if has_b else x, bh if bh is not None else x,
+                biases[-1] if has_b else x, y, z)
+        strides = (x.stride(0), x.stride(1), y.stride(0), z.stride(0))
+        consts = dict(meta, HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m)
+        persistent = _persistent(x.device, spec)
         with device_guard(x):
-            _launcher("fwd").launch(
-                grid, (
-                    x, weights[0], wh if wh is not None else weights[0], weights[-1],
-                    biases[0] if has_b else x, bh if bh is not None else x,
-                    biases[-1] if has_b else x, y, z,
-                    M, IN, H, OUT, L_HID,
-                    x.stride(0), x.stride(1), y.stride(0), z.stride(0),
-                ),
-                dict(meta, HAS_BIAS=has_b, SAVE=save, BLOCK_M=block_m), x.device,
-                num_warps=warps, num_stages=NUM_STAGES,
-            )
+            if persistent is None:
+                _launcher("fwd").launch(
+                    (n_blocks,), (*ptrs, M, IN, H, OUT, L_HID, *strides), consts, x.device,
+                    num_warps=warps, num_stages=NUM_STAGES)
+            else:
+                stages, per_sm = persistent
+                _launcher("fwd_persistent").launch(
+                    (_n_programs(x.device, n_blocks, per_sm),), (*ptrs, M, IN, H, OUT, *strides),
+                    dict(consts, L_HID=L_HID, STAGES=stages), x.device,
+                    num_warps=warps, num_stages=NUM_STAGES)
         return y, saved
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
@@ -208,14 +224,15 @@ _LAUNCHERS: dict = {}
 
 
 def _launcher(mode: str):
-    """The narrow kernel of ``mode`` ("fwd"/"bwd") behind the lean launch path (launch.py)."""
+    """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd") behind the lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from . import narrow
         from .launch import Launcher
 
-        la = _LAUNCHERS[mode] = Launcher(
-            narrow._mlp_fwd_kernel if mode == "fwd" else narrow._mlp_bwd_kernel)
+        la = _LAUNCHERS[mode] = Launcher({
+            "fwd": narrow._mlp_fwd_kernel, "fwd_persistent": narrow._mlp_fwd_persistent_kernel,
+            "bwd": narrow._mlp_bwd_kernel}[mode])
     return la
 
 

@@ -57,16 +57,30 @@ def _load_b(b_ptr, N, N_P: tl.constexpr):
 
 
 @triton.jit
-def _mlp_fwd_kernel(
-    x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
-    M, IN, H, OUT, L_HID,
-    s_xm, s_xk, s_ym, s_zm,
+def _hidden_layer(h, l, wh_ptr, bh_ptr, z_ptr, rows, hmask, H, L_HID, s_zm,
+                  H_P: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  SAVE: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """Hidden layer l (H -> H) of a row block: act(h W_l^T + b_l), its z stored if SAVE."""
+    ch = tl.arange(0, H_P)
+    z = _dot(h, _load_wT(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC)
+    if HAS_BIAS:
+        z += _load_b(bh_ptr + l * H, H, H_P)[None, :]
+    if SAVE:
+        tl.store(z_ptr + (l + 1) * H + rows[:, None] * s_zm + ch[None, :], z.to(h.dtype),
+                 mask=hmask)
+    return _act(z, ACT).to(h.dtype)
+
+
+@triton.jit
+def _fwd_rows(
+    x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr, rows,
+    M, IN, H, OUT, L_HID, s_xm, s_xk, s_ym, s_zm,
     IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
-    F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    """One block of rows through every layer. UNROLL: L_HID is a constexpr and the layer
+    loop is unrolled (the persistent kernel's loop over row blocks is then innermost)."""
     rmask = rows < M
     ci = tl.arange(0, IN_P)
     ch = tl.arange(0, H_P)
@@ -82,14 +96,14 @@ def _mlp_fwd_kernel(
     if SAVE:
         tl.store(z_ptr + rows[:, None] * s_zm + ch[None, :], z0.to(dt), mask=hmask)
     h = _act(z0, ACT).to(dt)
-    for l in range(L_HID):
-        z = _dot(h, _load_wT(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC)
-        if HAS_BIAS:
-            z += _load_b(bh_ptr + l * H, H, H_P)[None, :]
-        if SAVE:
-            tl.store(z_ptr + (l + 1) * H + rows[:, None] * s_zm + ch[None, :], z.to(dt),
-                     mask=hmask)
-        h = _act(z, ACT).to(dt)
+    if UNROLL:
+        for l in tl.static_range(L_HID):
+            h = _hidden_layer(h, l, wh_ptr, bh_ptr, z_ptr, rows, hmask, H, L_HID, s_zm,
+                              H_P, ACT, HAS_BIAS, SAVE, F32, PREC)
+    else:
+        for l in range(L_HID):
+            h = _hidden_layer(h, l, wh_ptr, bh_ptr, z_ptr, rows, hmask, H, L_HID, s_zm,
+                              H_P, ACT, HAS_BIAS, SAVE, F32, PREC)
     zl = _dot(h, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
     if HAS_BIAS:
         zl += _load_b(bl_ptr, OUT, OUT_P)[None, :]
@@ -98,6 +112,46 @@ def _mlp_fwd_kernel(
         tl.store(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], zl.to(dt),
                  mask=omask)
     tl.store(y_ptr + rows[:, None] * s_ym + co[None, :], _act(zl, OUT_ACT).to(dt), mask=omask)
+
+
+@triton.jit
+def _mlp_fwd_kernel(
+    x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
+    M, IN, H, OUT, L_HID,
+    s_xm, s_xk, s_ym, s_zm,
+    IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """One program per block of BLOCK_M rows."""
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    _fwd_rows(x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr, rows,
+              M, IN, H, OUT, L_HID, s_xm, s_xk, s_ym, s_zm, IN_P, H_P, OUT_P, ACT, OUT_ACT,
+              HAS_BIAS, SAVE, F32, PREC, False)
+
+
+@triton.jit
+def _mlp_fwd_persistent_kernel(
+    x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
+    M, IN, H, OUT,
+    s_xm, s_xk, s_ym, s_zm,
+    L_HID: tl.constexpr,
+    IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+):
+    """A fixed grid of programs striding over the row blocks, the layer loop unrolled
+    (L_HID a constexpr): the loop over blocks is innermost, so Triton's pipeliner can
+    fetch the next block's rows while this one is computed (STAGES buffers)."""
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(M, BLOCK_M)
+    for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+        # int64 before the multiply (blk is a plain int under the interpreter)
+        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+        _fwd_rows(x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr, rows,
+                  M, IN, H, OUT, L_HID, s_xm, s_xk, s_ym, s_zm, IN_P, H_P, OUT_P, ACT,
+                  OUT_ACT, HAS_BIAS, SAVE, F32, PREC, True)
 
 
 @triton.jit
