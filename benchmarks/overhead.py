@@ -14,16 +14,20 @@ import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch, op
 
 
-def per_call_us(fn, n=3000):
+def per_call_us(fn, n=3500, rounds=7):
+    """Host time of one call: the median over ``rounds`` rounds of n / rounds calls (the
+    H200 host's single-call times drift by tens of us between runs)."""
     for _ in range(200):
         fn()
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
+    per = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n // rounds):
+            fn()
+        per.append((time.perf_counter() - t) / (n // rounds) * 1e6)
+        torch.cuda.synchronize()
+    return sorted(per)[rounds // 2]
 
 
 def main():
@@ -108,7 +112,7 @@ def main():
         from fusedmlp_xpu.bench import environment
 
         out = {"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device("cuda")),
-               "unit": "us per call (host, perf_counter over 3000 calls after 200 warm-up)",
+               "unit": "us per call (host, perf_counter; median of 7 rounds of 500 calls after 200 warm-up)",
                "us": res}
         json.dump(out, open(args.out, "w"), indent=1)
 

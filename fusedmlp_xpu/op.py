@@ -86,7 +86,21 @@ def mlp_backward(grad_y, x, weights, biases, saved, activation, output_activatio
         None if saved is None else saved.reshape(n, saved.shape[-1]), spec,
         (need_x, need_w, need_b and biases is not None),
     )
-    return ([gx.reshape(x.shape)] if need_x else []), list(gw), list(gb)
+    # op outputs may not alias one another: backends may hand back views of one buffer
+    owned = _own(list(gw) + list(gb))
+    return ([gx.reshape(x.shape)] if need_x else []), owned[: len(gw)], owned[len(gw):]
+
+
+def _own(ts) -> list[torch.Tensor]:
+    """ts, with a copy of each tensor whose storage an earlier one already uses."""
+    seen, out = set(), []
+    for t in ts:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out.append(t)
+    return out
 
 
 @mlp_backward.register_fake

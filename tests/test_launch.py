@@ -43,6 +43,11 @@ def fake_cuda(monkeypatch):
     return torch.device("cuda", 0)
 
 
+def test_no_launch_hook_by_default():
+    """Triton's default knobs (None, or an empty hook chain) leave the lean path on."""
+    assert not launch._hooked()
+
+
 def test_arg_key_separates_what_triton_specializes_on():
     buf = torch.zeros(64, dtype=torch.float16)
     k = launch.arg_key

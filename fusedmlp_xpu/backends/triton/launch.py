@@ -26,11 +26,14 @@ _I32 = 1 << 31
 
 
 def _hooked() -> bool:
+    """Whether a launch hook is installed (None, or an empty HookChain in newer Triton,
+    means none)."""
     try:
         from triton import knobs
     except ImportError:  # an older Triton: no knobs, no way to see hooks -> slow path
         return True
-    return knobs.runtime.launch_enter_hook is not None
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(h is not None and getattr(h, "calls", True) for h in hooks)
 
 
 def enabled(device: torch.device) -> bool:

@@ -237,3 +237,37 @@ def _mlp_bwd_kernel(
             gx = _dot(gd, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
             tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
                      mask=rmask[:, None] & (ci[None, :] < IN))
+
+
+@triton.jit
+def _reduce_grads_kernel(
+    acc_ptr, out_ptr, n_prog, IN, H, OUT, L_HID,
+    NEED_W: tl.constexpr, NEED_B: tl.constexpr, T_P: tl.constexpr, ROWS: tl.constexpr,
+    W_SLOT: tl.constexpr, SLOT: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """Sum the backward programs' fp32 partials (acc [n_prog, layers, SLOT]) into every
+    layer's weight and bias gradient, unpadded, in the output dtype, back to back in one
+    buffer: weights first (layer 0 [H, IN], hidden [H, H] each, last [OUT, H]), then the
+    biases (H each, the last OUT). Program (layer, chunk): ROWS rows of that layer's
+    padded [T_P, T_P] weight tile (one contiguous span of the slot), or its bias when
+    chunk == T_P // ROWS."""
+    layer = tl.program_id(0)
+    chunk = tl.program_id(1)
+    n_layers = L_HID + 2
+    n_out = tl.where(layer == n_layers - 1, OUT, H)
+    n_in = tl.where(layer == 0, IN, H)
+    is_bias = chunk == T_P // ROWS
+    k = tl.arange(0, ROWS * T_P)
+    r = chunk * ROWS + k // T_P  # weight row
+    c = k % T_P
+    src = acc_ptr + layer * SLOT + tl.where(is_bias, W_SLOT + k, chunk * ROWS * T_P + k)
+    want = tl.where(is_bias, NEED_B & (k < n_out), NEED_W & (r < n_out) & (c < n_in))
+    s = tl.zeros([ROWS * T_P], tl.float32)
+    for p0 in range(0, n_prog, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        s += tl.sum(tl.load(src[None, :] + p[:, None] * n_layers * SLOT,
+                            mask=(p[:, None] < n_prog) & want[None, :], other=0.0), axis=0)
+    w_total = H * IN + L_HID * H * H + OUT * H
+    w_off = tl.where(layer == 0, 0, H * IN + (layer - 1) * H * H)
+    dst = tl.where(is_bias, w_total + layer * H + k, w_off + r * n_in + c)
+    tl.store(out_ptr + dst, s.to(out_ptr.dtype.element_ty), mask=want)
