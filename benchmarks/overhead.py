@@ -5,7 +5,6 @@ Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json]
 import argparse
 import importlib
 import json
-import os
 import time
 
 import torch
@@ -15,19 +14,27 @@ from fusedmlp_xpu import dispatch, op
 
 
 def per_call_us(fn, n=3500, rounds=7):
-    """Host time of one call: the median over ``rounds`` rounds of n / rounds calls (the
-    H200 host's single-call times drift by tens of us between runs)."""
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n // rounds):
+    """Host time of one call: the median over ``rounds`` rounds of n / rounds calls."""
+    return interleaved({"f": fn}, n, rounds)["f"]
+
+
+def interleaved(fns: dict, n=3500, rounds=7) -> dict:
+    """Like per_call_us for several functions, their rounds taken in turn: the H200 host's
+    single-call times drift by tens of us over seconds, which would otherwise land on
+    whichever function was timed then."""
+    for fn in fns.values():
+        for _ in range(200):
             fn()
-        per.append((time.perf_counter() - t) / (n // rounds) * 1e6)
-        torch.cuda.synchronize()
-    return sorted(per)[rounds // 2]
+    torch.cuda.synchronize()
+    per = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(n // rounds):
+                fn()
+            per[k].append((time.perf_counter() - t) / (n // rounds) * 1e6)
+            torch.cuda.synchronize()
+    return {k: sorted(v)[rounds // 2] for k, v in per.items()}
 
 
 def main():
@@ -42,62 +49,63 @@ def main():
     be = dispatch.REGISTRY["triton"]
     seq = m.to_sequential()
     res = {}
-    with torch.no_grad():
-        res["module_call"] = per_call_us(lambda: m(x))
-        res["op_call_lean"] = per_call_us(lambda: op.call(x, ws, None, spec, None, False))
-        res["custom_op"] = per_call_us(
-            lambda: torch.ops.fusedmlp.mlp.default(x, ws, None, "relu", "none", ""))
-        res["backend_forward"] = per_call_us(lambda: be.forward(x, ws, None, spec, False))
-        res["choose"] = per_call_us(lambda: dispatch.choose(x.device, spec, None))
-        res["stack_hidden"] = per_call_us(lambda: torch.stack(ws[1:-1]))
-        res["empty"] = per_call_us(lambda: torch.empty(1, 64, device="cuda", dtype=torch.float16))
-        res["eager_sequential"] = per_call_us(lambda: seq(x))
-        res["one_linear"] = per_call_us(lambda: torch.nn.functional.linear(x, ws[0]))
-        narrow = importlib.import_module("fusedmlp_xpu.backends.triton.narrow")
-        y = torch.empty(1, 64, device="cuda", dtype=torch.float16)
-        wh = torch.stack(ws[1:-1])
-        P = 64
-        meta = dict(IN_P=P, H_P=P, OUT_P=P, ACT=1, OUT_ACT=0, F32=False, PREC="tf32x3")
+    launch = importlib.import_module("fusedmlp_xpu.backends.triton.launch")
+    on = launch.enabled
 
-        def raw():
-            narrow._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3,
-                                         64, 1, 64, 64, HAS_BIAS=False, SAVE=False, BLOCK_M=64,
-                                         num_warps=4, num_stages=tb.NUM_STAGES, **meta)
-        res["raw_triton_launch"] = per_call_us(raw)
-        res["device_guard"] = per_call_us(lambda: torch.cuda.device(x.device).__enter__() or None)
-        res["current_stream"] = per_call_us(lambda: torch.cuda.current_stream())
-        ck = narrow._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3,
-                                          64, 1, 64, 64, HAS_BIAS=False, SAVE=False, BLOCK_M=64,
-                                          num_warps=4, num_stages=tb.NUM_STAGES, **meta)
-        ref = y.clone()
+    def triton_launch_path():  # the same module call through Triton's own launch path
+        launch.enabled = lambda device: False
+        m(x)
+        launch.enabled = on
+
+    narrow = importlib.import_module("fusedmlp_xpu.backends.triton.narrow")
+    y = torch.empty(1, 64, device="cuda", dtype=torch.float16)
+    wh = torch.stack(ws[1:-1])
+    P = 64
+    meta = dict(IN_P=P, H_P=P, OUT_P=P, ACT=1, OUT_ACT=0, F32=False, PREC="tf32x3")
+
+    def raw():
+        return narrow._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64,
+                                            3, 64, 1, 64, 64, HAS_BIAS=False, SAVE=False,
+                                            BLOCK_M=64, num_warps=4, num_stages=tb.NUM_STAGES,
+                                            **meta)
+    with torch.no_grad():
+        ck = raw()
         import triton
         drv = triton.runtime.driver.active
         stream = drv.get_current_stream(drv.get_current_device())
         full = (x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3, 64, 1, 64, 64,
                 P, P, P, 1, 0, False, False, False, "tf32x3", 64)  # signature order
-        lean = full[:18]
-        for name, cargs in (("compiled_run_all_args", full), ("compiled_run_no_constexpr", lean)):
-            try:
-                y.fill_(float("nan"))
-                ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *cargs)
-                torch.cuda.synchronize()
-                ok = bool(torch.equal(y, ref))
-                res[name] = per_call_us(lambda: ck.run(1, 1, 1, stream, ck.function,
-                                                       ck.packed_metadata, None, None, None,
-                                                       *cargs)) if ok else -1.0
-            except Exception as e:  # noqa: BLE001
-                print(name, "failed:", type(e).__name__, e)
-                res[name] = -2.0
-    # the same calls through Triton's own launch path, for comparison
-    os.environ["FUSEDMLP_FAST_LAUNCH"] = "0"
-    with torch.no_grad():
-        res["module_call_triton_launch_path"] = per_call_us(lambda: m(x))
-    os.environ["FUSEDMLP_FAST_LAUNCH"] = "1"
+        ref = y.clone()
+        y.fill_(float("nan"))
+        ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *full)
+        torch.cuda.synchronize()
+        assert torch.equal(y, ref), "a direct launch of the compiled kernel gave another y"
+        res.update(interleaved({
+            "module_call": lambda: m(x),
+            "module_call_triton_launch_path": triton_launch_path,
+            "op_call_lean": lambda: op.call(x, ws, None, spec, None, False),
+            "custom_op": lambda: torch.ops.fusedmlp.mlp.default(x, ws, None, "relu", "none", ""),
+            "backend_forward": lambda: be.forward(x, ws, None, spec, False),
+            "eager_sequential": lambda: seq(x),
+            "one_linear": lambda: torch.nn.functional.linear(x, ws[0]),
+            "raw_triton_launch": raw,
+            "compiled_kernel_run": lambda: ck.run(1, 1, 1, stream, ck.function,
+                                                  ck.packed_metadata, None, None, None, *full),
+        }))
+        res.update(interleaved({
+            "choose": lambda: dispatch.choose(x.device, spec, None),
+            "stack_hidden": lambda: torch.stack(ws[1:-1]),
+            "empty": lambda: torch.empty(1, 64, device="cuda", dtype=torch.float16),
+            "device_guard": lambda: torch.cuda.device(x.device).__enter__() or None,
+            "current_stream": lambda: torch.cuda.current_stream(),
+        }))
     xg = torch.randn(16, 64, device="cuda", dtype=torch.float16, requires_grad=True)
-    res["train_step_16_rows"] = per_call_us(lambda: m(xg).sum().backward(), n=1000)
-    res["eager_train_step_16_rows"] = per_call_us(lambda: seq(xg).sum().backward(), n=1000)
+    res.update(interleaved({
+        "train_step_16_rows": lambda: m(xg).sum().backward(),
+        "eager_train_step_16_rows": lambda: seq(xg).sum().backward(),
+    }, n=1400))
     for k, v in res.items():
-        print(f"{k:<18} {v:8.1f} us")
+        print(f"{k:<32} {v:8.1f} us")
     if args.profile:
         import cProfile
         import pstats

@@ -77,6 +77,7 @@ def sweep_persistent(args):
     """The persistent forward against the one-program-per-block forward, same process."""
     dev = torch.device("cuda")
     rows = []
+    own = tb._persistent
     for W in args.width or (32, 64):
         m = fm.FusedMLP(64, 64, W, args.hidden, bias=False, device=dev, dtype=torch.float16,
                         backend="triton")
@@ -85,7 +86,6 @@ def sweep_persistent(args):
             ref = m.to_sequential()(x[:8192]).float()
         # the package's own choice, the per-block kernel at 4 and 8 warps, then the
         # persistent kernel (8 warps: at 4 none beat the per-block kernel on the H200)
-        own = tb._persistent
         variants = ["package"] + [(bm, w) for bm in (64, 128) for w in (4, 8)] + \
             [(bm, 8, st, k) for bm in (64, 128) for st in (2, 3) for k in (1, 2)]
         best = None

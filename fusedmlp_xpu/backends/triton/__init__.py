@@ -54,20 +54,20 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
     """The forward as a persistent kernel: (BLOCK_M, num_warps, pipeline stages of its
     loop over row blocks, programs per SM), or None for one program per row block.
 
-    Swept on the H200 (Triton 3.6, fp16, in/out 64; benchmarks/sweep_narrow.py
-    --persistent; every variant checked against eager first), per-block kernel first:
-      W32, 4 hidden, 2^22 rows:  0.508 ms -> 0.460 (128 rows, 8 warps, 3 stages, 2/SM)
-      W64, 4 hidden, 2^22 rows:  0.526 ms -> 0.497 (128 rows, 8 warps, 3 stages, 1/SM)
-      W64, 11 hidden, 2^17 rows: 0.150 ms -> 0.070 (64 rows, 8 warps, 2 stages, 2/SM)
-    With 4 warps no variant beat the per-block kernel. Width 128 does not fit: the
-    pipelined weight tiles asked 520 KB of shared memory (sm_90 compile, ci/aot_narrow.py).
-    Configs that do not fit a depth fall back to the per-block kernel at launch."""
+    Swept twice on the H200 (Triton 3.6, fp16, in/out 64, 2^22 rows; benchmarks/
+    sweep_narrow.py --persistent; every variant checked against eager first):
+      W32, 4 hidden: per-block best 0.505 ms (128 rows, 8 warps); persistent 128 rows,
+                     8 warps, 3 stages 0.459-0.463 ms (1 or 2 programs per SM)
+      W64, 4 hidden: per-block best 0.526-0.529 ms; persistent the same 0.483-0.497 ms
+    With 4 warps no persistent variant beat the per-block kernel. Width 128 does not fit:
+    the pipelined weight tiles asked 520 KB of shared memory (sm_90 compile). Deeper nets
+    stay per-block: the only timing (11 hidden, 2^17 rows) was host-bound, 0.07-0.15 ms a
+    call, with the two sweeps ordering the variants differently. A config that does not
+    fit falls back to the per-block kernel at its first launch."""
     P = _pow2(max(spec.widths))
-    if P > 64 or spec.dtype == torch.float32:
+    if P > 64 or spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
-    if spec.n_layers - 2 <= 4:
-        return 128, 8, 3, (2 if P <= 32 else 1)
-    return 64, 8, 2, 2
+    return 128, 8, 3, 1
 
 
 def _tuning_intel(spec, mode: str) -> tuple[int, int]:
