@@ -136,8 +136,8 @@ def test_persistent_forward(backend, widths, grad, monkeypatch):
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    # (BLOCK_M, warps, stages, programs per SM); width 128 does not fit a GPU's shared
-    # memory and must fall back to the per-block kernel, still right
+    # (BLOCK_M, warps, stages, programs per SM); width 128 is never run persistent (the
+    # forward falls back to the per-block kernel), still right
     monkeypatch.setattr(tb, "_persistent", lambda device, spec: (64, 4, 2, 1))
     run(backend, widths, torch.float16, act="silu", out_act="sigmoid", grad=grad, lead=(1037,))
 

@@ -173,7 +173,10 @@ class TritonBackend(Backend):
                 biases[-1] if has_b else x, y, z)
         strides = (x.stride(0), x.stride(1), y.stride(0), z.stride(0))
         consts = dict(meta, HAS_BIAS=has_b, SAVE=save)
-        persistent = _persistent(x.device, spec)
+        # never past width 64: at 128 the pipelined weight tiles overflow shared memory or
+        # spill (under compute-sanitizer, 64 rows / 4 warps / 2 stages died with an invalid
+        # program counter on the H200)
+        persistent = _persistent(x.device, spec) if meta["H_P"] <= 64 else None
         with device_guard(x):
             if persistent is not None:
                 block_m, warps, stages, per_sm = persistent
