@@ -41,7 +41,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--profile", action="store_true", help="cProfile 2000 module calls")
+    ap.add_argument("--wide", action="store_true",
+                    help="the wide-gelu block at 16 rows instead (bf16, 4096 -> 16384 -> 4096)")
     args = ap.parse_args()
+    if args.wide:
+        return wide(args)
     tb = importlib.import_module("fusedmlp_xpu.backends.triton")
     m = fm.FusedMLP(64, 64, 64, 4, bias=False, device="cuda", dtype=torch.float16)
     x = torch.randn(1, 64, device="cuda", dtype=torch.float16)
@@ -123,6 +127,54 @@ def main():
                "unit": "us per call (host, perf_counter; median of 7 rounds of 500 calls after 200 warm-up)",
                "us": res}
         json.dump(out, open(args.out, "w"), indent=1)
+
+
+def wide(args):
+    """fused_mlp on the wide-gelu block at 16 rows (decode-sized): host time with the lean
+    launch path and without, against eager; which launches took the lean path; a profile."""
+    wide_mod = importlib.import_module("fusedmlp_xpu.backends.triton.wide")
+    launch = importlib.import_module("fusedmlp_xpu.backends.triton.launch")
+    dt, dev = torch.bfloat16, "cuda"
+    seq = torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU("tanh"),
+                              torch.nn.Linear(16384, 4096)).to(dev, dt)
+    ws, bs = [seq[0].weight, seq[2].weight], [seq[0].bias, seq[2].bias]
+    x = torch.randn(16, 4096, device=dev, dtype=dt)
+    on = launch.enabled
+
+    def ours():
+        return fm.fused_mlp(x, ws, bs, "gelu_tanh", backend="triton")
+
+    def ours_triton_path():
+        launch.enabled = lambda device: False
+        ours()
+        launch.enabled = on
+
+    with torch.inference_mode():
+        res = interleaved({"fused_mlp_16_rows": ours,
+                           "fused_mlp_16_rows_triton_launch_path": ours_triton_path,
+                           "eager_16_rows": lambda: seq(x)}, n=1400)
+    for k, v in res.items():
+        print(f"{k:<40} {v:8.1f} us")
+    print("launch hook installed:", launch._hooked())
+    for (name, vendor), k in wide_mod._tuned.items():
+        print(f"{name:<10} {vendor:<7} lean launches {k.direct:>6}, cached specializations "
+              f"{k.cache_size()}")
+    if args.profile:
+        import cProfile
+        import pstats
+        with torch.inference_mode():
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(500):
+                ours()
+            pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    if args.out:
+        from fusedmlp_xpu.bench import environment
+
+        json.dump({"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device(dev)),
+                   "unit": "us per call (host, perf_counter; median of 7 interleaved rounds)",
+                   "us": res}, open(args.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

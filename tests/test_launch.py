@@ -71,6 +71,7 @@ def test_launcher_reuses_only_an_identical_specialization(fake_cuda):
     assert (fn.compiles, len(fn.direct)) == (1, 1)
     # grid, stream, function, metadata, no hooks, runtime args, constexprs in signature order
     assert fn.direct[0] == (5, 2, 1, 1234, "fn", "meta", None, None, None, buf, 33, 1, 2)
+    assert la.direct == 1
     for changed in [((buf[1:], 33), dict(B=2, A=1), 4),  # misaligned pointer
                     ((buf, 32), dict(B=2, A=1), 4),  # a multiple of 16
                     ((buf, 1), dict(B=2, A=1), 4),  # equal to 1
@@ -113,7 +114,7 @@ def test_tuned_launcher_keys_on_tuning_values_and_uses_the_chosen_config(fake_cu
     grid = lambda meta: (1000 // meta["BLOCK"],)  # noqa: E731
     tl_.launch(grid, (buf, 128), {"A": 7}, fake_cuda)
     tl_.launch(grid, (buf, 128), {"A": 7}, fake_cuda)
-    assert (fn.compiles, len(fn.direct)) == (1, 1)
+    assert (fn.compiles, len(fn.direct), tl_.direct) == (1, 1, 1)
     # the grid from the chosen config, the heuristic's value, constexprs in order
     assert fn.direct[0] == (15, 1, 1, 1234, "fn", "meta", None, None, None, buf, 128, 7, 64, True)
     tl_.launch(grid, (buf, 144), {"A": 7}, fake_cuda)  # same specialization, new tuning value
@@ -134,6 +135,12 @@ def test_fast_launches_follow_alignment_and_size_changes(backend, widths):
     m = fm.FusedMLP(widths[0], widths[-1], widths[1], len(widths) - 2, device=dev, dtype=dt,
                     backend=name)
     tol = tolerance(name, dt)
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
+
+    def lean_launches():
+        return sum(la.direct for la in [*tb._LAUNCHERS.values(), *wide._tuned.values()])
+    before = lean_launches()
     for rows, offset in [(1037, 0), (1037, 1), (16, 0), (1, 0), (1037, 0), (16, 1), (1037, 1)]:
         flat = torch.randn(rows * widths[0] + offset, device=dev, dtype=dt)
         x = flat[offset:].view(rows, widths[0])
@@ -142,3 +149,5 @@ def test_fast_launches_follow_alignment_and_size_changes(backend, widths):
             y = m(x)
         assert_close(y, reference(x, m.weights(), m.biases(), "relu", "none"), tol,
                      f"{rows} rows, offset {offset}")
+    # the revisited specializations went through the lean path
+    assert lean_launches() > before

@@ -80,6 +80,7 @@ class Launcher:
         self.fn = fn
         self._names = None
         self._cache: dict = {}
+        self.direct = 0  # launches that took the lean path (diagnostics)
 
     def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
         if not enabled(device):
@@ -90,6 +91,7 @@ class Launcher:
         entry = self._cache.get(key)
         if entry is not None and not _hooked():
             _direct(entry, grid, args, device.index)
+            self.direct += 1
             return
         ck = self.fn[grid](*args, **consts, **options)
         if not _hooked():
@@ -117,6 +119,7 @@ class TunedLauncher:
         self.tuner, self.fn, self.heuristics, self.tune = tuner, fn, heuristics, tune
         self._names = None  # read from the JITFunction on the first fast-path call
         self._cache: dict = {}
+        self.direct = 0  # launches that took the lean path (diagnostics)
 
     def _prepare(self):
         self._names = _constexpr_names(self.fn)
@@ -135,6 +138,7 @@ class TunedLauncher:
         if entry is not None and not _hooked():
             e, cfg = entry
             _direct(e, grid(cfg), args, device.index)
+            self.direct += 1
             return
         ck = self.tuner[grid](*args, **consts)
         cfg = getattr(self.tuner, "best_config", None)
