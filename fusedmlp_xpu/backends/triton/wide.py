@@ -428,13 +428,15 @@ def _kernel(name: str, device: torch.device) -> TunedLauncher:
 def _bucket(m: int) -> int:
     """Tuning key for the row count: powers of two up to 64 rows (decode), then 8 coarse
     buckets, so serving traffic with every M in 1..8192 tunes ~14 times, not 8192."""
+    # plain int arithmetic: triton.next_power_of_2 unwraps constexprs (~2 us a call)
+    p2 = 1 << (m - 1).bit_length() if m > 1 else 1
     if m <= 64:
-        return max(16, triton.next_power_of_2(m))
-    return min(triton.next_power_of_2(m), 8192)
+        return max(16, p2)
+    return min(p2, 8192)
 
 
 def _meta(t: torch.Tensor) -> dict:
-    up = interpreting() and t.dtype == torch.bfloat16
+    up = t.device.type == "cpu" and t.dtype == torch.bfloat16 and interpreting()
     # fp32 operands: full-precision products ("ieee") so fp32 keeps its 1e-5 bound, not
     # the 1e-3 of tf32; 16-bit operands keep Triton's default (tensor cores either way).
     half = t.dtype in (torch.float16, torch.bfloat16)
@@ -442,7 +444,7 @@ def _meta(t: torch.Tensor) -> dict:
 
 
 def _grid(M, N):
-    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    return lambda meta: (-(-M // meta["BLOCK_M"]) * -(-N // meta["BLOCK_N"]),)
 
 
 def _check_size(*ts):
@@ -565,10 +567,11 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
 
 def _bias_grad(g, g_z, g_act):
     """Bias gradient alone (weights need none): one reduction over the rows."""
+    if g_act == "none":  # torch sums 16-bit tensors in fp32 and rounds once: one op
+        return g.sum(0)
     dtype = g.dtype
-    if g_act != "none":
-        g = g.float() * activations.ACTIVATIONS[g_act].grad(g_z.float())
-    return g.sum(0, dtype=torch.float32).to(dtype)
+    g = g.float() * activations.ACTIVATIONS[g_act].grad(g_z.float())
+    return g.sum(0).to(dtype)
 
 
 # ---------------------------------------------------------------- Backend shapes ---
