@@ -147,3 +147,33 @@ def test_narrow_triton_kernels_compile_for_hopper():
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
     assert out.count("wgmma") == 6, out  # fwd, persistent fwd, bwd at two widths: tensor cores
+
+
+@pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_noncontiguous_parameters(backend, grad, widths):
+    """Weights that are transposed views and biases that are strided slices (weight tying,
+    slicing a bigger parameter): same result as contiguous copies."""
+    name, dev = backend
+    spec = fm.MLPSpec(widths, "silu", "none", True, torch.float32)
+    if not fm.dispatch.REGISTRY[name].supports(spec, dev)[0]:
+        pytest.skip(f"{name} does not support {widths}")
+    ws, bs = make_params(widths, True, torch.float32, dev)
+    ws = [w.t().contiguous().t() for w in ws]  # same values, column-major
+    bs = [torch.stack([b, b], dim=1)[:, 0] for b in bs]  # same values, stride 2
+    assert not any(t.is_contiguous() for t in ws + bs)
+    for t in ws + bs:
+        t.requires_grad_(grad)
+    x = torch.randn(37, widths[0], device=dev, requires_grad=grad)
+    y = fm.fused_mlp(x, ws, bs, "silu", backend=name)
+    tol = tolerance(name, torch.float32)
+    if not grad:
+        assert_close(y, reference(x, ws, bs, "silu", "none"), tol)
+        return
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    _, rgx, rgw, rgb = reference(x, ws, bs, "silu", "none", grad_y=gy)
+    assert_close(x.grad, rgx, tol, "grad x")
+    for i in range(len(ws)):
+        assert_close(ws[i].grad, rgw[i], tol, f"grad weights[{i}]")
+        assert_close(bs[i].grad, rgb[i], tol, f"grad biases[{i}]")

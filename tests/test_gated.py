@@ -39,11 +39,15 @@ def impl(request):
     return request.param
 
 
-def make(d, hidden, d_out, bias, dtype, device, requires_grad=True):
-    """Fresh weights like nn.Linear's init (U(+-1/sqrt(fan_in))) and biases, or None."""
+def make(d, hidden, d_out, bias, dtype, device, requires_grad=True, noncontig=False):
+    """Fresh weights like nn.Linear's init (U(+-1/sqrt(fan_in))) and biases, or None.
+    ``noncontig``: weights as transposed views, biases as stride-2 slices."""
     def u(*shape, fan_in):
-        t = (torch.rand(*shape, dtype=torch.float64) * 2 - 1) * fan_in ** -0.5
-        return t.to(device, dtype).requires_grad_(requires_grad)
+        t = ((torch.rand(*shape, dtype=torch.float64) * 2 - 1) * fan_in ** -0.5).to(device, dtype)
+        if noncontig:
+            t = t.t().contiguous().t() if t.dim() == 2 else torch.stack([t, t], dim=1)[:, 0]
+            assert not t.is_contiguous()
+        return t.requires_grad_(requires_grad)
 
     ws = [u(hidden, d, fan_in=d), u(hidden, d, fan_in=d), u(d_out, hidden, fan_in=hidden)]
     bs = [u(hidden, fan_in=d), u(hidden, fan_in=d), u(d_out, fan_in=hidden)] if bias else None
@@ -67,11 +71,11 @@ def gated_reference(x, ws, bs, act, grad_y=None, dtype=torch.float64, device="cp
 
 
 def run(impl, act="silu", dtype=torch.float32, lead=(37,), dims=(24, 40, 20), bias=False,
-        recompute=False, strided=False):
+        recompute=False, strided=False, noncontig=False):
     """fused_gated_mlp forced to ``impl`` on fresh data: output and every gradient."""
     name, dev = impl
     d, hidden, d_out = dims
-    ws, bs = make(d, hidden, d_out, bias, dtype, dev)
+    ws, bs = make(d, hidden, d_out, bias, dtype, dev, noncontig=noncontig)
     if strided:
         x = torch.randn(*lead, 2 * d, device=dev).to(dtype)[..., ::2]
     else:
@@ -101,6 +105,11 @@ def run(impl, act="silu", dtype=torch.float32, lead=(37,), dims=(24, 40, 20), bi
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_activations_and_bias(impl, act, bias):
     run(impl, act, bias=bias)
+
+
+def test_noncontiguous_parameters(impl):
+    """Transposed weights and strided biases: the same result as contiguous copies."""
+    run(impl, "silu", bias=True, noncontig=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

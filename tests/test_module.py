@@ -111,3 +111,63 @@ def test_spec_hash_and_pickle():
     assert a == b == c and hash(a) == hash(b) == hash(c)
     assert a != fm.MLPSpec((16, 32, 8), "relu", "none", True, torch.float32)
     assert len({a, b, c}) == 1
+
+
+def _back_to_back(ts) -> bool:
+    step = ts[0].numel() * ts[0].element_size()
+    return all(t.is_contiguous() and t.data_ptr() == ts[0].data_ptr() + i * step
+               for i, t in enumerate(ts))
+
+
+def test_hidden_layers_kept_back_to_back():
+    """The hidden weights and biases share one buffer each (the fused kernel reads them in
+    place) through construction, dtype moves, deepcopy and in-place optimizer steps; the
+    parameters stay the same objects."""
+    import copy
+
+    m = fm.FusedMLP(16, 8, 32, 4)
+    params = list(m.parameters())
+    for step in ("init", "double", "deepcopy", "optimizer", "share_memory"):
+        if step == "double":
+            m = m.double()
+        elif step == "deepcopy":
+            m = copy.deepcopy(m)
+            params = list(m.parameters())
+        elif step == "optimizer":
+            opt = torch.optim.Adam(m.parameters())
+            m(torch.randn(5, 16, dtype=torch.float64)).sum().backward()
+            opt.step()
+        elif step == "share_memory":
+            m.share_memory()
+            assert all(p.is_shared() for p in m.parameters())
+        assert list(m.parameters()) == params, step
+        assert _back_to_back(m.weights()[1:-1]), step
+        assert _back_to_back(m.biases()[1:-1]), step
+
+
+def test_hidden_layers_not_back_to_back_still_right(backend):
+    """Weights re-assigned into separate tensors (load_state_dict(assign=True)): the
+    backend stacks a copy and the result is still right."""
+    name, dev = backend
+    m = fm.FusedMLP(16, 8, 32, 3, activation="silu", device=dev, backend=name)
+    sd = {k: v.clone() + 0.01 for k, v in m.state_dict().items()}
+    m.load_state_dict(sd, assign=True)
+    assert not _back_to_back(m.weights()[1:-1])
+    x = torch.randn(37, 16, device=dev)
+    with torch.no_grad():
+        y = m(x)
+    assert_close(y, reference(x, m.weights(), m.biases(), "silu", "none"),
+                 tolerance(name, torch.float32))
+
+
+def test_stacked_reads_in_place_only_when_back_to_back():
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    buf = torch.randn(3, 4, 4)
+    ws = list(buf)
+    assert tb._stacked(ws) is ws[0]
+    apart = [torch.randn(4, 4) for _ in range(3)]
+    out = tb._stacked(apart)
+    assert out.shape == (3, 4, 4) and torch.equal(out, torch.stack(apart))
+    assert not tb._stacked([ws[0], ws[2], ws[1]]).data_ptr() == ws[0].data_ptr()
+    strided = list(torch.randn(3, 4, 8)[:, :, ::2])
+    assert tb._stacked(strided).is_contiguous()

@@ -156,6 +156,7 @@ class TritonBackend(Backend):
             from . import wide
 
             return wide.forward(x, weights, biases, spec, save)
+        weights, biases = _dense(weights), _dense(biases)
         narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
         M = x.shape[0]
         L_HID = spec.n_layers - 2
@@ -203,6 +204,7 @@ class TritonBackend(Backend):
 
             return wide.backward(grad_y, x, weights, biases, saved, spec, needs)
         need_x, need_w, need_b = needs
+        weights, biases = _dense(weights), _dense(biases)
         if saved is None:  # recompute: the forward once more, saving this time
             _, saved = self.forward(x, weights, biases, spec, save=True)
         narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
@@ -297,6 +299,14 @@ def _launch_meta(spec, device_type: str) -> dict:
     return dict(IN_P=P, H_P=P, OUT_P=P, ACT=spec.activation_id,
                 OUT_ACT=spec.output_activation_id,
                 F32=interp, PREC="ieee" if interp else "tf32x3")
+
+
+def _dense(ts):
+    """ts with every tensor that is not contiguous (a transposed weight, a strided bias)
+    replaced by a contiguous copy; the narrow kernels read weights and biases densely."""
+    if ts is None or all(t.is_contiguous() for t in ts):
+        return ts
+    return [t if t.is_contiguous() else t.contiguous() for t in ts]
 
 
 def _stacked(ts) -> torch.Tensor:

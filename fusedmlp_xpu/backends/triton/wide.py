@@ -477,6 +477,7 @@ def linear(x, w, b, act: str, save_z: bool):
     if M == 0:
         return y, z
     _check_size(x, w, y)
+    b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
     zz = z if z is not None else y
     with _guard(x):
         _kernel("fwd", x.device).launch(
@@ -680,6 +681,9 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
     u = memory.new_empty(M, H, like=x) if save else None
     if M > 0:
         _check_size(x, w_gate, h)
+        # the biases are read with unit stride
+        b_gate = b_gate if b_gate is None or b_gate.is_contiguous() else b_gate.contiguous()
+        b_up = b_up if b_up is None or b_up.is_contiguous() else b_up.contiguous()
         gg, uu = (g, u) if save else (h, h)
         with _guard(x):
             _kernel("gated_fwd", x.device).launch(
