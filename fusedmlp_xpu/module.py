@@ -116,10 +116,12 @@ class FusedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, biases = self.weights(), self.biases()
-        w0 = weights[0]
-        lean = (isinstance(x, torch.Tensor) and x.dtype == w0.dtype and x.device == w0.device
-                and x.dim() >= 1 and x.shape[-1] == self.widths[0]
+        lean = (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.widths[0]
                 and not torch.is_autocast_enabled(x.device.type))
+        if lean:  # every parameter on x's device and dtype (one layer moved alone is not)
+            dt, dev = x.dtype, x.device
+            lean = all(t.dtype is dt and t.device == dev for t in weights) and (
+                biases is None or all(t.dtype is dt and t.device == dev for t in biases))
         if not lean:  # full validation (clear errors) and autocast handling
             return op.fused_mlp(x, weights, biases, self.activation, self.output_activation,
                                 self.backend, self.recompute)

@@ -171,3 +171,13 @@ def test_stacked_reads_in_place_only_when_back_to_back():
     assert not tb._stacked([ws[0], ws[2], ws[1]]).data_ptr() == ws[0].data_ptr()
     strided = list(torch.randn(3, 4, 8)[:, :, ::2])
     assert tb._stacked(strided).is_contiguous()
+
+
+def test_one_layer_in_another_dtype_is_an_error(backend):
+    """A module with one Linear moved alone to another dtype: a clear error naming the
+    parameter on every backend, never a silently mixed computation."""
+    name, dev = backend
+    m = fm.FusedMLP(16, 8, 32, 3, device=dev, backend=name)
+    m.linears[2].double()
+    with pytest.raises(TypeError, match=r"weights\[2\]"):
+        m(torch.randn(5, 16, device=dev))
