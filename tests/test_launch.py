@@ -151,3 +151,10 @@ def test_fast_launches_follow_alignment_and_size_changes(backend, widths):
                      f"{rows} rows, offset {offset}")
     # the revisited specializations went through the lean path
     assert lean_launches() > before
+
+
+def test_args_key_is_arg_key_of_each():
+    buf = torch.zeros(64, dtype=torch.float16)
+    p = torch.nn.Parameter(torch.zeros(8, dtype=torch.float32))
+    args = (buf, buf, 17, buf, buf[1:], buf[1:], p, 1, p, None, 2 ** 40, True, buf)
+    assert launch.args_key(args) == tuple(launch.arg_key(a) for a in args)
