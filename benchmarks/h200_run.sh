@@ -4,7 +4,7 @@
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
-steps=${*:-"tests sanitize bench"}
+steps=${*:-"tests sanitize bench bench-wide"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
 for s in $steps; do
   case $s in
@@ -12,12 +12,20 @@ for s in $steps; do
     tests) timeout ${TESTS_S:-480} python3 -m pytest -v -n 16 -rf --tb=short -p no:benchmark tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
            echo "passed $(grep -c ' PASSED ' "$OUT/tests.log"), failed $(grep -c ' FAILED ' "$OUT/tests.log")"
            grep -E " FAILED | ERROR " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) //' | sort -u | head -30; tail -1 "$OUT/tests.log" ;;
-    sanitize) timeout ${SAN_S:-60} compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_correctness.py -k "triton and cuda and odd_feature" -p no:cacheprovider > "$OUT/sanitizer.log" 2>&1; tail -4 "$OUT/sanitizer.log" ;;
+    # memcheck over the Triton cases, several workers (each sanitized); -k narrows it
+    sanitize) timeout ${SAN_S:-300} compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -n ${SAN_N:-4} -p no:cacheprovider tests/test_correctness.py tests/test_launch.py tests/test_wide.py tests/test_gated.py -k "${SAN_K:-triton and cuda}" > "$OUT/sanitizer.log" 2>&1
+              grep -E "ERROR SUMMARY|Program hit|Invalid" "$OUT/sanitizer.log" | sort | uniq -c | head; tail -2 "$OUT/sanitizer.log" ;;
     sweep) for w in 32 64 128; do for m in fwd bwd; do  # one process each: a fault ends one
              python3 benchmarks/sweep_narrow.py --width $w --mode $m 2>&1 | tee -a "$OUT/sweep.log" | grep -E "BEST|WRONG|Error"; done; done ;;
     profile) timeout 60 python3 -m fusedmlp_xpu.cli profile > "$OUT/profile.txt" 2>&1; cat "$OUT/profile.txt" | tail -14 ;;
-    overhead) python3 benchmarks/overhead.py --profile --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1; grep -E " us$|failed" "$OUT/overhead.txt" ;;
-    bench) timeout ${BENCH_S:-500} python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" 2>"$OUT/bench.log" | tee "$OUT/bench-summary.txt" ;;
+    overhead) python3 benchmarks/overhead.py --out "$OUT/overhead.json" > "$OUT/overhead.txt" 2>&1
+              python3 benchmarks/overhead.py --wide --profile --out "$OUT/overhead-wide.json" >> "$OUT/overhead.txt" 2>&1
+              grep -E " us$|lean launches|hook|Error" "$OUT/overhead.txt" ;;
+    # one JSON per config: a run cut by its time limit keeps the configs it finished
+    bench) for c in ${BENCH_CONFIGS:-narrow-w64 paper-table1 narrow-w32 narrow-w128}; do
+             timeout ${BENCH_S:-150} python3 -m fusedmlp_xpu.cli bench --suite narrow --config $c ${BENCH_ARGS:-} --out "$OUT/bench-$c.json" > "$OUT/bench-$c.txt" 2>/dev/null
+             echo "$c rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-$c.txt" | grep -v eager; done ;;
+    bench-wide) timeout ${BENCH_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --out "$OUT/bench-wide.json" > "$OUT/bench-wide.txt" 2>/dev/null; tail -20 "$OUT/bench-wide.txt" ;;
     *) echo "unknown step $s" ;;
   esac
 done
