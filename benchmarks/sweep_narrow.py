@@ -24,10 +24,15 @@ def main():
     ap.add_argument("--mode", action="append", choices=["fwd", "bwd"])
     ap.add_argument("--persistent", action="store_true",
                     help="forward only: the persistent kernel's stages and programs per SM")
+    ap.add_argument("--split", action="store_true",
+                    help="train step: the fused backward against the split backward's "
+                         "weight-gradient kernel (BLOCK_M, warps, stages)")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     args = ap.parse_args()
     if args.persistent:
         return sweep_persistent(args)
+    if args.split:
+        return sweep_split(args)
     dev = torch.device("cuda")
     rows = []
     for W in args.width or (32, 64, 128):
@@ -117,6 +122,49 @@ def sweep_persistent(args):
             if best is None or ms < best[0]:
                 best = (ms, label)
         print(f"BEST W{W} L{args.hidden} fwd: {best}", flush=True)
+    if args.out:
+        json.dump(rows, open(args.out, "w"), indent=1)
+
+
+def sweep_split(args):
+    """Train step (forward + backward, all gradients): fused backward vs split backward."""
+    dev = torch.device("cuda")
+    rows = []
+    for W in args.width or (32, 64, 128):
+        m = fm.FusedMLP(64, 64, W, args.hidden, bias=True, device=dev, dtype=torch.float16,
+                        backend="triton")
+        x = torch.randn(args.n, 64, device=dev, dtype=torch.float16, requires_grad=True)
+        gy = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
+        seq = m.to_sequential()
+        xs = x[:8192].detach().requires_grad_()
+        seq(xs).backward(gy[:8192])
+        ref = [xs.grad.float()] + [p.grad.float() for p in seq.parameters()]
+        variants = [None] + [(bm, w, st) for bm in (64, 128) for w in (4, 8) for st in (2, 3)]
+        best = None
+        for v in variants:
+            tb._split_backward = lambda d, spec, v=v: v
+            label = "fused" if v is None else "split bm{} w{} stages{}".format(*v)
+            try:
+                m.zero_grad(set_to_none=True)
+                xs.grad = None
+                m(xs).backward(gy[:8192])
+                got = [xs.grad.float()] + [p.grad.float() for p in m.parameters()]
+                err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref))
+                if not err < 2e-2:
+                    print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
+                    continue
+
+                def fn():
+                    m(x).backward(gy)
+                ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
+            except Exception as e:  # out of resources, etc.
+                print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                continue
+            rows.append(dict(W=W, hidden=args.hidden, variant=label, ms=ms))
+            print(f"W{W} L{args.hidden} train {label}: {ms:.4f} ms", flush=True)
+            if best is None or ms < best[0]:
+                best = (ms, label)
+        print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
     if args.out:
         json.dump(rows, open(args.out, "w"), indent=1)
 

@@ -5,7 +5,7 @@
 Like ci/aot_wide.py: CPU CI runs the kernels in Triton's interpreter, which accepts code
 the GPU compiler rejects (seen: a loop-carried tile whose shape changed compiled in the
 interpreter and failed on the H200). This compiles the forward (one program per row
-block, and persistent) and backward kernels for
+block, and persistent), the backward (fused, and split in two) kernels for
 sm_<arch> with the tuning the H200 uses, for every padded width and activation family,
 and prints shared memory, MMA family, registers and spills. Must run WITHOUT
 TRITON_INTERPRET.
@@ -68,7 +68,14 @@ def main(argv=None) -> int:
                      dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2)),
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
-                          NEED_B=True))]
+                          NEED_B=True, STORE_G=False)),
+                    # the split backward: the input-gradient chain storing g, then dW
+                    ("bwd_store_g", narrow._mlp_bwd_kernel, "bwd",
+                     dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=False,
+                          NEED_B=False, STORE_G=True)),
+                    ("dw", narrow._mlp_dw_kernel, "bwd",
+                     dict(T_P=P, W_SLOT=P * P, SLOT=P * P + P, ACT=act, OUT_ACT=out_act,
+                          NEED_B=True, F32=False, PREC="tf32x3", STAGES=2))]
             for name, fn, mode, consts in jobs:
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 consts["BLOCK_M"] = bm

@@ -146,7 +146,7 @@ def test_narrow_triton_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler rejects (seen on the H200: a tile whose
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
-    assert out.count("wgmma") == 6, out  # fwd, persistent fwd, bwd at two widths: tensor cores
+    assert out.count("wgmma") == 10, out  # 5 kernels at two widths, all on tensor cores
 
 
 @pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
@@ -177,3 +177,19 @@ def test_noncontiguous_parameters(backend, grad, widths):
     for i in range(len(ws)):
         assert_close(ws[i].grad, rgw[i], tol, f"grad weights[{i}]")
         assert_close(bs[i].grad, rgb[i], tol, f"grad biases[{i}]")
+
+
+@pytest.mark.parametrize("widths", [(64, 64, 64), (17, 33, 33, 33, 9), (16, 128, 128, 3)],
+                         ids=["0hidden", "2hidden-odd", "1hidden-128"])
+@pytest.mark.parametrize("out_act", ["none", "tanh"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_split_backward(backend, widths, out_act, bias, monkeypatch):
+    """The narrow backward split in two kernels (stored g, then weight gradients summed in
+    registers), forced on: every gradient against the reference."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: (64, 4, 2))
+    run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
+        lead=(1037,))

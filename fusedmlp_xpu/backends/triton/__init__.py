@@ -70,6 +70,13 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
     return 128, 8, 3, 1
 
 
+def _split_nvidia(spec) -> tuple[int, int, int] | None:
+    """The backward split in two kernels (input gradients, then weight gradients summed in
+    registers): (BLOCK_M, warps, stages) of the weight-gradient kernel, or None for the
+    one fused backward kernel. Not measured yet: off."""
+    return None
+
+
 def _tuning_intel(spec, mode: str) -> tuple[int, int]:
     """(BLOCK_M, num_warps) on Intel GPUs through Triton's XPU backend (not measured here)."""
     return (64, 8) if _pow2(max(spec.widths)) > 64 else (128, 8)
@@ -91,6 +98,11 @@ def _tuning_cached(device_type: str, spec, mode: str) -> tuple[int, int]:
 
 def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
     return _tuning_cached(device.type, spec, mode)
+
+
+def _split_backward(device: torch.device, spec) -> tuple[int, int, int] | None:
+    """(BLOCK_M, warps, stages) of the split backward's weight-gradient kernel, or None."""
+    return _split_nvidia(spec) if device.type == "cuda" else None
 
 
 #: (device index, spec) whose persistent forward asked more than the device has
@@ -221,6 +233,9 @@ class TritonBackend(Backend):
         # largest padded tile, then its bias (one zero-fill and one reduction, not eight)
         W_SLOT = max(H_P * IN_P, H_P * H_P, OUT_P * H_P)
         SLOT = W_SLOT + max(H_P, OUT_P)
+        split = _split_backward(x.device, spec) if M > 0 and (need_w or need_b) else None
+        if split is not None:
+            return self._backward_split(grad_y, x, weights, z, spec, needs, meta, wh, split)
         acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32) \
             if need_w or need_b else grad_y
         if M > 0:
@@ -228,18 +243,62 @@ class TritonBackend(Backend):
                 _launcher("bwd").launch(
                     (P,), (
                         grad_y, x, weights[0], wh if wh is not None else weights[0],
-                        weights[-1], z, gx, acc,
+                        weights[-1], z, gx, acc, acc,
                         M, IN, H, OUT, L_HID, n_blocks,
-                        grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0),
+                        grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), 0,
                     ),
                     dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x, NEED_W=need_w,
-                         NEED_B=need_b, BLOCK_M=block_m), x.device,
+                         NEED_B=need_b, STORE_G=False, BLOCK_M=block_m), x.device,
                     num_warps=warps, num_stages=NUM_STAGES,
                 )
         gws, gbs = [], []
         if need_w or need_b:
             gws, gbs = _reduce_grads(acc, spec, meta["H_P"], W_SLOT, SLOT, need_w, need_b,
                                      x)
+        return (gx if need_x else None), gws, gbs
+
+
+    def _backward_split(self, grad_y, x, weights, z, spec, needs, meta, wh, split):
+        """The backward in two kernels: the input-gradient chain storing every layer's g
+        (no weight-gradient work in it), then the weight gradients as per-program sums in
+        registers over stored g and act(z) (_mlp_dw_kernel), then the one reduction.
+        Costs a [M, S] g buffer beside z. ``split``: (BLOCK_M, warps, stages) of the
+        weight-gradient kernel."""
+        need_x, need_w, need_b = needs
+        IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
+        M, L_HID = x.shape[0], spec.n_layers - 2
+        T_P = meta["H_P"]
+        W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
+        g = memory.new_empty(M, (L_HID + 1) * H + (OUT if spec.output_activation != "none"
+                                                   else 0), like=x)
+        gx = memory.new_empty(M, IN, like=x) if need_x else x
+        block_m, warps = _tuning(x.device, spec, "bwd")
+        n_blocks = triton_cdiv(M, block_m)
+        with device_guard(x):
+            _launcher("bwd").launch(
+                (_n_programs(x.device, n_blocks),), (
+                    grad_y, x, weights[0], wh if wh is not None else weights[0],
+                    weights[-1], z, gx, g, g,
+                    M, IN, H, OUT, L_HID, n_blocks,
+                    grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
+                ),
+                dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x, NEED_W=False,
+                     NEED_B=False, STORE_G=True, BLOCK_M=block_m), x.device,
+                num_warps=warps, num_stages=NUM_STAGES)
+            bm, w, stages = split
+            nb = triton_cdiv(M, bm)
+            P = _n_programs(x.device, nb)
+            acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
+            _launcher("dw").launch(
+                (P, spec.n_layers), (
+                    grad_y, x, z, g, acc, M, IN, H, OUT, L_HID, nb,
+                    grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
+                ),
+                dict(T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
+                     OUT_ACT=meta["OUT_ACT"], NEED_B=need_b, F32=meta["F32"],
+                     PREC=meta["PREC"], BLOCK_M=bm, STAGES=stages), x.device,
+                num_warps=w, num_stages=NUM_STAGES)
+        gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
         return (gx if need_x else None), gws, gbs
 
 
@@ -275,7 +334,7 @@ _LAUNCHERS: dict = {}
 
 
 def _launcher(mode: str):
-    """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "reduce") behind the lean launch path (launch.py)."""
+    """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "dw", "reduce") behind the lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from . import narrow
@@ -283,7 +342,8 @@ def _launcher(mode: str):
 
         la = _LAUNCHERS[mode] = Launcher({
             "fwd": narrow._mlp_fwd_kernel, "fwd_persistent": narrow._mlp_fwd_persistent_kernel,
-            "bwd": narrow._mlp_bwd_kernel, "reduce": narrow._reduce_grads_kernel}[mode])
+            "bwd": narrow._mlp_bwd_kernel, "reduce": narrow._reduce_grads_kernel,
+            "dw": narrow._mlp_dw_kernel}[mode])
     return la
 
 

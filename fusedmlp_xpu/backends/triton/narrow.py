@@ -173,14 +173,17 @@ def _accumulate_bias(acc_ptr, g, N_P: tl.constexpr):
 @triton.jit
 def _mlp_bwd_kernel(
     gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr,
-    acc_ptr,
+    acc_ptr, g_ptr,
     M, IN, H, OUT, L_HID, n_blocks,
-    s_gym, s_xm, s_xk, s_zm,
+    s_gym, s_xm, s_xk, s_zm, s_gm,
     IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     W_SLOT: tl.constexpr, SLOT: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
-    NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
+    NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, STORE_G: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
+    """STORE_G (the split backward, with NEED_W/NEED_B off): store every layer's gradient
+    w.r.t. its pre-activation into g [M, S] (layer l at columns l*H, the output layer's
+    after the hidden ones when it has an activation) for _mlp_dw_kernel."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     ci = tl.arange(0, IN_P)
@@ -206,6 +209,9 @@ def _mlp_bwd_kernel(
             zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], mask=omask,
                          other=0.0)
             go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+            if STORE_G:
+                tl.store(g_ptr + (L_HID + 1) * H + rows[:, None] * s_gm + co[None, :],
+                         go.to(dt), mask=omask)
         # last layer: its input is act(z of the last hidden layer)
         zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
                      other=0.0).to(tl.float32)
@@ -215,6 +221,9 @@ def _mlp_bwd_kernel(
         if NEED_B:
             _accumulate_bias(db + (n_layers - 1) * SLOT, go, OUT_P)
         g = _dot(god, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
+        if STORE_G:
+            tl.store(g_ptr + L_HID * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
+                     mask=hmask)
         for j in range(L_HID):
             l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
             zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
@@ -226,6 +235,9 @@ def _mlp_bwd_kernel(
                 _accumulate_bias(db + (l + 1) * SLOT, g, H_P)
             g = _dot(gh, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
                 * _act_grad(zh, ACT)
+            if STORE_G:
+                tl.store(g_ptr + l * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
+                         mask=hmask)
         gd = g.to(dt)
         if NEED_W:
             x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
@@ -237,6 +249,63 @@ def _mlp_bwd_kernel(
             gx = _dot(gd, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
             tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
                      mask=rmask[:, None] & (ci[None, :] < IN))
+
+
+@triton.jit
+def _mlp_dw_kernel(
+    gy_ptr, x_ptr, z_ptr, g_ptr, acc_ptr,
+    M, IN, H, OUT, L_HID, n_blocks,
+    s_gym, s_xm, s_xk, s_zm, s_gm,
+    T_P: tl.constexpr, W_SLOT: tl.constexpr, SLOT: tl.constexpr, ACT: tl.constexpr,
+    OUT_ACT: tl.constexpr, NEED_B: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+):
+    """The split backward's weight gradients: program (p, layer) sums g_layer^T h_in over
+    the row blocks p, p + P, ... with the partial sum in registers (no scratch traffic per
+    block), then writes it (and the bias gradient's) to its slot of acc [P, layers, SLOT],
+    the layout _reduce_grads_kernel sums. g_layer: the stored g, or grad_y itself for an
+    output layer without activation; h_in: x for layer 0, else act(z of the layer below).
+    Every tile is padded to T_P; masks keep the real widths."""
+    pid = tl.program_id(0)
+    layer = tl.program_id(1)
+    n_prog = tl.num_programs(0)
+    n_layers = L_HID + 2
+    last = layer == n_layers - 1
+    n_out = tl.where(last, OUT, H)
+    n_in = tl.where(layer == 0, IN, H)
+    c = tl.arange(0, T_P)
+    omask_c = c < n_out
+    imask_c = c < n_in
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([T_P, T_P], tl.float32)
+    accb = tl.zeros([T_P], tl.float32)
+    for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
+        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        gmask = rmask[:, None] & omask_c[None, :]
+        if OUT_ACT == 0:  # the output layer's g is grad_y itself: none was stored for it
+            g = tl.load(g_ptr + layer * H + rows[:, None] * s_gm + c[None, :],
+                        mask=gmask & ((c * 0 + layer) < n_layers - 1)[None, :], other=0.0)
+            if last:
+                g = tl.load(gy_ptr + rows[:, None] * s_gym + c[None, :], mask=gmask,
+                            other=0.0)
+        else:
+            g = tl.load(g_ptr + layer * H + rows[:, None] * s_gm + c[None, :], mask=gmask,
+                        other=0.0)
+        if layer == 0:
+            h = tl.load(x_ptr + rows[:, None] * s_xm + c[None, :] * s_xk,
+                        mask=rmask[:, None] & imask_c[None, :], other=0.0)
+        else:
+            zin = tl.load(z_ptr + (layer - 1) * H + rows[:, None] * s_zm + c[None, :],
+                          mask=rmask[:, None] & imask_c[None, :], other=0.0)
+            h = _act(zin.to(tl.float32), ACT).to(dt)
+        acc += _dot(tl.trans(g.to(dt)), h.to(dt), F32, PREC)
+        if NEED_B:
+            accb += tl.sum(g.to(tl.float32), axis=0)
+    slot = acc_ptr + (pid.to(tl.int64) * n_layers + layer) * SLOT
+    tl.store(slot + c[:, None] * T_P + c[None, :], acc)
+    if NEED_B:
+        tl.store(slot + W_SLOT + c, accb)
 
 
 @triton.jit
