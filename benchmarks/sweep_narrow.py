@@ -117,11 +117,19 @@ def sweep_persistent(args):
             except Exception as e:  # out of resources, etc.
                 print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
                 continue
-            rows.append(dict(W=W, hidden=args.hidden, variant=label, ms=ms))
-            print(f"W{W} L{args.hidden} {label}: {ms:.4f} ms", flush=True)
-            if best is None or ms < best[0]:
-                best = (ms, label)
+            best = _keep(rows, best, W, args.hidden, label, ms)
         print(f"BEST W{W} L{args.hidden} fwd: {best}", flush=True)
+    _write(args, rows)
+
+
+def _keep(rows, best, W, hidden, label, ms):
+    """Record and print one timed variant; the (ms, label) best so far."""
+    rows.append(dict(W=W, hidden=hidden, variant=label, ms=ms))
+    print(f"W{W} L{hidden} {label}: {ms:.4f} ms", flush=True)
+    return best if best is not None and best[0] <= ms else (ms, label)
+
+
+def _write(args, rows):
     if args.out:
         json.dump(rows, open(args.out, "w"), indent=1)
 
@@ -160,13 +168,9 @@ def sweep_split(args):
             except Exception as e:  # out of resources, etc.
                 print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
                 continue
-            rows.append(dict(W=W, hidden=args.hidden, variant=label, ms=ms))
-            print(f"W{W} L{args.hidden} train {label}: {ms:.4f} ms", flush=True)
-            if best is None or ms < best[0]:
-                best = (ms, label)
+            best = _keep(rows, best, W, args.hidden, f"train {label}", ms)
         print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
-    if args.out:
-        json.dump(rows, open(args.out, "w"), indent=1)
+    _write(args, rows)
 
 
 if __name__ == "__main__":

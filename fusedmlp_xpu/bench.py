@@ -339,6 +339,7 @@ def run_bench(args) -> dict:
                             "peak_mem_MB": None, "host_us": us})
             log(f"host overhead {cfg.name} {d}: {us:.1f} us/call")
     notes += _pass_disagreements(records)
+    notes.append(lean_launches_note())
     notes.append(f"compile timed for: {args.compile}; mode "
                  f"{os.environ.get('FUSEDMLP_COMPILE_MODE', 'max-autotune-no-cudagraphs')}")
     return {"schema": "fusedmlp-bench/1", "env": env, "ceilings": ceil, "records": records,
@@ -408,3 +409,14 @@ def _add_arguments(p):
 
 
 cmd_bench.add_arguments = _add_arguments
+
+
+def lean_launches_note() -> str:
+    """How many Triton launches took the lean path (backends/triton/launch.py), per kernel."""
+    try:
+        from .backends.triton import launch
+    except Exception as e:  # noqa: BLE001 -- no Triton: nothing launched
+        return f"lean launches: none (Triton backend not importable: {type(e).__name__})"
+    counts = launch.stats()
+    return "lean launches: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                                or "none")

@@ -28,7 +28,7 @@ from torch import nn
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
-from fusedmlp_xpu.bench import _sync, calls_ms, environment
+from fusedmlp_xpu.bench import _sync, calls_ms, environment, lean_launches_note
 
 SCHEMA = "fusedmlp-bench/1"
 L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
@@ -430,6 +430,7 @@ def main(argv=None) -> int:
                 records += run_config(config, dims, m, args, device, dtype, ceil, notes,
                                       t_start, ("compile",))
     _relate(records, notes)
+    notes.append(lean_launches_note())
     notes.append("peak_mem_MB: torch.cuda.max_memory_allocated during one train step minus "
                  "the memory allocated before it (parameters and inputs excluded)")
     notes.append("bare train: the forward and backward GEMMs of the same shapes by hand "
@@ -451,3 +452,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

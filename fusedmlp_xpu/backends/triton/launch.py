@@ -77,6 +77,23 @@ def args_key(args) -> tuple:
     return tuple(out)
 
 
+#: every launcher made in this process (diagnostics: stats())
+_ALL: list = []
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "?")
+
+
+def stats() -> dict[str, int]:
+    """Launches that took the lean path so far, per kernel (a benchmark records it: a
+    zero where calls repeat means the lean path did not engage)."""
+    out: dict[str, int] = {}
+    for la in _ALL:
+        out[_name(la.fn)] = out.get(_name(la.fn), 0) + la.direct
+    return out
+
+
 def _constexpr_names(fn) -> tuple[str, ...]:
     return tuple(p.name for p in fn.params if p.is_constexpr)
 
@@ -108,6 +125,7 @@ class Launcher:
         self._names = None
         self._cache: dict = {}
         self.direct = 0  # launches that took the lean path (diagnostics)
+        _ALL.append(self)
 
     def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
         if not enabled(device):
@@ -147,6 +165,7 @@ class TunedLauncher:
         self._names = None  # read from the JITFunction on the first fast-path call
         self._cache: dict = {}
         self.direct = 0  # launches that took the lean path (diagnostics)
+        _ALL.append(self)
 
     def _prepare(self):
         self._names = _constexpr_names(self.fn)
