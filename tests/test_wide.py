@@ -15,6 +15,7 @@ from fusedmlp_xpu.spec import MLPSpec
 from conftest import (GRAD_VS_EAGER, TOLERANCE, assert_close, eager_errors, make_params,
                       reference, run_aot_compile)
 
+triton = pytest.importorskip("triton")
 wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
 
 
@@ -151,6 +152,15 @@ def test_tile_order_covers_every_tile(device):
 def test_tuning_buckets():
     assert [wide._bucket(m) for m in (1, 16, 17, 64, 65, 8192, 10**6)] == \
         [16, 16, 32, 64, 128, 8192, 8192]
+    for m in range(1, 5000):  # the plain-int bucket against Triton's next_power_of_2
+        p2 = triton.next_power_of_2(m)
+        assert wide._bucket(m) == (max(16, p2) if m <= 64 else min(p2, 8192)), m
+
+
+def test_grid_counts_every_tile():
+    meta = {"BLOCK_M": 64, "BLOCK_N": 128}
+    for M, N in [(1, 1), (64, 128), (65, 129), (1000, 4096), (8192, 16384)]:
+        assert wide._grid(M, N)(meta) == (triton.cdiv(M, 64) * triton.cdiv(N, 128),)
 
 
 def test_config_lists_are_well_formed():
