@@ -193,3 +193,13 @@ def test_split_backward(backend, widths, out_act, bias, monkeypatch):
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: (64, 4, 2))
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
         lead=(1037,))
+
+
+def test_split_backward_partial_grads(backend, monkeypatch):
+    """The split backward when x needs no gradient and one bias needs none."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: (64, 4, 2))
+    test_partial_grads(backend)
