@@ -15,6 +15,11 @@ import torch
 from .. import Backend, device_guard, memory, saved_widths
 
 MAX_WIDTH = 128
+# The persistent forward's limit, whatever its tuning says: at padded width 128 its
+# pipelined weight tiles overflow shared memory (520 KB at 256 rows / 3 stages) or spill,
+# and under compute-sanitizer 64 rows / 4 warps / 2 stages died with an invalid program
+# counter on the H200.
+PERSISTENT_MAX_P = 64
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
@@ -63,9 +68,9 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
     the pipelined weight tiles asked 520 KB of shared memory (sm_90 compile). Deeper nets
     stay per-block: the only timing (11 hidden, 2^17 rows) was host-bound, 0.07-0.15 ms a
     call, with the two sweeps ordering the variants differently. A config that does not
-    fit falls back to the per-block kernel at its first launch."""
-    P = _pow2(max(spec.widths))
-    if P > 64 or spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
+    fit falls back to the per-block kernel at its first launch; past padded width 64 the
+    forward never runs persistent (PERSISTENT_MAX_P)."""
+    if spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
     return 128, 8, 3, 1
 
@@ -186,10 +191,7 @@ class TritonBackend(Backend):
                 biases[-1] if has_b else x, y, z)
         strides = (x.stride(0), x.stride(1), y.stride(0), z.stride(0))
         consts = dict(meta, HAS_BIAS=has_b, SAVE=save)
-        # never past width 64: at 128 the pipelined weight tiles overflow shared memory or
-        # spill (under compute-sanitizer, 64 rows / 4 warps / 2 stages died with an invalid
-        # program counter on the H200)
-        persistent = _persistent(x.device, spec) if meta["H_P"] <= 64 else None
+        persistent = _persistent(x.device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
         with device_guard(x):
             if persistent is not None:
                 block_m, warps, stages, per_sm = persistent
@@ -211,6 +213,11 @@ class TritonBackend(Backend):
         return y, saved
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
+        """Fused: one persistent kernel walks the rows back through every layer and adds
+        its weight/bias partials into an fp32 scratch. Split (``_split_backward``): that
+        kernel only stores every layer's g (no weight-gradient work in it), then
+        _mlp_dw_kernel sums g^T act(z) per program in registers into the same scratch
+        layout (costs a [M, S] g buffer beside z). Either way one reduction follows."""
         if not _narrow(spec):
             from . import wide
 
@@ -224,82 +231,64 @@ class TritonBackend(Backend):
         L_HID = spec.n_layers - 2
         z = saved if saved.stride(-1) == 1 else saved.contiguous()
         grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
-        IN_P, H_P, OUT_P = meta["IN_P"], meta["H_P"], meta["OUT_P"]
+        T_P = meta["H_P"]  # every tile is padded to this one width
         block_m, warps = _tuning(x.device, spec, "bwd")
         n_blocks = triton_cdiv(M, block_m)
         P = _n_programs(x.device, n_blocks)
         gx = memory.new_empty(M, IN, like=x) if need_x else x
-        # one fp32 scratch for every program's partial sums: per layer a weight slot of the
-        # largest padded tile, then its bias (one zero-fill and one reduction, not eight)
-        W_SLOT = max(H_P * IN_P, H_P * H_P, OUT_P * H_P)
-        SLOT = W_SLOT + max(H_P, OUT_P)
-        split = _split_backward(x.device, spec) if M > 0 and (need_w or need_b) else None
+        # per program and layer: the padded weight tile's partial sum, then the bias's
+        W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
+        need_wb = need_w or need_b
+        split = _split_backward(x.device, spec) if M > 0 and need_wb else None
+        g = acc = grad_y  # placeholders for pointers a launch does not use
         if split is not None:
-            return self._backward_split(grad_y, x, weights, z, spec, needs, meta, wh, split)
-        acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32) \
-            if need_w or need_b else grad_y
+            g = memory.new_empty(M, (L_HID + 1) * H + (
+                OUT if spec.output_activation != "none" else 0), like=x)
+        elif need_wb:  # every program adds into its slot: zeros first
+            acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
         if M > 0:
             with device_guard(x):
                 _launcher("bwd").launch(
                     (P,), (
                         grad_y, x, weights[0], wh if wh is not None else weights[0],
-                        weights[-1], z, gx, acc, acc,
+                        weights[-1], z, gx, acc, g,
                         M, IN, H, OUT, L_HID, n_blocks,
-                        grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), 0,
+                        grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
                     ),
-                    dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x, NEED_W=need_w,
-                         NEED_B=need_b, STORE_G=False, BLOCK_M=block_m), x.device,
+                    dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
+                         NEED_W=need_w and split is None, NEED_B=need_b and split is None,
+                         STORE_G=split is not None, BLOCK_M=block_m), x.device,
                     num_warps=warps, num_stages=NUM_STAGES,
                 )
+                if split is not None:
+                    acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b)
         gws, gbs = [], []
-        if need_w or need_b:
-            gws, gbs = _reduce_grads(acc, spec, meta["H_P"], W_SLOT, SLOT, need_w, need_b,
-                                     x)
+        if need_wb:
+            gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
         return (gx if need_x else None), gws, gbs
 
 
-    def _backward_split(self, grad_y, x, weights, z, spec, needs, meta, wh, split):
-        """The backward in two kernels: the input-gradient chain storing every layer's g
-        (no weight-gradient work in it), then the weight gradients as per-program sums in
-        registers over stored g and act(z) (_mlp_dw_kernel), then the one reduction.
-        Costs a [M, S] g buffer beside z. ``split``: (BLOCK_M, warps, stages) of the
-        weight-gradient kernel."""
-        need_x, need_w, need_b = needs
-        IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
-        M, L_HID = x.shape[0], spec.n_layers - 2
-        T_P = meta["H_P"]
-        W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
-        g = memory.new_empty(M, (L_HID + 1) * H + (OUT if spec.output_activation != "none"
-                                                   else 0), like=x)
-        gx = memory.new_empty(M, IN, like=x) if need_x else x
-        block_m, warps = _tuning(x.device, spec, "bwd")
-        n_blocks = triton_cdiv(M, block_m)
-        with device_guard(x):
-            _launcher("bwd").launch(
-                (_n_programs(x.device, n_blocks),), (
-                    grad_y, x, weights[0], wh if wh is not None else weights[0],
-                    weights[-1], z, gx, g, g,
-                    M, IN, H, OUT, L_HID, n_blocks,
-                    grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
-                ),
-                dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x, NEED_W=False,
-                     NEED_B=False, STORE_G=True, BLOCK_M=block_m), x.device,
-                num_warps=warps, num_stages=NUM_STAGES)
-            bm, w, stages = split
-            nb = triton_cdiv(M, bm)
-            P = _n_programs(x.device, nb)
-            acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
-            _launcher("dw").launch(
-                (P, spec.n_layers), (
-                    grad_y, x, z, g, acc, M, IN, H, OUT, L_HID, nb,
-                    grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
-                ),
-                dict(T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
-                     OUT_ACT=meta["OUT_ACT"], NEED_B=need_b, F32=meta["F32"],
-                     PREC=meta["PREC"], BLOCK_M=bm, STAGES=stages), x.device,
-                num_warps=w, num_stages=NUM_STAGES)
-        gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
-        return (gx if need_x else None), gws, gbs
+def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b):
+    """The split backward's second kernel: per-program partial sums of every layer's
+    weight (and bias) gradient, in the scratch layout _reduce_grads reads. ``split``:
+    (BLOCK_M, warps, stages) of _mlp_dw_kernel. Each program writes its whole slot, so
+    the scratch needs no zero-fill."""
+    IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
+    M, L_HID, T_P = x.shape[0], spec.n_layers - 2, meta["H_P"]
+    bm, warps, stages = split
+    nb = triton_cdiv(M, bm)
+    P = _n_programs(x.device, nb)
+    acc = torch.empty(P, spec.n_layers, T_P * T_P + T_P, device=x.device, dtype=torch.float32)
+    _launcher("dw").launch(
+        (P, spec.n_layers), (
+            grad_y, x, z, g, acc, M, IN, H, OUT, L_HID, nb,
+            grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
+        ),
+        dict(T_P=T_P, W_SLOT=T_P * T_P, SLOT=T_P * T_P + T_P, ACT=meta["ACT"],
+             OUT_ACT=meta["OUT_ACT"], NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
+             BLOCK_M=bm, STAGES=stages), x.device,
+        num_warps=warps, num_stages=NUM_STAGES)
+    return acc
 
 
 def _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x):

@@ -122,10 +122,31 @@ class Launcher:
 
     def __init__(self, fn):
         self.fn = fn
-        self._names = None
+        self._names = None  # read from the JITFunction on first use (the interpreter's
+        self._arg_names = None  # function has no params; it never takes the lean path)
         self._cache: dict = {}
         self.direct = 0  # launches that took the lean path (diagnostics)
         _ALL.append(self)
+
+    def _prepare(self):
+        self._names = _constexpr_names(self.fn)
+        self._arg_names = [p.name for p in self.fn.params]
+
+    def _take(self, key, grid, args, device) -> bool:
+        """Launch the cached kernel of ``key`` directly, if there is one and no hook."""
+        entry = self._cache.get(key)
+        if entry is None or _hooked():
+            return False
+        e, cfg = entry
+        _direct(e, grid if cfg is None else grid(cfg), args, device.index)
+        self.direct += 1
+        return True
+
+    def _keep(self, key, ck, values: dict, cfg=None):
+        """Cache what a direct launch of the compiled kernel ``ck`` needs."""
+        e = _entry(ck, self._names, values)
+        if e is not None:
+            self._cache[key] = (e, cfg)
 
     def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
         if not enabled(device):
@@ -133,24 +154,19 @@ class Launcher:
             return
         key = (device.index, tuple(options.items()), tuple(consts.items()),
                args_key(args))
-        entry = self._cache.get(key)
-        if entry is not None and not _hooked():
-            _direct(entry, grid, args, device.index)
-            self.direct += 1
+        if self._take(key, grid, args, device):
             return
         ck = self.fn[grid](*args, **consts, **options)
         if not _hooked():
             if self._names is None:
-                self._names = _constexpr_names(self.fn)
-            e = _entry(ck, self._names, consts)
-            if e is not None:
-                self._cache[key] = e
+                self._prepare()
+            self._keep(key, ck, consts)
 
     def cache_size(self) -> int:
         return len(self._cache)
 
 
-class TunedLauncher:
+class TunedLauncher(Launcher):
     """An autotuned kernel (``triton.autotune`` over ``triton.heuristics`` over the
     @triton.jit function ``fn``). The autotuner runs as usual on the first call of each
     key; afterwards its chosen config is launched directly. ``launch(grid, args, consts,
@@ -161,15 +177,11 @@ class TunedLauncher:
     specialization."""
 
     def __init__(self, tuner, fn, heuristics: dict, tune: tuple[str, ...]):
-        self.tuner, self.fn, self.heuristics, self.tune = tuner, fn, heuristics, tune
-        self._names = None  # read from the JITFunction on the first fast-path call
-        self._cache: dict = {}
-        self.direct = 0  # launches that took the lean path (diagnostics)
-        _ALL.append(self)
+        super().__init__(fn)
+        self.tuner, self.heuristics, self.tune = tuner, heuristics, tune
 
     def _prepare(self):
-        self._names = _constexpr_names(self.fn)
-        self._arg_names = [p.name for p in self.fn.params]
+        super()._prepare()
         self._tune = tuple(self._arg_names.index(n) for n in self.tune if n in self._arg_names)
 
     def launch(self, grid, args: tuple, consts: dict, device: torch.device):
@@ -180,11 +192,7 @@ class TunedLauncher:
             self._prepare()
         key = (device.index, tuple(args[i] for i in self._tune), tuple(consts.items()),
                args_key(args))
-        entry = self._cache.get(key)
-        if entry is not None and not _hooked():
-            e, cfg = entry
-            _direct(e, grid(cfg), args, device.index)
-            self.direct += 1
+        if self._take(key, grid, args, device):
             return
         ck = self.tuner[grid](*args, **consts)
         cfg = getattr(self.tuner, "best_config", None)
@@ -193,9 +201,4 @@ class TunedLauncher:
         values = {**dict(zip(self._arg_names, args)), **consts, **cfg.kwargs}
         for name, h in self.heuristics.items():
             values[name] = h(values)
-        e = _entry(ck, self._names, values)
-        if e is not None:
-            self._cache[key] = (e, dict(cfg.kwargs))
-
-    def cache_size(self) -> int:
-        return len(self._cache)
+        self._keep(key, ck, values, dict(cfg.kwargs))
