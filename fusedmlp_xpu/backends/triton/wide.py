@@ -32,6 +32,7 @@ from .. import device_guard as _guard
 from .. import memory, saved_widths
 from .act import act as _act
 from .act import act_grad as _act_grad
+from . import _pow2, triton_cdiv
 from .launch import TunedLauncher
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
@@ -429,10 +430,7 @@ def _bucket(m: int) -> int:
     """Tuning key for the row count: powers of two up to 64 rows (decode), then 8 coarse
     buckets, so serving traffic with every M in 1..8192 tunes ~14 times, not 8192."""
     # plain int arithmetic: triton.next_power_of_2 unwraps constexprs (~2 us a call)
-    p2 = 1 << (m - 1).bit_length() if m > 1 else 1
-    if m <= 64:
-        return max(16, p2)
-    return min(p2, 8192)
+    return min(_pow2(m), 8192)
 
 
 def _meta(t: torch.Tensor) -> dict:
@@ -444,7 +442,7 @@ def _meta(t: torch.Tensor) -> dict:
 
 
 def _grid(M, N):
-    return lambda meta: (-(-M // meta["BLOCK_M"]) * -(-N // meta["BLOCK_N"]),)
+    return lambda meta: (triton_cdiv(M, meta["BLOCK_M"]) * triton_cdiv(N, meta["BLOCK_N"]),)
 
 
 def _check_size(*ts):
