@@ -21,7 +21,9 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--n", type=int, default=2 ** 22)
     ap.add_argument("--width", type=int, action="append")
-    ap.add_argument("--mode", action="append", choices=["fwd", "bwd"])
+    ap.add_argument("--mode", action="append", choices=["fwd", "fwd_save", "bwd"],
+                    help="fwd: inference; fwd_save: the training forward alone (stores z; "
+                         "the per-block kernel); bwd: forward + backward")
     ap.add_argument("--persistent", action="store_true",
                     help="forward only: the persistent kernel's stages and programs per SM")
     ap.add_argument("--split", action="store_true",
@@ -60,6 +62,16 @@ def main():
                                     def fn():
                                         with torch.no_grad():
                                             m(x)
+                                elif mode == "fwd_save":
+                                    tb._persistent = lambda d, spec: None
+                                    xs = x[:8192].detach().requires_grad_()
+                                    err = ((m(xs).float() - ref).norm() / ref.norm()).item()
+                                    if not err < 1e-2:
+                                        print(f"W{W} {mode} bm{bm} w{warps}: WRONG")
+                                        continue
+
+                                    def fn():
+                                        m(x)  # x requires grad: the forward saves z
                                 else:
                                     def fn():
                                         m(x).backward(gy)
@@ -135,7 +147,10 @@ def _write(args, rows):
 
 
 def sweep_split(args):
-    """Train step (forward + backward, all gradients): fused backward vs split backward."""
+    """Train step (forward + backward, all gradients): fused backward vs split backward
+    (input-gradient kernel persistent or per row block, then the weight-gradient kernel).
+    Then the fused and the best split step under torch.profiler, kernel by kernel, and
+    cuBLAS's g^T h for one layer, the bar for the weight-gradient kernel."""
     dev = torch.device("cuda")
     rows = []
     for W in args.width or (32, 64, 128):
@@ -147,11 +162,26 @@ def sweep_split(args):
         xs = x[:8192].detach().requires_grad_()
         seq(xs).backward(gy[:8192])
         ref = [xs.grad.float()] + [p.grad.float() for p in seq.parameters()]
-        variants = [None] + [(bm, w, st) for bm in (64, 128) for w in (4, 8) for st in (2, 3)]
+        # the input-gradient kernel's (rows, warps, per block?) and the weight-gradient
+        # kernel's (rows, warps, stages); the first sweep's best of each first
+        if W <= 64:
+            gs = ((128, 4, True), (64, 4, True))
+            dws = ((128, 4, 2), (128, 4, 3), (256, 4, 2), (256, 8, 2), (128, 8, 3), (64, 4, 3))
+        else:
+            gs = ((64, 4, True), (128, 8, False))
+            dws = ((64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))
+        variants = [None] + [tb.Split(bm, w, st, gbm, gw, per_block)
+                             for (gbm, gw, per_block) in gs for (bm, w, st) in dws]
         best = None
+        timed = {}
+
+        def fn():
+            m(x).backward(gy)
         for v in variants:
             tb._split_backward = lambda d, spec, v=v: v
-            label = "fused" if v is None else "split bm{} w{} stages{}".format(*v)
+            label = "fused" if v is None else (
+                "split dw bm{} w{} st{} g bm{} w{} {}".format(
+                    *v[:5], "per-block" if v.g_per_block else "persistent"))
             try:
                 m.zero_grad(set_to_none=True)
                 xs.grad = None
@@ -161,16 +191,46 @@ def sweep_split(args):
                 if not err < 2e-2:
                     print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
                     continue
-
-                def fn():
-                    m(x).backward(gy)
                 ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
             except Exception as e:  # out of resources, etc.
                 print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
                 continue
+            timed[v] = ms
             best = _keep(rows, best, W, args.hidden, f"train {label}", ms)
         print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
+        splits = [v for v in timed if v is not None]
+        for v in [None] + ([min(splits, key=timed.get)] if splits else []):
+            tb._split_backward = lambda d, spec, v=v: v
+            kernels = _profile_kernels(fn)
+            print(f"W{W} {'fused' if v is None else v} per step, kernel by kernel:")
+            for name, us in kernels:
+                print(f"   {us:9.1f} us  {name}")
+            rows.append(dict(width=W, hidden=args.hidden, variant=str(v), kernels_us=kernels))
+        h = torch.randn(args.n, W, device=dev, dtype=torch.float16)
+        ms = triton.testing.do_bench(lambda: torch.mm(h.t(), h), warmup=20, rep=200,
+                                     return_mode="median")
+        print(f"W{W} cuBLAS g^T h for one layer [{W}, {args.n}] @ [{args.n}, {W}]: {ms:.4f} ms",
+              flush=True)
+        rows.append(dict(width=W, n=args.n, cublas_gTh_ms=ms))
     _write(args, rows)
+
+
+def _profile_kernels(fn, steps=5):
+    """[(kernel, device us per step)], largest first, from torch.profiler over ``steps``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name[:70]] = per.get(e.name[:70], 0.0) + e.device_time_total / steps
+    return sorted(((k, round(v, 1)) for k, v in per.items()), key=lambda kv: -kv[1])
 
 
 if __name__ == "__main__":

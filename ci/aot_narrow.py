@@ -18,6 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -57,12 +58,12 @@ def main(argv=None) -> int:
         p.error("unset TRITON_INTERPRET: the interpreter replaces the compiler")
     failed = 0
     for P in (64, 128) if args.quick else (16, 32, 64, 128):
-        spec = MLPSpec((64, P, P, 64))
+        spec = MLPSpec((64, P, P, 64), dtype=torch.float16)  # the tuning of fp16 operands
         acts = ((1, 0),) if args.quick else ((1, 0), (4, 6), (8, 2))  # relu/none, gelu_tanh/...
         for act, out_act in acts:
             base = dict(IN_P=P, H_P=P, OUT_P=P, ACT=act, OUT_ACT=out_act, F32=False,
                         PREC="tf32x3")
-            jobs = [("fwd", narrow._mlp_fwd_kernel, "fwd",
+            jobs = [("fwd_save", narrow._mlp_fwd_kernel, "fwd_save",
                      dict(base, HAS_BIAS=True, SAVE=True)),
                     ("fwd_persistent", narrow._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2)),
@@ -76,8 +77,13 @@ def main(argv=None) -> int:
                     ("dw", narrow._mlp_dw_kernel, "bwd",
                      dict(T_P=P, W_SLOT=P * P, SLOT=P * P + P, ACT=act, OUT_ACT=out_act,
                           NEED_B=True, F32=False, PREC="tf32x3", STAGES=2))]
+            split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
             for name, fn, mode, consts in jobs:
                 bm, warps = tb._tuning_nvidia(spec, mode)
+                if split is not None and name == "bwd_store_g":
+                    bm, warps = split.g_block_m, split.g_warps
+                elif split is not None and name == "dw":
+                    bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
                 consts["BLOCK_M"] = bm
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps)

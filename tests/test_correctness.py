@@ -183,14 +183,17 @@ def test_noncontiguous_parameters(backend, grad, widths):
                          ids=["0hidden", "2hidden-odd", "1hidden-128"])
 @pytest.mark.parametrize("out_act", ["none", "tanh"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_split_backward(backend, widths, out_act, bias, monkeypatch):
+@pytest.mark.parametrize("g_per_block", [False, True], ids=["g-persistent", "g-per-block"])
+def test_split_backward(backend, widths, out_act, bias, g_per_block, monkeypatch):
     """The narrow backward split in two kernels (stored g, then weight gradients summed in
-    registers), forced on: every gradient against the reference."""
+    registers), forced on: every gradient against the reference, with the input-gradient
+    kernel persistent or one program per row block."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: (64, 4, 2))
+    split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_block=g_per_block)
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
         lead=(1037,))
 
@@ -201,5 +204,5 @@ def test_split_backward_partial_grads(backend, monkeypatch):
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: (64, 4, 2))
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(64, 4, 2))
     test_partial_grads(backend)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -50,6 +51,12 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     P = _pow2(max(spec.widths))
     if mode == "fwd":
         return (256, 4) if P > 64 else (128, 4)
+    if mode == "fwd_save":
+        # the training forward (stores z; per-block kernel), swept at P=128: 64 / 4 warps
+        # 2.53 ms (128/4: 2.55, 128/8: 2.68, 256/8: 3.15, 256/4 -- the inference choice,
+        # 255 registers and spills -- 7.07). Narrower P runs persistent up to 4 hidden
+        # layers; deeper nets take the inference values (not swept).
+        return (64, 4) if P > 64 else (128, 4)
     if P > 64 and spec.dtype == torch.float32:
         return 64, 8
     return 128, 8
@@ -75,10 +82,37 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
     return 128, 8, 3, 1
 
 
-def _split_nvidia(spec) -> tuple[int, int, int] | None:
-    """The backward split in two kernels (input gradients, then weight gradients summed in
-    registers): (BLOCK_M, warps, stages) of the weight-gradient kernel, or None for the
-    one fused backward kernel. Not measured yet: off."""
+class Split(NamedTuple):
+    """The backward split in two kernels: the input-gradient chain storing every layer's
+    g (``g_block_m`` rows, ``g_warps``; one program per row block when ``g_per_block``,
+    else one per SM striding over them), then the weight gradients summed in registers
+    (_mlp_dw_kernel: ``block_m`` rows, ``warps``, ``stages`` of its loop)."""
+    block_m: int
+    warps: int
+    stages: int
+    g_block_m: int = 128
+    g_warps: int = 8
+    g_per_block: bool = False
+
+
+def _split_nvidia(spec) -> Split | None:
+    """The split backward's tuning, or None for the one fused backward kernel.
+
+    Swept on the H200 (Triton 3.6, fp16, in/out 64, 4 hidden, 2^22 rows, train step,
+    benchmarks/sweep_narrow.py --split; every variant checked against eager first), with
+    the weight-gradient kernel's loop free of branches (its loads pipelined):
+      W32:  fused 5.42 ms; split 5.17 (dW 128 rows/4 warps/2 stages, g 128/4 per block)
+      W64:  fused 5.67 ms; split 5.74 at best: fused kept
+      W128: fused 24.3 ms; split 17.4 (dW 64/4/3 stages, g 64/4 per block)
+    Per kernel at W64: fused backward 4.28 ms; split: g chain 2.90 + dW 1.43 ms.
+    fp32 is not swept: it keeps the fused kernel."""
+    if spec.dtype == torch.float32:
+        return None
+    P = _pow2(max(spec.widths))
+    if P <= 32:
+        return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_block=True)
+    if P > 64:
+        return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_block=True)
     return None
 
 
@@ -105,8 +139,8 @@ def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
     return _tuning_cached(device.type, spec, mode)
 
 
-def _split_backward(device: torch.device, spec) -> tuple[int, int, int] | None:
-    """(BLOCK_M, warps, stages) of the split backward's weight-gradient kernel, or None."""
+def _split_backward(device: torch.device, spec) -> Split | None:
+    """The split backward's tuning here, or None for the fused backward."""
     return _split_nvidia(spec) if device.type == "cuda" else None
 
 
@@ -206,7 +240,7 @@ class TritonBackend(Backend):
                     if type(e).__name__ != "OutOfResources":
                         raise
                     _NO_FIT.add((x.device.index, spec))  # this depth does not fit
-            block_m, warps = _tuning(x.device, spec, "fwd")
+            block_m, warps = _tuning(x.device, spec, "fwd_save" if save else "fwd")
             _launcher("fwd").launch(
                 (triton_cdiv(M, block_m),), (*ptrs, M, IN, H, OUT, L_HID, *strides),
                 dict(consts, BLOCK_M=block_m), x.device, num_warps=warps, num_stages=NUM_STAGES)
@@ -232,14 +266,17 @@ class TritonBackend(Backend):
         z = saved if saved.stride(-1) == 1 else saved.contiguous()
         grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
         T_P = meta["H_P"]  # every tile is padded to this one width
-        block_m, warps = _tuning(x.device, spec, "bwd")
-        n_blocks = triton_cdiv(M, block_m)
-        P = _n_programs(x.device, n_blocks)
         gx = memory.new_empty(M, IN, like=x) if need_x else x
         # per program and layer: the padded weight tile's partial sum, then the bias's
         W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
         need_wb = need_w or need_b
         split = _split_backward(x.device, spec) if M > 0 and need_wb else None
+        if split is None:
+            block_m, warps = _tuning(x.device, spec, "bwd")
+        else:
+            block_m, warps = split.g_block_m, split.g_warps
+        n_blocks = triton_cdiv(M, block_m)
+        P = n_blocks if split is not None and split.g_per_block else _n_programs(x.device, n_blocks)
         g = acc = grad_y  # placeholders for pointers a launch does not use
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
@@ -270,12 +307,11 @@ class TritonBackend(Backend):
 
 def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b):
     """The split backward's second kernel: per-program partial sums of every layer's
-    weight (and bias) gradient, in the scratch layout _reduce_grads reads. ``split``:
-    (BLOCK_M, warps, stages) of _mlp_dw_kernel. Each program writes its whole slot, so
-    the scratch needs no zero-fill."""
+    weight (and bias) gradient, in the scratch layout _reduce_grads reads. Each program
+    writes its whole slot, so the scratch needs no zero-fill."""
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
     M, L_HID, T_P = x.shape[0], spec.n_layers - 2, meta["H_P"]
-    bm, warps, stages = split
+    bm, warps, stages = split.block_m, split.warps, split.stages
     nb = triton_cdiv(M, bm)
     P = _n_programs(x.device, nb)
     acc = torch.empty(P, spec.n_layers, T_P * T_P + T_P, device=x.device, dtype=torch.float32)

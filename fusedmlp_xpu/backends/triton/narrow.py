@@ -252,6 +252,35 @@ def _mlp_bwd_kernel(
 
 
 @triton.jit
+def _dw_loop(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blocks,
+             T_P: tl.constexpr, ACT: tl.constexpr, HAS_ACT: tl.constexpr, NEED_B: tl.constexpr,
+             F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+             STAGES: tl.constexpr):
+    """sum over the row blocks pid, pid + n_prog, ... of g^T h (and of g's rows), g
+    [M, n_out] and h [M, n_in] (act(h) when HAS_ACT). No branch inside the loop, so Triton
+    can pipeline its loads."""
+    c = tl.arange(0, T_P)
+    gmask_c = c < n_out
+    hmask_c = c < n_in
+    dt = h_ptr.dtype.element_ty
+    acc = tl.zeros([T_P, T_P], tl.float32)
+    accb = tl.zeros([T_P], tl.float32)
+    for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
+        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        g = tl.load(g_ptr + rows[:, None] * s_gm + c[None, :],
+                    mask=rmask[:, None] & gmask_c[None, :], other=0.0)
+        h = tl.load(h_ptr + rows[:, None] * s_hm + c[None, :] * s_hk,
+                    mask=rmask[:, None] & hmask_c[None, :], other=0.0)
+        if HAS_ACT:
+            h = _act(h.to(tl.float32), ACT).to(dt)
+        acc += _dot(tl.trans(g.to(dt)), h.to(dt), F32, PREC)
+        if NEED_B:
+            accb += tl.sum(g.to(tl.float32), axis=0)
+    return acc, accb
+
+
+@triton.jit
 def _mlp_dw_kernel(
     gy_ptr, x_ptr, z_ptr, g_ptr, acc_ptr,
     M, IN, H, OUT, L_HID, n_blocks,
@@ -265,43 +294,26 @@ def _mlp_dw_kernel(
     block), then writes it (and the bias gradient's) to its slot of acc [P, layers, SLOT],
     the layout _reduce_grads_kernel sums. g_layer: the stored g, or grad_y itself for an
     output layer without activation; h_in: x for layer 0, else act(z of the layer below).
-    Every tile is padded to T_P; masks keep the real widths."""
+    The layer kind is decided once, outside the loops. Every tile is padded to T_P; masks
+    keep the real widths."""
     pid = tl.program_id(0)
     layer = tl.program_id(1)
     n_prog = tl.num_programs(0)
     n_layers = L_HID + 2
     last = layer == n_layers - 1
     n_out = tl.where(last, OUT, H)
-    n_in = tl.where(layer == 0, IN, H)
+    if layer == 0:
+        acc, accb = _dw_loop(g_ptr, s_gm, x_ptr, s_xm, s_xk, M, n_out, IN, pid, n_prog,
+                             n_blocks, T_P, ACT, False, NEED_B, F32, PREC, BLOCK_M, STAGES)
+    elif OUT_ACT == 0 and last:  # the output layer's g is grad_y itself: none was stored
+        acc, accb = _dw_loop(gy_ptr, s_gym, z_ptr + (layer - 1) * H, s_zm, 1, M, n_out, H,
+                             pid, n_prog, n_blocks, T_P, ACT, True, NEED_B, F32, PREC,
+                             BLOCK_M, STAGES)
+    else:
+        acc, accb = _dw_loop(g_ptr + layer * H, s_gm, z_ptr + (layer - 1) * H, s_zm, 1, M,
+                             n_out, H, pid, n_prog, n_blocks, T_P, ACT, True, NEED_B, F32,
+                             PREC, BLOCK_M, STAGES)
     c = tl.arange(0, T_P)
-    omask_c = c < n_out
-    imask_c = c < n_in
-    dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([T_P, T_P], tl.float32)
-    accb = tl.zeros([T_P], tl.float32)
-    for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
-        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = rows < M
-        gmask = rmask[:, None] & omask_c[None, :]
-        if OUT_ACT == 0:  # the output layer's g is grad_y itself: none was stored for it
-            g = tl.load(g_ptr + layer * H + rows[:, None] * s_gm + c[None, :],
-                        mask=gmask & ((c * 0 + layer) < n_layers - 1)[None, :], other=0.0)
-            if last:
-                g = tl.load(gy_ptr + rows[:, None] * s_gym + c[None, :], mask=gmask,
-                            other=0.0)
-        else:
-            g = tl.load(g_ptr + layer * H + rows[:, None] * s_gm + c[None, :], mask=gmask,
-                        other=0.0)
-        if layer == 0:
-            h = tl.load(x_ptr + rows[:, None] * s_xm + c[None, :] * s_xk,
-                        mask=rmask[:, None] & imask_c[None, :], other=0.0)
-        else:
-            zin = tl.load(z_ptr + (layer - 1) * H + rows[:, None] * s_zm + c[None, :],
-                          mask=rmask[:, None] & imask_c[None, :], other=0.0)
-            h = _act(zin.to(tl.float32), ACT).to(dt)
-        acc += _dot(tl.trans(g.to(dt)), h.to(dt), F32, PREC)
-        if NEED_B:
-            accb += tl.sum(g.to(tl.float32), axis=0)
     slot = acc_ptr + (pid.to(tl.int64) * n_layers + layer) * SLOT
     tl.store(slot + c[:, None] * T_P + c[None, :], acc)
     if NEED_B:
