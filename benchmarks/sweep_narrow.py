@@ -86,8 +86,7 @@ def main():
                             if best is None or ms < best[0]:
                                 best = (ms, bm, warps, per_sm)
                 print(f"BEST W{W} {mode}: {best}", flush=True)
-    if args.out:
-        json.dump(rows, open(args.out, "w"), indent=1)
+    _write(args, rows)
 
 
 def sweep_persistent(args):
@@ -143,7 +142,10 @@ def _keep(rows, best, W, hidden, label, ms):
 
 def _write(args, rows):
     if args.out:
-        json.dump(rows, open(args.out, "w"), indent=1)
+        from fusedmlp_xpu.bench import environment
+
+        json.dump({"schema": "fusedmlp-sweep/1", "env": environment(torch.device("cuda")),
+                   "rows": rows}, open(args.out, "w"), indent=1)
 
 
 def sweep_split(args):
