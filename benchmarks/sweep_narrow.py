@@ -29,10 +29,15 @@ def main():
     ap.add_argument("--split", action="store_true",
                     help="train step: the fused backward against the split backward's "
                          "weight-gradient kernel (BLOCK_M, warps, stages)")
+    ap.add_argument("--stages", action="store_true",
+                    help="num_stages of the layer loop (1-3): per-block forward, training "
+                         "forward, fused backward and the split's input-gradient chain")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     args = ap.parse_args()
     if args.persistent:
         return sweep_persistent(args)
+    if args.stages:
+        return sweep_stages(args)
     if args.split:
         return sweep_split(args)
     dev = torch.device("cuda")
@@ -130,6 +135,64 @@ def sweep_persistent(args):
                 continue
             best = _keep(rows, best, W, args.hidden, label, ms)
         print(f"BEST W{W} L{args.hidden} fwd: {best}", flush=True)
+    _write(args, rows)
+
+
+def sweep_stages(args):
+    """The layer loop's num_stages (``_layer_stages_nvidia``), 1-3, at 4 and 11 hidden
+    layers: inference with the per-block forward (persistent off) and the train step
+    (forward + backward; the package's backward choice, fused or split, for that width)."""
+    dev = torch.device("cuda")
+    rows = []
+    own_persistent = tb._persistent
+    for W in args.width or (32, 64):
+        for hidden in (4, 11):
+            m = fm.FusedMLP(64, 64, W, hidden, bias=True, device=dev, dtype=torch.float16,
+                            backend="triton")
+            x = torch.randn(args.n, 64, device=dev, dtype=torch.float16, requires_grad=True)
+            gy = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
+            seq = m.to_sequential()
+            xs = x[:8192].detach().requires_grad_()
+            seq(xs).backward(gy[:8192])
+            ref = [xs.grad.float()] + [p.grad.float() for p in seq.parameters()]
+            with torch.no_grad():
+                ref_y = seq(xs).float()
+            for mode in ("fwd", "train"):
+                best = None
+                for st in (1, 2, 3):
+                    tb._layer_stages_nvidia = lambda spec, md, st=st: st
+                    tb._layer_stages_cached.cache_clear()
+                    tb._persistent = (lambda d, spec: None) if mode == "fwd" else own_persistent
+                    label = f"{mode} stages {st}"
+                    try:
+                        if mode == "fwd":
+                            with torch.no_grad():
+                                err = ((m(xs).float() - ref_y).norm() / ref_y.norm()).item()
+
+                            def fn():
+                                with torch.no_grad():
+                                    m(x)
+                        else:
+                            m.zero_grad(set_to_none=True)
+                            xs.grad = None
+                            m(xs).backward(gy[:8192])
+                            got = [xs.grad.float()] + [p.grad.float() for p in m.parameters()]
+                            err = max(((a - b).norm() / b.norm()).item()
+                                      for a, b in zip(got, ref))
+
+                            def fn():
+                                m(x).backward(gy)
+                        if not err < 2e-2:
+                            print(f"W{W} L{hidden} {label}: WRONG (rel err {err:.2e})")
+                            continue
+                        ms = triton.testing.do_bench(fn, warmup=20, rep=200,
+                                                     return_mode="median")
+                    except Exception as e:  # out of resources, etc.
+                        print(f"W{W} L{hidden} {label}: {type(e).__name__} {str(e)[:120]}")
+                        continue
+                    best = _keep(rows, best, W, hidden, label, ms)
+                print(f"BEST W{W} L{hidden} {mode}: {best}", flush=True)
+    tb._persistent = own_persistent
     _write(args, rows)
 
 

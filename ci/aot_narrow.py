@@ -32,7 +32,7 @@ from fusedmlp_xpu.spec import MLPSpec  # noqa: E402
 UNIT = {"s_xk"}
 
 
-def compile_kernel(fn, consts, arch, num_warps):
+def compile_kernel(fn, consts, arch, num_warps, num_stages=1):
     sig, cx, attrs = {}, {}, {}
     for i, (n, p) in enumerate(zip(fn.arg_names, fn.params)):
         if n in UNIT:
@@ -43,7 +43,7 @@ def compile_kernel(fn, consts, arch, num_warps):
             sig[n] = ("*fp32" if n == "acc_ptr" else "*fp16") if n.endswith("_ptr") else "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=num_warps, num_stages=tb.NUM_STAGES))
+                       options=dict(num_warps=num_warps, num_stages=num_stages))
     ptx = k.asm["ptx"]
     mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
     return k.metadata.shared, mma, _ptxas_info(ptx)
@@ -85,8 +85,11 @@ def main(argv=None) -> int:
                 elif split is not None and name == "dw":
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
                 consts["BLOCK_M"] = bm
+                # the layer loop's stages, as the launches ask them (unrolled or none: 1)
+                stages = {"fwd_save": "fwd_save", "bwd": "bwd", "bwd_store_g": "g"}.get(name)
+                stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
                 try:
-                    smem, mma, info = compile_kernel(fn, consts, args.arch, warps)
+                    smem, mma, info = compile_kernel(fn, consts, args.arch, warps, stages)
                     print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {bm:<4} w{warps} "
                           f"{smem // 1024:>4} KB smem {mma:<6} {info}")
                 except Exception as e:  # report every failure, then fail the run

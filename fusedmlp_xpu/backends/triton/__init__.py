@@ -116,6 +116,18 @@ def _split_nvidia(spec) -> Split | None:
     return None
 
 
+def _layer_stages_nvidia(spec, mode: str) -> int:
+    """num_stages of the loop over layers in the per-block forward ("fwd", "fwd_save"),
+    the fused backward ("bwd") and the split backward's input-gradient chain ("g"):
+    Triton's pipeliner then fetches the next layer's weights (and, backward, its saved z)
+    while this layer computes. 1 (no pipelining) is what every timing so far ran with.
+    sm_90 compile (fp16, 128 rows, relu): at P=64 stages 2/3 take 32/40 KB of shared
+    memory in the forward (24 KB at 1), 72/96 KB in the fused backward (40 KB), 24/32 KB
+    in the g chain; at P=128 the default 3 asked 262-720 KB (limit 227 KB). Not timed:
+    ``sweep_narrow.py --stages`` times 1-3."""
+    return 1
+
+
 def _tuning_intel(spec, mode: str) -> tuple[int, int]:
     """(BLOCK_M, num_warps) on Intel GPUs through Triton's XPU backend (not measured here)."""
     return (64, 8) if _pow2(max(spec.widths)) > 64 else (128, 8)
@@ -137,6 +149,15 @@ def _tuning_cached(device_type: str, spec, mode: str) -> tuple[int, int]:
 
 def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
     return _tuning_cached(device.type, spec, mode)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layer_stages_cached(device_type: str, spec, mode: str) -> int:
+    return _layer_stages_nvidia(spec, mode) if device_type == "cuda" else NUM_STAGES
+
+
+def _layer_stages(device: torch.device, spec, mode: str) -> int:
+    return _layer_stages_cached(device.type, spec, mode)
 
 
 def _split_backward(device: torch.device, spec) -> Split | None:
@@ -240,10 +261,12 @@ class TritonBackend(Backend):
                     if type(e).__name__ != "OutOfResources":
                         raise
                     _NO_FIT.add((x.device.index, spec))  # this depth does not fit
-            block_m, warps = _tuning(x.device, spec, "fwd_save" if save else "fwd")
+            mode = "fwd_save" if save else "fwd"
+            block_m, warps = _tuning(x.device, spec, mode)
             _launcher("fwd").launch(
                 (triton_cdiv(M, block_m),), (*ptrs, M, IN, H, OUT, L_HID, *strides),
-                dict(consts, BLOCK_M=block_m), x.device, num_warps=warps, num_stages=NUM_STAGES)
+                dict(consts, BLOCK_M=block_m), x.device, num_warps=warps,
+                num_stages=_layer_stages(x.device, spec, mode))
         return y, saved
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
@@ -295,7 +318,8 @@ class TritonBackend(Backend):
                     dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                          NEED_W=need_w and split is None, NEED_B=need_b and split is None,
                          STORE_G=split is not None, BLOCK_M=block_m), x.device,
-                    num_warps=warps, num_stages=NUM_STAGES,
+                    num_warps=warps,
+                    num_stages=_layer_stages(x.device, spec, "bwd" if split is None else "g"),
                 )
                 if split is not None:
                     acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b)
