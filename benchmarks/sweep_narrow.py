@@ -138,6 +138,29 @@ def sweep_persistent(args):
     _write(args, rows)
 
 
+def _train_case(W, hidden, n, dev):
+    """A W-wide fp16 FusedMLP (in/out 64, biases), x [n, 64] needing grad, grad_y, and the
+    eager reference gradients (x and every parameter) on the first 8192 rows."""
+    m = fm.FusedMLP(64, 64, W, hidden, bias=True, device=dev, dtype=torch.float16,
+                    backend="triton")
+    x = torch.randn(n, 64, device=dev, dtype=torch.float16, requires_grad=True)
+    gy = torch.randn(n, 64, device=dev, dtype=torch.float16)
+    seq = m.to_sequential()
+    xs = x[:8192].detach().requires_grad_()
+    seq(xs).backward(gy[:8192])
+    ref = [xs.grad.float()] + [p.grad.float() for p in seq.parameters()]
+    return m, seq, x, gy, xs, ref
+
+
+def _grad_err(m, xs, gy, ref) -> float:
+    """Largest relative error of the module's gradients on xs against ref."""
+    m.zero_grad(set_to_none=True)
+    xs.grad = None
+    m(xs).backward(gy[: xs.shape[0]])
+    got = [xs.grad.float()] + [p.grad.float() for p in m.parameters()]
+    return max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref))
+
+
 def sweep_stages(args):
     """The layer loop's num_stages (``_layer_stages_nvidia``), 1-3, at 4 and 11 hidden
     layers: inference with the per-block forward (persistent off) and the train step
@@ -147,14 +170,7 @@ def sweep_stages(args):
     own_persistent = tb._persistent
     for W in args.width or (32, 64):
         for hidden in (4, 11):
-            m = fm.FusedMLP(64, 64, W, hidden, bias=True, device=dev, dtype=torch.float16,
-                            backend="triton")
-            x = torch.randn(args.n, 64, device=dev, dtype=torch.float16, requires_grad=True)
-            gy = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
-            seq = m.to_sequential()
-            xs = x[:8192].detach().requires_grad_()
-            seq(xs).backward(gy[:8192])
-            ref = [xs.grad.float()] + [p.grad.float() for p in seq.parameters()]
+            m, seq, x, gy, xs, ref = _train_case(W, hidden, args.n, dev)
             with torch.no_grad():
                 ref_y = seq(xs).float()
             for mode in ("fwd", "train"):
@@ -173,12 +189,7 @@ def sweep_stages(args):
                                 with torch.no_grad():
                                     m(x)
                         else:
-                            m.zero_grad(set_to_none=True)
-                            xs.grad = None
-                            m(xs).backward(gy[:8192])
-                            got = [xs.grad.float()] + [p.grad.float() for p in m.parameters()]
-                            err = max(((a - b).norm() / b.norm()).item()
-                                      for a, b in zip(got, ref))
+                            err = _grad_err(m, xs, gy, ref)
 
                             def fn():
                                 m(x).backward(gy)
@@ -219,14 +230,7 @@ def sweep_split(args):
     dev = torch.device("cuda")
     rows = []
     for W in args.width or (32, 64, 128):
-        m = fm.FusedMLP(64, 64, W, args.hidden, bias=True, device=dev, dtype=torch.float16,
-                        backend="triton")
-        x = torch.randn(args.n, 64, device=dev, dtype=torch.float16, requires_grad=True)
-        gy = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
-        seq = m.to_sequential()
-        xs = x[:8192].detach().requires_grad_()
-        seq(xs).backward(gy[:8192])
-        ref = [xs.grad.float()] + [p.grad.float() for p in seq.parameters()]
+        m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev)
         # the input-gradient kernel's (rows, warps, per block?) and the weight-gradient
         # kernel's (rows, warps, stages); the first sweep's best of each first
         if W <= 64:
@@ -248,11 +252,7 @@ def sweep_split(args):
                 "split dw bm{} w{} st{} g bm{} w{} {}".format(
                     *v[:5], "per-block" if v.g_per_block else "persistent"))
             try:
-                m.zero_grad(set_to_none=True)
-                xs.grad = None
-                m(xs).backward(gy[:8192])
-                got = [xs.grad.float()] + [p.grad.float() for p in m.parameters()]
-                err = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref))
+                err = _grad_err(m, xs, gy, ref)
                 if not err < 2e-2:
                     print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
                     continue
