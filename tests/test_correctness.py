@@ -206,3 +206,20 @@ def test_split_backward_partial_grads(backend, monkeypatch):
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(64, 4, 2))
     test_partial_grads(backend)
+
+
+def test_split_choice_keys_on_the_hidden_width():
+    """The split backward goes on where it was measured faster (hidden width 32 with in/out
+    64, i.e. tiles padded to 64; padded width 128), not by the padded width alone: a bench
+    config with hidden 32 and in/out 64 pads to 64 like hidden 64, where the fused kernel
+    stays."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    from fusedmlp_xpu.spec import MLPSpec
+
+    def split(widths, dtype=torch.float16):
+        return tb._split_nvidia(MLPSpec(widths, dtype=dtype))
+
+    assert split((64, 32, 32, 32, 32, 64)) is not None
+    assert split((64, 64, 64, 64, 64, 64)) is None
+    assert split((64, 128, 128, 128, 128, 64)) is not None
+    assert split((64, 32, 32, 64), torch.float32) is None

@@ -100,19 +100,21 @@ def _split_nvidia(spec) -> Split | None:
 
     Swept on the H200 (Triton 3.6, fp16, in/out 64, 4 hidden, 2^22 rows, train step,
     benchmarks/sweep_narrow.py --split; every variant checked against eager first), with
-    the weight-gradient kernel's loop free of branches (its loads pipelined):
-      W32:  fused 5.42 ms; split 5.17 (dW 128 rows/4 warps/2 stages, g 128/4 per block)
-      W64:  fused 5.67 ms; split 5.74 at best: fused kept
-      W128: fused 24.3 ms; split 17.4 (dW 64/4/3 stages, g 64/4 per block)
-    Per kernel at W64: fused backward 4.28 ms; split: g chain 2.90 + dW 1.43 ms.
-    fp32 is not swept: it keeps the fused kernel."""
+    the weight-gradient kernel's loop free of branches (its loads pipelined). Every tile
+    is padded to P = 64 at hidden widths 32 and 64 there (in/out are 64):
+      hidden 32:  fused 5.42 ms; split 5.17 (dW 128 rows/4 warps/2 stages, g 128/4 per block)
+      hidden 64:  fused 5.67 ms; split 5.74 at best: fused kept
+      hidden 128: fused 24.3 ms; split 17.4 (dW 64/4/3 stages, g 64/4 per block)
+    Per kernel at hidden 64: fused backward 4.28 ms; split: g chain 2.90 + dW 1.43 ms.
+    Keyed by the hidden width (the padded width only separates 128); hidden <= 32 with
+    every width <= 32 (P = 32) takes the hidden-32 values, not swept. fp32 is not swept:
+    it keeps the fused kernel."""
     if spec.dtype == torch.float32:
         return None
-    P = _pow2(max(spec.widths))
-    if P <= 32:
-        return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_block=True)
-    if P > 64:
+    if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_block=True)
+    if spec.widths[1] <= 32:
+        return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_block=True)
     return None
 
 
