@@ -177,7 +177,7 @@ def sweep_stages(args):
                 best = None
                 for st in (1, 2, 3):
                     tb._layer_stages_nvidia = lambda spec, md, st=st: st
-                    tb._layer_stages_cached.cache_clear()
+                    tb._tuning_cached.cache_clear()
                     tb._persistent = (lambda d, spec: None) if mode == "fwd" else own_persistent
                     label = f"{mode} stages {st}"
                     try:

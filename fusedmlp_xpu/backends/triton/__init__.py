@@ -141,25 +141,18 @@ def _tuning_interpreter(spec, mode: str) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _tuning_cached(device_type: str, spec, mode: str) -> tuple[int, int]:
+def _tuning_cached(device_type: str, spec, mode: str) -> tuple[int, int, int]:
     if device_type == "cpu":
-        return _tuning_interpreter(spec, mode)
+        return (*_tuning_interpreter(spec, mode), NUM_STAGES)
     if device_type == "xpu":
-        return _tuning_intel(spec, mode)
-    return _tuning_nvidia(spec, mode)
+        return (*_tuning_intel(spec, mode), NUM_STAGES)
+    return (*_tuning_nvidia(spec, mode), _layer_stages_nvidia(spec, mode))
 
 
-def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int]:
+def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int, int]:
+    """(BLOCK_M, num_warps, num_stages of the layer loop) of a launch in ``mode``, looked up
+    once per (device type, spec, mode)."""
     return _tuning_cached(device.type, spec, mode)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layer_stages_cached(device_type: str, spec, mode: str) -> int:
-    return _layer_stages_nvidia(spec, mode) if device_type == "cuda" else NUM_STAGES
-
-
-def _layer_stages(device: torch.device, spec, mode: str) -> int:
-    return _layer_stages_cached(device.type, spec, mode)
 
 
 def _split_backward(device: torch.device, spec) -> Split | None:
@@ -263,12 +256,10 @@ class TritonBackend(Backend):
                     if type(e).__name__ != "OutOfResources":
                         raise
                     _NO_FIT.add((x.device.index, spec))  # this depth does not fit
-            mode = "fwd_save" if save else "fwd"
-            block_m, warps = _tuning(x.device, spec, mode)
+            block_m, warps, stages = _tuning(x.device, spec, "fwd_save" if save else "fwd")
             _launcher("fwd").launch(
                 (triton_cdiv(M, block_m),), (*ptrs, M, IN, H, OUT, L_HID, *strides),
-                dict(consts, BLOCK_M=block_m), x.device, num_warps=warps,
-                num_stages=_layer_stages(x.device, spec, mode))
+                dict(consts, BLOCK_M=block_m), x.device, num_warps=warps, num_stages=stages)
         return y, saved
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
@@ -296,9 +287,8 @@ class TritonBackend(Backend):
         W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
         need_wb = need_w or need_b
         split = _split_backward(x.device, spec) if M > 0 and need_wb else None
-        if split is None:
-            block_m, warps = _tuning(x.device, spec, "bwd")
-        else:
+        block_m, warps, stages = _tuning(x.device, spec, "bwd" if split is None else "g")
+        if split is not None:  # the input-gradient chain's rows and warps are the split's
             block_m, warps = split.g_block_m, split.g_warps
         n_blocks = triton_cdiv(M, block_m)
         P = n_blocks if split is not None and split.g_per_block else _n_programs(x.device, n_blocks)
@@ -320,18 +310,18 @@ class TritonBackend(Backend):
                     dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                          NEED_W=need_w and split is None, NEED_B=need_b and split is None,
                          STORE_G=split is not None, BLOCK_M=block_m), x.device,
-                    num_warps=warps,
-                    num_stages=_layer_stages(x.device, spec, "bwd" if split is None else "g"),
+                    num_warps=warps, num_stages=stages,
                 )
                 if split is not None:
-                    acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b)
+                    acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b,
+                                              W_SLOT, SLOT)
         gws, gbs = [], []
         if need_wb:
             gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
         return (gx if need_x else None), gws, gbs
 
 
-def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b):
+def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT):
     """The split backward's second kernel: per-program partial sums of every layer's
     weight (and bias) gradient, in the scratch layout _reduce_grads reads. Each program
     writes its whole slot, so the scratch needs no zero-fill."""
@@ -340,13 +330,13 @@ def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b):
     bm, warps, stages = split.block_m, split.warps, split.stages
     nb = triton_cdiv(M, bm)
     P = _n_programs(x.device, nb)
-    acc = torch.empty(P, spec.n_layers, T_P * T_P + T_P, device=x.device, dtype=torch.float32)
+    acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
     _launcher("dw").launch(
         (P, spec.n_layers), (
             grad_y, x, z, g, acc, M, IN, H, OUT, L_HID, nb,
             grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
         ),
-        dict(T_P=T_P, W_SLOT=T_P * T_P, SLOT=T_P * T_P + T_P, ACT=meta["ACT"],
+        dict(T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
              OUT_ACT=meta["OUT_ACT"], NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
              BLOCK_M=bm, STAGES=stages), x.device,
         num_warps=warps, num_stages=NUM_STAGES)
