@@ -231,16 +231,18 @@ def sweep_split(args):
     rows = []
     for W in args.width or (32, 64, 128):
         m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev)
-        # the input-gradient kernel's (rows, warps, per block?) and the weight-gradient
-        # kernel's (rows, warps, stages); the first sweep's best of each first
+        # the input-gradient kernel's (rows, warps, programs per SM or 0 for one per row
+        # block, layer loop unrolled?, stages of its row-block loop) and the weight-gradient
+        # kernel's (rows, warps, stages); the earlier sweeps' best of each first
         if W <= 64:
-            gs = ((128, 4, True), (64, 4, True))
-            dws = ((128, 4, 2), (128, 4, 3), (256, 4, 2), (256, 8, 2), (128, 8, 3), (64, 4, 3))
+            gs = ((128, 4, 0, False, 1), (128, 4, 0, True, 1), (128, 8, 0, True, 1),
+                  (128, 8, 1, True, 2), (128, 4, 1, True, 2), (128, 4, 2, True, 2),
+                  (64, 4, 1, True, 3), (128, 8, 1, True, 3))
+            dws = ((128, 4, 2),)
         else:
-            gs = ((64, 4, True), (128, 8, False))
-            dws = ((64, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2))
-        variants = [None] + [tb.Split(bm, w, st, gbm, gw, per_block)
-                             for (gbm, gw, per_block) in gs for (bm, w, st) in dws]
+            gs = ((64, 4, 0, False, 1), (64, 4, 0, True, 1), (64, 8, 0, True, 1))
+            dws = ((64, 4, 3),)
+        variants = [None] + [tb.Split(bm, w, st, *g) for g in gs for (bm, w, st) in dws]
         best = None
         timed = {}
 
@@ -249,8 +251,7 @@ def sweep_split(args):
         for v in variants:
             tb._split_backward = lambda d, spec, v=v: v
             label = "fused" if v is None else (
-                "split dw bm{} w{} st{} g bm{} w{} {}".format(
-                    *v[:5], "per-block" if v.g_per_block else "persistent"))
+                "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{}".format(*v))
             try:
                 err = _grad_err(m, xs, gy, ref)
                 if not err < 2e-2:

@@ -74,13 +74,16 @@ def main(argv=None) -> int:
                     ("bwd_store_g", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=False,
                           NEED_B=False, STORE_G=True)),
+                    # ... or with the layer loop unrolled and its row blocks pipelined
+                    ("g_unrolled", narrow._mlp_g_kernel, "bwd",
+                     dict(base, NEED_X=True, L_HID=4, STAGES=2)),
                     ("dw", narrow._mlp_dw_kernel, "bwd",
                      dict(T_P=P, W_SLOT=P * P, SLOT=P * P + P, ACT=act, OUT_ACT=out_act,
                           NEED_B=True, F32=False, PREC="tf32x3", STAGES=2))]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
             for name, fn, mode, consts in jobs:
                 bm, warps = tb._tuning_nvidia(spec, mode)
-                if split is not None and name == "bwd_store_g":
+                if split is not None and name in ("bwd_store_g", "g_unrolled"):
                     bm, warps = split.g_block_m, split.g_warps
                 elif split is not None and name == "dw":
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages

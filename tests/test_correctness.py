@@ -146,7 +146,7 @@ def test_narrow_triton_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler rejects (seen on the H200: a tile whose
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
-    assert out.count("wgmma") == 10, out  # 5 kernels at two widths, all on tensor cores
+    assert out.count("wgmma") == 12, out  # 6 kernels at two widths, all on tensor cores
 
 
 @pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
@@ -183,16 +183,19 @@ def test_noncontiguous_parameters(backend, grad, widths):
                          ids=["0hidden", "2hidden-odd", "1hidden-128"])
 @pytest.mark.parametrize("out_act", ["none", "tanh"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("g_per_block", [False, True], ids=["g-persistent", "g-per-block"])
-def test_split_backward(backend, widths, out_act, bias, g_per_block, monkeypatch):
+@pytest.mark.parametrize("g", [(1, False), (0, False), (1, True), (0, True)],
+                         ids=["g-persistent", "g-per-block", "g-unrolled", "g-unrolled-per-block"])
+def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     """The narrow backward split in two kernels (stored g, then weight gradients summed in
     registers), forced on: every gradient against the reference, with the input-gradient
-    kernel persistent or one program per row block."""
+    kernel persistent or one program per row block, its layer loop unrolled or not."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_block=g_per_block)
+    per_sm, unroll = g
+    split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=unroll,
+                     g_stages=2)
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
         lead=(1037,))

@@ -84,15 +84,19 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
 
 class Split(NamedTuple):
     """The backward split in two kernels: the input-gradient chain storing every layer's
-    g (``g_block_m`` rows, ``g_warps``; one program per row block when ``g_per_block``,
-    else one per SM striding over them), then the weight gradients summed in registers
-    (_mlp_dw_kernel: ``block_m`` rows, ``warps``, ``stages`` of its loop)."""
+    g (``g_block_m`` rows, ``g_warps``; ``g_per_sm`` programs per SM striding over the row
+    blocks, or one program per row block when 0; ``g_unroll``: the layer loop unrolled
+    and the loop over row blocks pipelined with ``g_stages`` buffers, _mlp_g_kernel),
+    then the weight gradients summed in registers (_mlp_dw_kernel: ``block_m`` rows,
+    ``warps``, ``stages`` of its loop)."""
     block_m: int
     warps: int
     stages: int
     g_block_m: int = 128
     g_warps: int = 8
-    g_per_block: bool = False
+    g_per_sm: int = 1
+    g_unroll: bool = False
+    g_stages: int = 1
 
 
 def _split_nvidia(spec) -> Split | None:
@@ -112,9 +116,9 @@ def _split_nvidia(spec) -> Split | None:
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
-        return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_block=True)
+        return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.widths[1] <= 32:
-        return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_block=True)
+        return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_sm=0)
     return None
 
 
@@ -291,7 +295,10 @@ class TritonBackend(Backend):
         if split is not None:  # the input-gradient chain's rows and warps are the split's
             block_m, warps = split.g_block_m, split.g_warps
         n_blocks = triton_cdiv(M, block_m)
-        P = n_blocks if split is not None and split.g_per_block else _n_programs(x.device, n_blocks)
+        if split is not None and split.g_per_sm == 0:
+            P = n_blocks
+        else:
+            P = _n_programs(x.device, n_blocks, split.g_per_sm if split is not None else 1)
         g = acc = grad_y  # placeholders for pointers a launch does not use
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
@@ -299,19 +306,23 @@ class TritonBackend(Backend):
         elif need_wb:  # every program adds into its slot: zeros first
             acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
         if M > 0:
+            ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1],
+                    z, gx)
+            strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0))
             with device_guard(x):
-                _launcher("bwd").launch(
-                    (P,), (
-                        grad_y, x, weights[0], wh if wh is not None else weights[0],
-                        weights[-1], z, gx, acc, g,
-                        M, IN, H, OUT, L_HID, n_blocks,
-                        grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
-                    ),
-                    dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
-                         NEED_W=need_w and split is None, NEED_B=need_b and split is None,
-                         STORE_G=split is not None, BLOCK_M=block_m), x.device,
-                    num_warps=warps, num_stages=stages,
-                )
+                if split is not None and split.g_unroll:
+                    _launcher("g").launch(
+                        (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
+                        dict(meta, L_HID=L_HID, NEED_X=need_x, BLOCK_M=block_m,
+                             STAGES=split.g_stages), x.device,
+                        num_warps=warps, num_stages=NUM_STAGES)
+                else:
+                    _launcher("bwd").launch(
+                        (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
+                        dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
+                             NEED_W=need_w and split is None, NEED_B=need_b and split is None,
+                             STORE_G=split is not None, BLOCK_M=block_m), x.device,
+                        num_warps=warps, num_stages=stages)
                 if split is not None:
                     acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b,
                                               W_SLOT, SLOT)
@@ -375,7 +386,8 @@ _LAUNCHERS: dict = {}
 
 
 def _launcher(mode: str):
-    """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "dw", "reduce") behind the lean launch path (launch.py)."""
+    """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "g", "dw",
+    "reduce") behind the lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from . import narrow
@@ -383,7 +395,8 @@ def _launcher(mode: str):
 
         la = _LAUNCHERS[mode] = Launcher({
             "fwd": narrow._mlp_fwd_kernel, "fwd_persistent": narrow._mlp_fwd_persistent_kernel,
-            "bwd": narrow._mlp_bwd_kernel, "reduce": narrow._reduce_grads_kernel,
+            "bwd": narrow._mlp_bwd_kernel, "g": narrow._mlp_g_kernel,
+            "reduce": narrow._reduce_grads_kernel,
             "dw": narrow._mlp_dw_kernel}[mode])
     return la
 

@@ -171,6 +171,91 @@ def _accumulate_bias(acc_ptr, g, N_P: tl.constexpr):
 
 
 @triton.jit
+def _bwd_rows(
+    gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr, dw0, dwh, dwl, db, rows,
+    M, IN, H, OUT, L_HID, s_gym, s_xm, s_xk, s_zm, s_gm,
+    IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    SLOT: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
+    NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, STORE_G: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, UNROLL: tl.constexpr,
+):
+    """One block of rows back through every layer: the input gradient, each layer's g
+    (STORE_G) and the weight/bias partials added into this program's scratch slots
+    (dw0 / dwh / dwl / db; NEED_W, NEED_B). UNROLL: L_HID is a constexpr and the layer
+    loop is unrolled."""
+    ci = tl.arange(0, IN_P)
+    ch = tl.arange(0, H_P)
+    co = tl.arange(0, OUT_P)
+    dt = x_ptr.dtype.element_ty
+    n_layers = L_HID + 2
+    rmask = rows < M
+    hmask = rmask[:, None] & (ch[None, :] < H)
+    omask = rmask[:, None] & (co[None, :] < OUT)
+    go = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask, other=0.0)
+    go = go.to(tl.float32)
+    if OUT_ACT != 0:
+        zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], mask=omask,
+                     other=0.0)
+        go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+        if STORE_G:
+            tl.store(g_ptr + (L_HID + 1) * H + rows[:, None] * s_gm + co[None, :],
+                     go.to(dt), mask=omask)
+    # last layer: its input is act(z of the last hidden layer)
+    zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                 other=0.0).to(tl.float32)
+    god = go.to(dt)
+    if NEED_W:
+        _accumulate(dwl, god, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
+    if NEED_B:
+        _accumulate_bias(db + (n_layers - 1) * SLOT, go, OUT_P)
+    g = _dot(god, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
+    if STORE_G:
+        tl.store(g_ptr + L_HID * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
+                 mask=hmask)
+    if UNROLL:
+        for j in tl.static_range(L_HID):
+            g = _bwd_hidden(g, L_HID - 1 - j, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H,
+                            s_zm, s_gm, H_P, SLOT, ACT, NEED_W, NEED_B, STORE_G, F32, PREC)
+    else:
+        for j in range(L_HID):
+            g = _bwd_hidden(g, L_HID - 1 - j, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H,
+                            s_zm, s_gm, H_P, SLOT, ACT, NEED_W, NEED_B, STORE_G, F32, PREC)
+    gd = g.to(dt)
+    if NEED_W:
+        x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                    mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
+        _accumulate(dw0, gd, x, H_P, IN_P, F32, PREC)
+    if NEED_B:
+        _accumulate_bias(db, g, H_P)
+    if NEED_X:
+        gx = _dot(gd, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+        tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
+                 mask=rmask[:, None] & (ci[None, :] < IN))
+
+
+@triton.jit
+def _bwd_hidden(g, l, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H, s_zm, s_gm,
+                H_P: tl.constexpr, SLOT: tl.constexpr, ACT: tl.constexpr,
+                NEED_W: tl.constexpr, NEED_B: tl.constexpr, STORE_G: tl.constexpr,
+                F32: tl.constexpr, PREC: tl.constexpr):
+    """Hidden weight l (maps z[l] -> z[l + 1]) backward for a row block: g of z[l + 1]
+    in, g of z[l] out (stored if STORE_G); its weight/bias partials if NEED_W/NEED_B."""
+    ch = tl.arange(0, H_P)
+    dt = wh_ptr.dtype.element_ty
+    zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                 other=0.0).to(tl.float32)
+    gh = g.to(dt)
+    if NEED_W:
+        _accumulate(dwh + l * SLOT, gh, _act(zh, ACT).to(dt), H_P, H_P, F32, PREC)
+    if NEED_B:
+        _accumulate_bias(db + (l + 1) * SLOT, g, H_P)
+    g = _dot(gh, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) * _act_grad(zh, ACT)
+    if STORE_G:
+        tl.store(g_ptr + l * H + rows[:, None] * s_gm + ch[None, :], g.to(dt), mask=hmask)
+    return g
+
+
+@triton.jit
 def _mlp_bwd_kernel(
     gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr,
     acc_ptr, g_ptr,
@@ -181,74 +266,45 @@ def _mlp_bwd_kernel(
     NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, STORE_G: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """STORE_G (the split backward, with NEED_W/NEED_B off): store every layer's gradient
+    """Programs striding over the row blocks (one per block when the grid has n_blocks).
+    STORE_G (the split backward, with NEED_W/NEED_B off): store every layer's gradient
     w.r.t. its pre-activation into g [M, S] (layer l at columns l*H, the output layer's
     after the hidden ones when it has an activation) for _mlp_dw_kernel."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
-    ci = tl.arange(0, IN_P)
-    ch = tl.arange(0, H_P)
-    co = tl.arange(0, OUT_P)
-    dt = x_ptr.dtype.element_ty
     n_layers = L_HID + 2
     # this program's slice of the fp32 scratch [programs, layers, SLOT]: per layer, the
     # weight gradient ([out_P, in_P] row-major) in the first W_SLOT, then the bias gradient
     dw0 = acc_ptr + pid.to(tl.int64) * n_layers * SLOT
-    dwh = dw0 + SLOT  # hidden layer l at dwh + l * SLOT
-    dwl = dw0 + (n_layers - 1) * SLOT
-    db = dw0 + W_SLOT  # layer i's bias gradient at db + i * SLOT
     for blk in range(pid, n_blocks, n_prog):
         # int64 before the multiply (blk is a plain int under the interpreter)
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = rows < M
-        hmask = rmask[:, None] & (ch[None, :] < H)
-        omask = rmask[:, None] & (co[None, :] < OUT)
-        go = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask, other=0.0)
-        go = go.to(tl.float32)
-        if OUT_ACT != 0:
-            zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], mask=omask,
-                         other=0.0)
-            go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
-            if STORE_G:
-                tl.store(g_ptr + (L_HID + 1) * H + rows[:, None] * s_gm + co[None, :],
-                         go.to(dt), mask=omask)
-        # last layer: its input is act(z of the last hidden layer)
-        zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
-                     other=0.0).to(tl.float32)
-        god = go.to(dt)
-        if NEED_W:
-            _accumulate(dwl, god, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
-        if NEED_B:
-            _accumulate_bias(db + (n_layers - 1) * SLOT, go, OUT_P)
-        g = _dot(god, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
-        if STORE_G:
-            tl.store(g_ptr + L_HID * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
-                     mask=hmask)
-        for j in range(L_HID):
-            l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
-            zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
-                         other=0.0).to(tl.float32)
-            gh = g.to(dt)
-            if NEED_W:
-                _accumulate(dwh + l * SLOT, gh, _act(zh, ACT).to(dt), H_P, H_P, F32, PREC)
-            if NEED_B:
-                _accumulate_bias(db + (l + 1) * SLOT, g, H_P)
-            g = _dot(gh, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) \
-                * _act_grad(zh, ACT)
-            if STORE_G:
-                tl.store(g_ptr + l * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
-                         mask=hmask)
-        gd = g.to(dt)
-        if NEED_W:
-            x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
-                        mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
-            _accumulate(dw0, gd, x, H_P, IN_P, F32, PREC)
-        if NEED_B:
-            _accumulate_bias(db, g, H_P)
-        if NEED_X:
-            gx = _dot(gd, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
-            tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
-                     mask=rmask[:, None] & (ci[None, :] < IN))
+        _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
+                  dw0, dw0 + SLOT, dw0 + (n_layers - 1) * SLOT, dw0 + W_SLOT, rows,
+                  M, IN, H, OUT, L_HID, s_gym, s_xm, s_xk, s_zm, s_gm, IN_P, H_P, OUT_P,
+                  SLOT, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, STORE_G, F32, PREC, False)
+
+
+@triton.jit
+def _mlp_g_kernel(
+    gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
+    M, IN, H, OUT, n_blocks,
+    s_gym, s_xm, s_xk, s_zm, s_gm,
+    L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    ACT: tl.constexpr, OUT_ACT: tl.constexpr, NEED_X: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+):
+    """The split backward's input-gradient chain with the layer loop unrolled (L_HID a
+    constexpr), as the persistent forward: the loop over row blocks is innermost, so
+    Triton's pipeliner can fetch the next block's gy and z while this one is computed
+    (STAGES buffers), and every layer's z load is independent of the chain."""
+    pid = tl.program_id(0)
+    for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+        _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
+                  g_ptr, g_ptr, g_ptr, g_ptr, rows,
+                  M, IN, H, OUT, L_HID, s_gym, s_xm, s_xk, s_zm, s_gm, IN_P, H_P, OUT_P,
+                  1, ACT, OUT_ACT, NEED_X, False, False, True, F32, PREC, True)
 
 
 @triton.jit
