@@ -211,18 +211,49 @@ def test_split_backward_partial_grads(backend, monkeypatch):
     test_partial_grads(backend)
 
 
-def test_split_choice_keys_on_the_hidden_width():
-    """The split backward goes on where it was measured faster (hidden width 32 with in/out
-    64, i.e. tiles padded to 64; padded width 128), not by the padded width alone: a bench
-    config with hidden 32 and in/out 64 pads to 64 like hidden 64, where the fused kernel
-    stays."""
+def test_unrolled_chain_that_does_not_fit_falls_back(backend, monkeypatch):
+    """An unrolled input-gradient chain the device refuses (Triton's OutOfResources, seen
+    at padded width 128) runs the kernel with the layer loop instead, still right, and is
+    not tried again for that spec."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+
+    class OutOfResources(Exception):
+        pass
+
+    tries = []
+
+    def refuse(*args, **kwargs):
+        tries.append(1)
+        raise OutOfResources("shared memory")
+
+    monkeypatch.setattr(tb._launcher("g"), "launch", refuse)
+    monkeypatch.setattr(tb, "_NO_FIT", set())
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+        64, 4, 2, g_block_m=64, g_warps=4, g_unroll=True, g_stages=2))
+    for _ in range(2):
+        run(backend, (17, 33, 33, 9), torch.float16, act="gelu", grad=True, lead=(300,))
+    assert len(tries) == 1 and [k[0] for k in tb._NO_FIT] == ["g"]
+
+
+def test_split_choice_follows_the_sweeps():
+    """The split backward goes on where it was measured faster: up to 4 hidden layers at
+    padded width <= 64 with the input-gradient chain unrolled; deeper only at hidden width
+    <= 32, keyed by the hidden width, not the padded one (hidden 32 with in/out 64 pads
+    to 64 like hidden 64, where the fused kernel stays); always at padded width 128, with
+    the chain's layer loop (the unrolled chain did not pipeline there); never for fp32
+    (not swept)."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     from fusedmlp_xpu.spec import MLPSpec
 
     def split(widths, dtype=torch.float16):
         return tb._split_nvidia(MLPSpec(widths, dtype=dtype))
 
-    assert split((64, 32, 32, 32, 32, 64)) is not None
-    assert split((64, 64, 64, 64, 64, 64)) is None
-    assert split((64, 128, 128, 128, 128, 64)) is not None
+    for hidden in (32, 64):
+        assert split((64,) + (hidden,) * 4 + (64,)).g_unroll
+    assert split((64,) + (32,) * 11 + (64,)).g_unroll is False
+    assert split((64,) + (64,) * 11 + (64,)) is None
+    assert split((64, 128, 128, 128, 128, 64)).g_unroll is False
     assert split((64, 32, 32, 64), torch.float32) is None

@@ -103,20 +103,28 @@ def _split_nvidia(spec) -> Split | None:
     """The split backward's tuning, or None for the one fused backward kernel.
 
     Swept on the H200 (Triton 3.6, fp16, in/out 64, 4 hidden, 2^22 rows, train step,
-    benchmarks/sweep_narrow.py --split; every variant checked against eager first), with
-    the weight-gradient kernel's loop free of branches (its loads pipelined). Every tile
-    is padded to P = 64 at hidden widths 32 and 64 there (in/out are 64):
-      hidden 32:  fused 5.42 ms; split 5.17 (dW 128 rows/4 warps/2 stages, g 128/4 per block)
-      hidden 64:  fused 5.67 ms; split 5.74 at best: fused kept
-      hidden 128: fused 24.3 ms; split 17.4 (dW 64/4/3 stages, g 64/4 per block)
-    Per kernel at hidden 64: fused backward 4.28 ms; split: g chain 2.90 + dW 1.43 ms.
-    Keyed by the hidden width (the padded width only separates 128); hidden <= 32 with
-    every width <= 32 (P = 32) takes the hidden-32 values, not swept. fp32 is not swept:
-    it keeps the fused kernel."""
+    benchmarks/sweep_narrow.py --split; every variant checked against eager first). Every
+    tile is padded to P = 64 at hidden widths 32 and 64 there (in/out are 64):
+      hidden 32:  fused 5.38 ms; split with the input-gradient chain unrolled and
+                  persistent (64 rows, 4 warps, one program per SM, 3 stages) 4.07;
+                  the chain with its layer loop, one program per row block 5.14
+      hidden 64:  fused 5.66 ms; split unrolled 4.30; with the layer loop 5.72
+      hidden 128: fused 18.5 ms; split 11.6 (dW 64/4/3 stages, g 64/4 per row block);
+                  the chain unrolled 13.3 (it does not pipeline there: 504 KB of shared
+                  memory at 2 stages)
+    Per kernel at hidden 64 (h200-sweep-split-20261130b.json): fused backward 4.28 ms;
+    split: g chain 1.44 (2.90 with the layer loop) + dW 1.48 ms.
+    The unrolled chain was timed at 4 hidden layers; deeper nets keep the layer loop
+    (the split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is
+    not swept: it keeps the fused kernel. An unrolled chain that does not fit falls back
+    to the layer loop at its first launch (_fits)."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
+    if spec.n_layers - 2 <= 4:
+        return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
+                     g_stages=3)
     if spec.widths[1] <= 32:
         return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_sm=0)
     return None
@@ -124,14 +132,23 @@ def _split_nvidia(spec) -> Split | None:
 
 def _layer_stages_nvidia(spec, mode: str) -> int:
     """num_stages of the loop over layers in the per-block forward ("fwd", "fwd_save"),
-    the fused backward ("bwd") and the split backward's input-gradient chain ("g"):
-    Triton's pipeliner then fetches the next layer's weights (and, backward, its saved z)
-    while this layer computes. 1 (no pipelining) is what every timing so far ran with.
-    sm_90 compile (fp16, 128 rows, relu): at P=64 stages 2/3 take 32/40 KB of shared
-    memory in the forward (24 KB at 1), 72/96 KB in the fused backward (40 KB), 24/32 KB
-    in the g chain; at P=128 the default 3 asked 262-720 KB (limit 227 KB). Not timed:
-    ``sweep_narrow.py --stages`` times 1-3."""
-    return 1
+    the fused backward ("bwd") and the split backward's input-gradient chain with its
+    layer loop ("g"): Triton's pipeliner then fetches the next layer's weights (and,
+    backward, its saved z) while this layer computes.
+    Swept on the H200 (sweep_narrow.py --stages, h200-sweep-stages-20261130.json; fp16,
+    in/out 64, 2^22 rows; one value for every mode of a run; inference per-block):
+      inference: stages 1 best everywhere (W32/W64, 4 and 11 hidden: 0.548/0.568/1.111/
+                 1.155 ms; 3 stages 2-4% slower)
+      train, W32 (split, chain with the layer loop): 4 hidden 5.11 / 4.69 / 4.42 ms at
+                 1 / 2 / 3; 11 hidden 12.55 / 11.10 / 10.05
+      train, W64 (fused backward): 4 hidden 5.65 / 5.96 / 5.73; 11 hidden 15.09 / 15.00 /
+                 13.32
+    So the training kernels take 3 past 4 hidden layers, and the chain with the layer
+    loop always; at padded width 128 (not swept) the default 3 asked 262-720 KB of
+    shared memory (limit 227 KB): 1."""
+    if mode == "fwd" or _pow2(max(spec.widths)) > 64:
+        return 1
+    return 3 if mode == "g" or spec.n_layers - 2 > 4 else 1
 
 
 def _tuning_intel(spec, mode: str) -> tuple[int, int]:
@@ -164,13 +181,32 @@ def _split_backward(device: torch.device, spec) -> Split | None:
     return _split_nvidia(spec) if device.type == "cuda" else None
 
 
-#: (device index, spec) whose persistent forward asked more than the device has
+#: (kernel, device index, spec) whose unrolled kernel asked more than the device has
 _NO_FIT: set = set()
+
+
+def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps) -> bool:
+    """Launch the unrolled kernel ``mode`` ("fwd_persistent", "g"); False, remembered for
+    (mode, device, spec), when it asks more shared memory or registers than the device
+    has (deep nets: every layer's tiles are live at once), so the caller launches the
+    kernel with the layer loop instead."""
+    key = (mode, device.index, spec)
+    if key in _NO_FIT:
+        return False
+    try:
+        _launcher(mode).launch(grid, args, consts, device, num_warps=warps,
+                               num_stages=NUM_STAGES)
+        return True
+    except Exception as e:  # noqa: BLE001
+        if type(e).__name__ != "OutOfResources":
+            raise
+        _NO_FIT.add(key)
+        return False
 
 
 def _persistent(device: torch.device, spec) -> tuple[int, int, int, int] | None:
     """(BLOCK_M, warps, stages, programs per SM) when the forward runs persistent here."""
-    if device.type != "cuda" or (device.index, spec) in _NO_FIT:
+    if device.type != "cuda" or ("fwd_persistent", device.index, spec) in _NO_FIT:
         return None
     return _persistent_nvidia(spec)
 
@@ -250,16 +286,9 @@ class TritonBackend(Backend):
             if persistent is not None:
                 block_m, warps, stages, per_sm = persistent
                 grid = (_n_programs(x.device, triton_cdiv(M, block_m), per_sm),)
-                try:
-                    _launcher("fwd_persistent").launch(
-                        grid, (*ptrs, M, IN, H, OUT, *strides),
-                        dict(consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages), x.device,
-                        num_warps=warps, num_stages=NUM_STAGES)
+                if _fits("fwd_persistent", x.device, spec, grid, (*ptrs, M, IN, H, OUT, *strides),
+                         dict(consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages), warps):
                     return y, saved
-                except Exception as e:  # noqa: BLE001
-                    if type(e).__name__ != "OutOfResources":
-                        raise
-                    _NO_FIT.add((x.device.index, spec))  # this depth does not fit
             block_m, warps, stages = _tuning(x.device, spec, "fwd_save" if save else "fwd")
             _launcher("fwd").launch(
                 (triton_cdiv(M, block_m),), (*ptrs, M, IN, H, OUT, L_HID, *strides),
@@ -310,13 +339,10 @@ class TritonBackend(Backend):
                     z, gx)
             strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0))
             with device_guard(x):
-                if split is not None and split.g_unroll:
-                    _launcher("g").launch(
-                        (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
+                if not (split is not None and split.g_unroll and _fits(
+                        "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
                         dict(meta, L_HID=L_HID, NEED_X=need_x, BLOCK_M=block_m,
-                             STAGES=split.g_stages), x.device,
-                        num_warps=warps, num_stages=NUM_STAGES)
-                else:
+                             STAGES=split.g_stages), warps)):
                     _launcher("bwd").launch(
                         (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
                         dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
