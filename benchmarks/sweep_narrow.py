@@ -232,37 +232,50 @@ def sweep_split(args):
     for W in args.width or (32, 64, 128):
         m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev)
         # the input-gradient kernel's (rows, warps, programs per SM or 0 for one per row
-        # block, layer loop unrolled?, stages of its row-block loop) and the weight-gradient
-        # kernel's (rows, warps, stages); the earlier sweeps' best of each first
+        # block, layer loop unrolled?, stages of its row-block loop), each with the first
+        # weight-gradient (rows, warps, stages); then every weight-gradient variant with
+        # the best chain. The earlier sweeps' best of each first.
         if W <= 64:
-            gs = ((128, 4, 0, False, 1), (128, 4, 0, True, 1), (128, 8, 0, True, 1),
-                  (128, 8, 1, True, 2), (128, 4, 1, True, 2), (128, 4, 2, True, 2),
-                  (64, 4, 1, True, 3), (128, 8, 1, True, 3))
-            dws = ((128, 4, 2),)
+            gs = ((64, 4, 1, True, 3), (64, 4, 1, True, 2), (64, 4, 2, True, 2),
+                  (128, 8, 1, True, 3), (128, 8, 1, True, 2), (128, 4, 0, False, 1))
+            dws = ((128, 4, 2), (128, 4, 3), (256, 8, 2), (256, 4, 2), (64, 4, 3),
+                   (128, 8, 3))
         else:
-            gs = ((64, 4, 0, False, 1), (64, 4, 0, True, 1), (64, 8, 0, True, 1))
-            dws = ((64, 4, 3),)
-        variants = [None] + [tb.Split(bm, w, st, *g) for g in gs for (bm, w, st) in dws]
+            gs = ((64, 4, 0, False, 1), (64, 4, 0, True, 1))
+            dws = ((64, 4, 3), (64, 4, 4), (128, 8, 3))
         best = None
         timed = {}
 
         def fn():
             m(x).backward(gy)
-        for v in variants:
+
+        def time_variant(v):
+            nonlocal best
             tb._split_backward = lambda d, spec, v=v: v
+            tb._NO_FIT.clear()
             label = "fused" if v is None else (
                 "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{}".format(*v))
             try:
                 err = _grad_err(m, xs, gy, ref)
                 if not err < 2e-2:
                     print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
-                    continue
+                    return
                 ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
             except Exception as e:  # out of resources, etc.
                 print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
-                continue
-            timed[v] = ms
+                return
+            if tb._NO_FIT:  # an unrolled kernel was refused: the layer loop ran instead
+                label += f" (did not fit: {sorted(k[0] for k in tb._NO_FIT)} fell back)"
+            else:
+                timed[v] = ms
             best = _keep(rows, best, W, args.hidden, f"train {label}", ms)
+        time_variant(None)
+        for g in gs:
+            time_variant(tb.Split(*dws[0], *g))
+        g_best = min((v for v in timed if v is not None), key=timed.get, default=None)
+        if g_best is not None:
+            for dw in dws[1:]:
+                time_variant(tb.Split(*dw, *g_best[3:]))
         print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
         splits = [v for v in timed if v is not None]
         for v in [None] + ([min(splits, key=timed.get)] if splits else []):

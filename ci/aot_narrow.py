@@ -85,6 +85,8 @@ def main(argv=None) -> int:
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled"):
                     bm, warps = split.g_block_m, split.g_warps
+                    if name == "g_unrolled":
+                        consts["STAGES"] = split.g_stages
                 elif split is not None and name == "dw":
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
                 consts["BLOCK_M"] = bm
@@ -93,8 +95,11 @@ def main(argv=None) -> int:
                 stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps, stages)
+                    # more than sm_90's 227 KB a block: Triton refuses it at launch, the
+                    # unrolled kernels fall back to the layer loop (_fits)
+                    over = "  OVER 227 KB" if smem > 227 * 1024 else ""
                     print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {bm:<4} w{warps} "
-                          f"{smem // 1024:>4} KB smem {mma:<6} {info}")
+                          f"{smem // 1024:>4} KB smem {mma:<6} {info}{over}")
                 except Exception as e:  # report every failure, then fail the run
                     failed += 1
                     print(f"{name} P={P} act {act}/{out_act}: FAILED {type(e).__name__}: "
