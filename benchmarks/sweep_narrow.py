@@ -252,7 +252,7 @@ def sweep_split(args):
         def time_variant(v):
             nonlocal best
             tb._split_backward = lambda d, spec, v=v: v
-            tb._NO_FIT.clear()
+            tb._FIT.clear()
             label = "fused" if v is None else (
                 "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{}".format(*v))
             try:
@@ -264,8 +264,9 @@ def sweep_split(args):
             except Exception as e:  # out of resources, etc.
                 print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
                 return
-            if tb._NO_FIT:  # an unrolled kernel was refused: the layer loop ran instead
-                label += f" (did not fit: {sorted(k[0] for k in tb._NO_FIT)} fell back)"
+            if tb._FIT:  # an unrolled kernel was refused: fewer stages or the layer loop ran
+                label += " (did not fit; ran: {})".format(", ".join(
+                    f"{k[0]} {v} stages" if v else f"{k[0]} layer loop" for k, v in tb._FIT.items()))
             else:
                 timed[v] = ms
             best = _keep(rows, best, W, args.hidden, f"train {label}", ms)

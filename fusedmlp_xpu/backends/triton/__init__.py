@@ -102,26 +102,34 @@ class Split(NamedTuple):
 def _split_nvidia(spec) -> Split | None:
     """The split backward's tuning, or None for the one fused backward kernel.
 
-    Swept on the H200 (Triton 3.6, fp16, in/out 64, 4 hidden, 2^22 rows, train step,
-    benchmarks/sweep_narrow.py --split; every variant checked against eager first). Every
-    tile is padded to P = 64 at hidden widths 32 and 64 there (in/out are 64):
-      hidden 32:  fused 5.38 ms; split with the input-gradient chain unrolled and
-                  persistent (64 rows, 4 warps, one program per SM, 3 stages) 4.07;
-                  the chain with its layer loop, one program per row block 5.14
-      hidden 64:  fused 5.66 ms; split unrolled 4.30; with the layer loop 5.72
-      hidden 128: fused 18.5 ms; split 11.6 (dW 64/4/3 stages, g 64/4 per row block);
-                  the chain unrolled 13.3 (it does not pipeline there: 504 KB of shared
-                  memory at 2 stages)
-    Per kernel at hidden 64 (h200-sweep-split-20261130b.json): fused backward 4.28 ms;
-    split: g chain 1.44 (2.90 with the layer loop) + dW 1.48 ms.
-    The unrolled chain was timed at 4 hidden layers; deeper nets keep the layer loop
-    (the split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is
-    not swept: it keeps the fused kernel. An unrolled chain that does not fit falls back
-    to the layer loop at its first launch (_fits)."""
+    Swept twice on the H200 (Triton 3.6, fp16, in/out 64, 4 hidden, 2^22 rows, train
+    step, benchmarks/sweep_narrow.py --split, h200-sweep-split-20261130{b,c}.json; every
+    variant checked against eager first). Every tile is padded to P = 64 at hidden widths
+    32 and 64 there (in/out are 64). "Chain": the input-gradient kernel, as (rows, warps,
+    programs per SM, pipeline stages), unrolled unless said:
+      hidden 32:  fused 5.38-5.41 ms; chain 128/8/1/2 4.06, 64/4/1/3 4.07 (256 KB of
+                  shared memory under Triton 3.9: over the limit there), 64/4/1/2 4.40;
+                  the chain with its layer loop, one program per row block 4.44-5.14
+      hidden 64:  fused 5.67 ms; chain 64/4/1/3 4.27-4.30, 128/8/1/2 4.40, 64/4/1/2 4.75;
+                  with the layer loop 4.91-5.72
+      hidden 128: fused 18.5 ms; split 11.6 (dW 64/4/3 stages, chain 64/4 per row block
+                  with its layer loop); unrolled 13.3-13.5 (504 KB of shared memory at 2
+                  stages in the sm_90 compile: it does not pipeline there)
+    The weight-gradient kernel: 128 rows / 4 warps / 2 stages within 1% of the best of
+    six (128/4/3, 256/8/2, 256/4/2, 64/4/3, 128/8/3: 1-14% slower).
+    Per kernel at hidden 64: fused backward 4.28 ms; split: chain 1.43 (2.90 with the
+    layer loop) + dW 1.44-1.48 ms.
+    The unrolled chain was timed at 4 hidden layers; deeper nets keep the layer loop (the
+    split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is not
+    swept: it keeps the fused kernel. An unrolled chain the device refuses steps down its
+    stages, then falls back to the layer loop (_fits)."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
+    if spec.n_layers - 2 <= 4 and spec.widths[1] <= 32:
+        return Split(128, 4, 2, g_block_m=128, g_warps=8, g_per_sm=1, g_unroll=True,
+                     g_stages=2)
     if spec.n_layers - 2 <= 4:
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
                      g_stages=3)
@@ -181,32 +189,37 @@ def _split_backward(device: torch.device, spec) -> Split | None:
     return _split_nvidia(spec) if device.type == "cuda" else None
 
 
-#: (kernel, device index, spec) whose unrolled kernel asked more than the device has
-_NO_FIT: set = set()
+#: (kernel, device index, spec) -> the most pipeline stages of its row-block loop with
+#: which the unrolled kernel fits on the device (0: none), once a launch was refused
+_FIT: dict = {}
 
 
 def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps) -> bool:
-    """Launch the unrolled kernel ``mode`` ("fwd_persistent", "g"); False, remembered for
-    (mode, device, spec), when it asks more shared memory or registers than the device
-    has (deep nets: every layer's tiles are live at once), so the caller launches the
-    kernel with the layer loop instead."""
+    """Launch the unrolled kernel ``mode`` ("fwd_persistent", "g") with up to
+    consts["STAGES"] pipeline stages. Where the device refuses it (Triton's OutOfResources:
+    every layer's tiles are buffered per stage; seen with a newer Triton's pipeliner, and
+    for deep nets), one stage fewer, down to 1; the count that fits is remembered for
+    (mode, device, spec). False when none fits: the caller launches the kernel with the
+    layer loop instead."""
     key = (mode, device.index, spec)
-    if key in _NO_FIT:
-        return False
-    try:
-        _launcher(mode).launch(grid, args, consts, device, num_warps=warps,
-                               num_stages=NUM_STAGES)
-        return True
-    except Exception as e:  # noqa: BLE001
-        if type(e).__name__ != "OutOfResources":
-            raise
-        _NO_FIT.add(key)
-        return False
+    stages = min(consts["STAGES"], _FIT.get(key, consts["STAGES"]))
+    while stages > 0:
+        try:
+            _launcher(mode).launch(grid, args, consts if stages == consts["STAGES"] else
+                                   dict(consts, STAGES=stages), device, num_warps=warps,
+                                   num_stages=NUM_STAGES)
+            return True
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ != "OutOfResources":
+                raise
+            stages -= 1
+            _FIT[key] = stages
+    return False
 
 
 def _persistent(device: torch.device, spec) -> tuple[int, int, int, int] | None:
     """(BLOCK_M, warps, stages, programs per SM) when the forward runs persistent here."""
-    if device.type != "cuda" or ("fwd_persistent", device.index, spec) in _NO_FIT:
+    if device.type != "cuda" or _FIT.get(("fwd_persistent", device.index, spec)) == 0:
         return None
     return _persistent_nvidia(spec)
 
