@@ -105,12 +105,17 @@ def sweep_persistent(args):
         x = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
         with torch.no_grad():
             ref = m.to_sequential()(x[:8192]).float()
-        # the package's own choice, the per-block kernel at 4 and 8 warps, then the
-        # persistent kernel (8 warps: at 4 none beat the per-block kernel on the H200)
-        variants = ["package"] + [(bm, w) for bm in (64, 128) for w in (4, 8)] + \
-            [(bm, 8, st, k) for bm in (64, 128) for st in (2, 3) for k in (1, 2)]
-        best = None
+        # the package's own choice, the per-block kernel, then the persistent kernel as
+        # (rows, warps, stages, programs per SM, weights resident): 8 warps with weights
+        # loaded per row block (at 4 none beat the per-block kernel on the H200); with
+        # the weights resident (half the shared memory at P=64), 2 programs per SM fit
+        variants = ["package", (128, 4)] + [
+            (128, 8, 3, 1, False), (128, 8, 3, 1, True), (128, 8, 2, 1, True),
+            (128, 8, 2, 2, True), (64, 4, 3, 2, True), (64, 4, 3, 1, True),
+            (128, 4, 3, 2, True), (64, 8, 3, 2, True), (64, 4, 2, 3, True)]
+        best = {}
         for v in variants:
+            tb._FIT.clear()
             if v == "package":
                 tb._persistent = own
                 label = f"package choice {own(dev, m.spec(torch.float16))}"
@@ -120,21 +125,26 @@ def sweep_persistent(args):
                 label = f"per-block bm{v[0]} w{v[1]}"
             else:
                 tb._persistent = lambda d, spec, v=v: v
-                label = "persistent bm{} w{} stages{} k{}".format(*v)
+                label = "persistent bm{} w{} stages{} k{} resident {}".format(*v)
             tb._tuning_cached.cache_clear()
-            try:
-                with torch.no_grad():
-                    err = ((m(x[:8192]).float() - ref).norm() / ref.norm()).item()
-                    if not err < 1e-2:
-                        print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
-                        continue
-                    ms = triton.testing.do_bench(lambda: m(x), warmup=50, rep=300,
-                                                 return_mode="median")
-            except Exception as e:  # out of resources, etc.
-                print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
-                continue
-            best = _keep(rows, best, W, args.hidden, label, ms)
-        print(f"BEST W{W} L{args.hidden} fwd: {best}", flush=True)
+            for mode in ("inference", "train fwd"):  # the training forward stores z
+                try:
+                    with torch.set_grad_enabled(mode != "inference"):
+                        err = ((m(x[:8192]).float() - ref).norm() / ref.norm()).item()
+                        if not err < 1e-2:
+                            print(f"W{W} {label} {mode}: WRONG (rel err {err:.2e})", flush=True)
+                            continue
+                        ms = triton.testing.do_bench(lambda: m(x), warmup=50, rep=300,
+                                                     return_mode="median")
+                except Exception as e:  # out of resources, etc.
+                    print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                    continue
+                fit = (" (did not fit; ran: " + ", ".join(f"{k[0]} {n} stages" for k, n in
+                                                          tb._FIT.items()) + ")") if tb._FIT else ""
+                best[mode] = _keep(rows, best.get(mode), W, args.hidden,
+                                   f"{mode} {label}{fit}", ms)
+        for mode, b in best.items():
+            print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
     _write(args, rows)
 
 

@@ -126,19 +126,22 @@ def test_fresh_data_each_call(backend):
                      tolerance(name, torch.float32))
 
 
-@pytest.mark.parametrize("widths", [(64, 64, 64), (17, 33, 33, 33, 9), (64, 128, 128, 128, 128, 16)],
-                         ids=["0hidden", "2hidden-odd", "4hidden-128"])
+@pytest.mark.parametrize("widths", [(64, 64, 64), (17, 33, 33, 33, 9), (16, 32, 32, 32, 32, 32, 8),
+                                    (64, 128, 128, 128, 128, 16)],
+                         ids=["0hidden", "2hidden-odd", "4hidden-32", "4hidden-128"])
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
-def test_persistent_forward(backend, widths, grad, monkeypatch):
+@pytest.mark.parametrize("resident", [False, True], ids=["weights-per-block", "weights-resident"])
+def test_persistent_forward(backend, widths, grad, resident, monkeypatch):
     """The narrow forward as a persistent kernel (programs striding over row blocks, the
-    layer loop unrolled), forced on: more row blocks than programs, a ragged last block."""
+    layer loop unrolled), forced on: more row blocks than programs, a ragged last block;
+    weights loaded per row block, or once per program (resident; up to 4 hidden)."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     # (BLOCK_M, warps, stages, programs per SM); width 128 is never run persistent (the
     # forward falls back to the per-block kernel), still right
-    monkeypatch.setattr(tb, "_persistent", lambda device, spec: (64, 4, 2, 1))
+    monkeypatch.setattr(tb, "_persistent", lambda device, spec: (64, 4, 2, 1, resident))
     run(backend, widths, torch.float16, act="silu", out_act="sigmoid", grad=grad, lead=(1037,))
 
 

@@ -62,9 +62,10 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     return 128, 8
 
 
-def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
+def _persistent_nvidia(spec) -> tuple[int, int, int, int, bool] | None:
     """The forward as a persistent kernel: (BLOCK_M, num_warps, pipeline stages of its
-    loop over row blocks, programs per SM), or None for one program per row block.
+    loop over row blocks, programs per SM, weights loaded once per program), or None for
+    one program per row block.
 
     Swept twice on the H200 (Triton 3.6, fp16, in/out 64, 2^22 rows; benchmarks/
     sweep_narrow.py --persistent; every variant checked against eager first):
@@ -79,7 +80,7 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int] | None:
     forward never runs persistent (PERSISTENT_MAX_P)."""
     if spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
-    return 128, 8, 3, 1
+    return 128, 8, 3, 1, False
 
 
 class Split(NamedTuple):
@@ -217,8 +218,9 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps) -> b
     return False
 
 
-def _persistent(device: torch.device, spec) -> tuple[int, int, int, int] | None:
-    """(BLOCK_M, warps, stages, programs per SM) when the forward runs persistent here."""
+def _persistent(device: torch.device, spec) -> tuple[int, int, int, int, bool] | None:
+    """(BLOCK_M, warps, stages, programs per SM, weights resident) when the forward runs
+    persistent here."""
     if device.type != "cuda" or _FIT.get(("fwd_persistent", device.index, spec)) == 0:
         return None
     return _persistent_nvidia(spec)
@@ -297,10 +299,11 @@ class TritonBackend(Backend):
         persistent = _persistent(x.device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
         with device_guard(x):
             if persistent is not None:
-                block_m, warps, stages, per_sm = persistent
+                block_m, warps, stages, per_sm, resident = persistent
                 grid = (_n_programs(x.device, triton_cdiv(M, block_m), per_sm),)
                 if _fits("fwd_persistent", x.device, spec, grid, (*ptrs, M, IN, H, OUT, *strides),
-                         dict(consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages), warps):
+                         dict(consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages,
+                              RESIDENT=resident and L_HID <= 4), warps):
                     return y, saved
             block_m, warps, stages = _tuning(x.device, spec, "fwd_save" if save else "fwd")
             _launcher("fwd").launch(

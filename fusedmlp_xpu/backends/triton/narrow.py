@@ -132,6 +132,22 @@ def _mlp_fwd_kernel(
 
 
 @triton.jit
+def _resident_layer(h, w, b, z_ptr, col0, rows, rmask, N, s_zm, N_P: tl.constexpr,
+                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
+                    F32: tl.constexpr, PREC: tl.constexpr):
+    """One layer of a row block with its weight tile w (W^T) and bias b already loaded:
+    act(h w + b), the pre-activation stored at column col0 of z if SAVE."""
+    n = tl.arange(0, N_P)
+    z = _dot(h, w, F32, PREC)
+    if HAS_BIAS:
+        z += b[None, :]
+    if SAVE:
+        tl.store(z_ptr + col0 + rows[:, None] * s_zm + n[None, :], z.to(h.dtype),
+                 mask=rmask[:, None] & (n[None, :] < N))
+    return z
+
+
+@triton.jit
 def _mlp_fwd_persistent_kernel(
     x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
     M, IN, H, OUT,
@@ -140,18 +156,84 @@ def _mlp_fwd_persistent_kernel(
     IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+    RESIDENT: tl.constexpr = False,
 ):
     """A fixed grid of programs striding over the row blocks, the layer loop unrolled
     (L_HID a constexpr): the loop over blocks is innermost, so Triton's pipeliner can
-    fetch the next block's rows while this one is computed (STAGES buffers)."""
+    fetch the next block's rows while this one is computed (STAGES buffers).
+    RESIDENT (L_HID <= 4): every layer's weights and biases are loaded once per program,
+    before the loop, instead of once per row block (which the pipeliner also buffers
+    STAGES times in shared memory)."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(M, BLOCK_M)
-    for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
-        # int64 before the multiply (blk is a plain int under the interpreter)
-        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
-        _fwd_rows(x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr, rows,
-                  M, IN, H, OUT, L_HID, s_xm, s_xk, s_ym, s_zm, IN_P, H_P, OUT_P, ACT,
-                  OUT_ACT, HAS_BIAS, SAVE, F32, PREC, True)
+    if RESIDENT:
+        tl.static_assert(L_HID <= 4)
+        dt = y_ptr.dtype.element_ty
+        ci = tl.arange(0, IN_P)
+        co = tl.arange(0, OUT_P)
+        w0 = _load_wT(w0_ptr, IN, H, IN_P, H_P)
+        wl = _load_wT(wl_ptr, H, OUT, H_P, OUT_P)
+        # unused tiles stay as placeholders (every tile is padded to one width)
+        w1 = w0
+        w2 = w0
+        w3 = w0
+        w4 = w0
+        if L_HID > 0:
+            w1 = _load_wT(wh_ptr, H, H, H_P, H_P)
+        if L_HID > 1:
+            w2 = _load_wT(wh_ptr + H * H, H, H, H_P, H_P)
+        if L_HID > 2:
+            w3 = _load_wT(wh_ptr + 2 * H * H, H, H, H_P, H_P)
+        if L_HID > 3:
+            w4 = _load_wT(wh_ptr + 3 * H * H, H, H, H_P, H_P)
+        b0 = tl.zeros([H_P], tl.float32)
+        b1 = b0
+        b2 = b0
+        b3 = b0
+        b4 = b0
+        bl = tl.zeros([OUT_P], tl.float32)
+        if HAS_BIAS:
+            b0 = _load_b(b0_ptr, H, H_P)
+            bl = _load_b(bl_ptr, OUT, OUT_P)
+            if L_HID > 0:
+                b1 = _load_b(bh_ptr, H, H_P)
+            if L_HID > 1:
+                b2 = _load_b(bh_ptr + H, H, H_P)
+            if L_HID > 2:
+                b3 = _load_b(bh_ptr + 2 * H, H, H_P)
+            if L_HID > 3:
+                b4 = _load_b(bh_ptr + 3 * H, H, H_P)
+        for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+            rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+            rmask = rows < M
+            h = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                        mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
+            z = _resident_layer(h, w0, b0, z_ptr, 0, rows, rmask, H, s_zm, H_P, ACT,
+                                HAS_BIAS, SAVE, F32, PREC)
+            h = _act(z, ACT).to(dt)
+            if L_HID > 0:
+                h = _act(_resident_layer(h, w1, b1, z_ptr, H, rows, rmask, H, s_zm, H_P,
+                                         ACT, HAS_BIAS, SAVE, F32, PREC), ACT).to(dt)
+            if L_HID > 1:
+                h = _act(_resident_layer(h, w2, b2, z_ptr, 2 * H, rows, rmask, H, s_zm,
+                                         H_P, ACT, HAS_BIAS, SAVE, F32, PREC), ACT).to(dt)
+            if L_HID > 2:
+                h = _act(_resident_layer(h, w3, b3, z_ptr, 3 * H, rows, rmask, H, s_zm,
+                                         H_P, ACT, HAS_BIAS, SAVE, F32, PREC), ACT).to(dt)
+            if L_HID > 3:
+                h = _act(_resident_layer(h, w4, b4, z_ptr, 4 * H, rows, rmask, H, s_zm,
+                                         H_P, ACT, HAS_BIAS, SAVE, F32, PREC), ACT).to(dt)
+            zl = _resident_layer(h, wl, bl, z_ptr, (L_HID + 1) * H, rows, rmask, OUT, s_zm,
+                                 OUT_P, ACT, HAS_BIAS, SAVE and OUT_ACT != 0, F32, PREC)
+            tl.store(y_ptr + rows[:, None] * s_ym + co[None, :], _act(zl, OUT_ACT).to(dt),
+                     mask=rmask[:, None] & (co[None, :] < OUT))
+    else:
+        for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+            # int64 before the multiply (blk is a plain int under the interpreter)
+            rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+            _fwd_rows(x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
+                      rows, M, IN, H, OUT, L_HID, s_xm, s_xk, s_ym, s_zm, IN_P, H_P, OUT_P,
+                      ACT, OUT_ACT, HAS_BIAS, SAVE, F32, PREC, True)
 
 
 @triton.jit
