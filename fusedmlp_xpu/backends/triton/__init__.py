@@ -77,10 +77,19 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int, bool] | None:
     stay per-block: the only timing (11 hidden, 2^17 rows) was host-bound, 0.07-0.15 ms a
     call, with the two sweeps ordering the variants differently. A config that does not
     fit falls back to the per-block kernel at its first launch; past padded width 64 the
-    forward never runs persistent (PERSISTENT_MAX_P)."""
+    forward never runs persistent (PERSISTENT_MAX_P).
+    With the weights resident (loaded once per program; h200-sweep-persistent-20261130b
+    .json, same setup, inference / training forward that stores z):
+      W32: 128/8/3 stages/1 per SM, weights per block 0.463 / 0.656 ms; resident
+           64/4/3/2 0.360 / 0.631 (best inference of 9; best training forward 128/8/3/1
+           resident 0.606)
+      W64: per block 0.498 / 0.952; resident 64/4/3/2 0.417 / 0.943 (best inference;
+           best training forward 64/4/3/1 resident 0.915)
+    Resident halves the shared memory at P=64 (82 vs 182 KB at 64 rows / 3 stages in
+    the sm_90 compile): two 4-warp programs fit an SM, two row blocks' chains in flight."""
     if spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
-    return 128, 8, 3, 1, False
+    return 64, 4, 3, 2, True
 
 
 class Split(NamedTuple):
