@@ -259,7 +259,7 @@ def sweep_split(args):
         def fn():
             m(x).backward(gy)
 
-        def time_variant(v):
+        def time_variant(v, W=W, m=m, xs=xs, gy=gy, ref=ref, timed=timed, fn=fn):
             nonlocal best
             tb._split_backward = lambda d, spec, v=v: v
             tb._FIT.clear()

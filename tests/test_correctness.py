@@ -134,7 +134,7 @@ def test_fresh_data_each_call(backend):
 def test_persistent_forward(backend, widths, grad, resident, monkeypatch):
     """The narrow forward as a persistent kernel (programs striding over row blocks, the
     layer loop unrolled), forced on: more row blocks than programs, a ragged last block;
-    weights loaded per row block, or once per program (resident; up to 4 hidden)."""
+    weights loaded per row block, or once per program (resident; up to 5 hidden layers)."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
@@ -220,7 +220,7 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
     at padded width 128, and with Triton 3.9's pipeliner at 3 stages) tries one pipeline
     stage fewer, then runs the kernel with the layer loop: still right, and what fits is
     remembered, not tried again for that spec."""
-    name, dev = backend
+    name, _ = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
@@ -252,12 +252,12 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
 
 
 def test_split_choice_follows_the_sweeps():
-    """The split backward goes on where it was measured faster: up to 4 hidden layers at
-    padded width <= 64 with the input-gradient chain unrolled; deeper only at hidden width
-    <= 32, keyed by the hidden width, not the padded one (hidden 32 with in/out 64 pads
-    to 64 like hidden 64, where the fused kernel stays); always at padded width 128, with
-    the chain's layer loop (the unrolled chain did not pipeline there); never for fp32
-    (not swept)."""
+    """The split backward goes on where it was measured faster: up to 5 hidden layers
+    (timed at 4) at padded width <= 64 with the input-gradient chain unrolled; deeper only
+    at hidden width <= 32, keyed by the hidden width, not the padded one (hidden 32 with
+    in/out 64 pads to 64 like hidden 64, where the fused kernel stays); always at padded
+    width 128, with the chain's layer loop (the unrolled chain did not pipeline there);
+    never for fp32 (not swept)."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     from fusedmlp_xpu.spec import MLPSpec
 

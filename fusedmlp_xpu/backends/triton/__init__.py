@@ -54,7 +54,7 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     if mode == "fwd_save":
         # the training forward (stores z; per-block kernel), swept at P=128: 64 / 4 warps
         # 2.53 ms (128/4: 2.55, 128/8: 2.68, 256/8: 3.15, 256/4 -- the inference choice,
-        # 255 registers and spills -- 7.07). Narrower P runs persistent up to 4 hidden
+        # 255 registers and spills -- 7.07). Narrower P runs persistent up to 5 hidden
         # layers; deeper nets take the inference values (not swept).
         return (64, 4) if P > 64 else (128, 4)
     if P > 64 and spec.dtype == torch.float32:
@@ -129,8 +129,9 @@ def _split_nvidia(spec) -> Split | None:
     six (128/4/3, 256/8/2, 256/4/2, 64/4/3, 128/8/3: 1-14% slower).
     Per kernel at hidden 64: fused backward 4.28 ms; split: chain 1.43 (2.90 with the
     layer loop) + dW 1.44-1.48 ms.
-    The unrolled chain was timed at 4 hidden layers; deeper nets keep the layer loop (the
-    split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is not
+    The unrolled chain was timed at 4 hidden layers and runs up to 5 (3 and 4 hidden-to-
+    hidden weights; the persistent forward's limit too); deeper nets keep the layer loop
+    (the split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is not
     swept: it keeps the fused kernel. An unrolled chain the device refuses steps down its
     stages, then falls back to the layer loop (_fits)."""
     if spec.dtype == torch.float32:
@@ -161,9 +162,9 @@ def _layer_stages_nvidia(spec, mode: str) -> int:
                  1 / 2 / 3; 11 hidden 12.55 / 11.10 / 10.05
       train, W64 (fused backward): 4 hidden 5.65 / 5.96 / 5.73; 11 hidden 15.09 / 15.00 /
                  13.32
-    So the training kernels take 3 past 4 hidden layers, and the chain with the layer
-    loop always; at padded width 128 (not swept) the default 3 asked 262-720 KB of
-    shared memory (limit 227 KB): 1."""
+    So the training kernels take 3 past 5 hidden layers (timed at 4 and 11; 5 takes 1,
+    untimed), and the chain with the layer loop always; at padded width 128 (not swept)
+    the default 3 asked 262-720 KB of shared memory (limit 227 KB): 1."""
     if mode == "fwd" or _pow2(max(spec.widths)) > 64:
         return 1
     return 3 if mode == "g" or spec.n_layers - 2 > 4 else 1
