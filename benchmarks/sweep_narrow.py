@@ -247,7 +247,12 @@ def sweep_split(args):
         # the best chain. The earlier sweeps' best of each first.
         if W <= 64:
             gs = ((64, 4, 1, True, 3), (64, 4, 1, True, 2), (64, 4, 2, True, 2),
-                  (128, 8, 1, True, 3), (128, 8, 1, True, 2), (128, 4, 0, False, 1))
+                  (128, 8, 1, True, 3), (128, 8, 1, True, 2), (128, 4, 0, False, 1),
+                  # weights resident (loaded once per program): 98 KB at 64/4/2 stages in
+                  # the sm_90 compile (Triton 3.9, 3 hidden-to-hidden weights), so two
+                  # programs fit an SM; not timed yet
+                  (64, 4, 1, True, 3, True), (64, 4, 2, True, 2, True),
+                  (128, 8, 1, True, 2, True))
             dws = ((128, 4, 2), (128, 4, 3), (256, 8, 2), (256, 4, 2), (64, 4, 3),
                    (128, 8, 3))
         else:
@@ -264,7 +269,8 @@ def sweep_split(args):
             tb._split_backward = lambda d, spec, v=v: v
             tb._FIT.clear()
             label = "fused" if v is None else (
-                "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{}".format(*v))
+                "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{} resident {}"
+                .format(*v))
             try:
                 err = _grad_err(m, xs, gy, ref)
                 if not err < 2e-2:

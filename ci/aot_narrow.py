@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                      dict(base, HAS_BIAS=True, SAVE=True)),
                     ("fwd_persistent", narrow._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
-                          RESIDENT=bool((tb._persistent_nvidia(spec) or [False] * 5)[4]))),
+                          RESIDENT=False)),
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
                           NEED_B=True, STORE_G=False)),
@@ -77,19 +77,25 @@ def main(argv=None) -> int:
                           NEED_B=False, STORE_G=True)),
                     # ... or with the layer loop unrolled and its row blocks pipelined
                     ("g_unrolled", narrow._mlp_g_kernel, "bwd",
-                     dict(base, NEED_X=True, L_HID=4, STAGES=2)),
+                     dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=False)),
+                    # ... with its weight tiles loaded once per program (not tuned on yet)
+                    ("g_resident", narrow._mlp_g_kernel, "bwd",
+                     dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=True)),
                     ("dw", narrow._mlp_dw_kernel, "bwd",
                      dict(T_P=P, W_SLOT=P * P, SLOT=P * P + P, ACT=act, OUT_ACT=out_act,
                           NEED_B=True, F32=False, PREC="tf32x3", STAGES=2))]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
             for name, fn, mode, consts in jobs:
                 bm, warps = tb._tuning_nvidia(spec, mode)
-                if split is not None and name in ("bwd_store_g", "g_unrolled"):
+                if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident"):
                     bm, warps = split.g_block_m, split.g_warps
-                    if name == "g_unrolled":
+                    if name != "bwd_store_g":
                         consts["STAGES"] = split.g_stages
                 elif split is not None and name == "dw":
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
+                if name == "fwd_persistent" and tb._persistent_nvidia(spec) is not None:
+                    bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
+                        tb._persistent_nvidia(spec)
                 consts["BLOCK_M"] = bm
                 # the layer loop's stages, as the launches ask them (unrolled or none: 1)
                 stages = {"fwd_save": "fwd_save", "bwd": "bwd", "bwd_store_g": "g"}.get(name)

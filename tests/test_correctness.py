@@ -149,7 +149,7 @@ def test_narrow_triton_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler rejects (seen on the H200: a tile whose
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
-    assert out.count("wgmma") == 12, out  # 6 kernels at two widths, all on tensor cores
+    assert out.count("wgmma") == 14, out  # 7 kernels at two widths, all on tensor cores
 
 
 @pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
@@ -186,19 +186,22 @@ def test_noncontiguous_parameters(backend, grad, widths):
                          ids=["0hidden", "2hidden-odd", "1hidden-128"])
 @pytest.mark.parametrize("out_act", ["none", "tanh"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("g", [(1, False), (0, False), (1, True), (0, True)],
-                         ids=["g-persistent", "g-per-block", "g-unrolled", "g-unrolled-per-block"])
+@pytest.mark.parametrize("g", [(1, False, False), (0, False, False), (1, True, False),
+                               (0, True, False), (1, True, True)],
+                         ids=["g-persistent", "g-per-block", "g-unrolled", "g-unrolled-per-block",
+                              "g-unrolled-resident"])
 def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     """The narrow backward split in two kernels (stored g, then weight gradients summed in
     registers), forced on: every gradient against the reference, with the input-gradient
-    kernel persistent or one program per row block, its layer loop unrolled or not."""
+    kernel persistent or one program per row block, its layer loop unrolled or not, its
+    weights loaded per row block or once per program (resident)."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    per_sm, unroll = g
+    per_sm, unroll, resident = g
     split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=unroll,
-                     g_stages=2)
+                     g_stages=2, g_resident=resident)
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
         lead=(1037,))

@@ -96,9 +96,11 @@ class Split(NamedTuple):
     """The backward split in two kernels: the input-gradient chain storing every layer's
     g (``g_block_m`` rows, ``g_warps``; ``g_per_sm`` programs per SM striding over the row
     blocks, or one program per row block when 0; ``g_unroll``: the layer loop unrolled
-    and the loop over row blocks pipelined with ``g_stages`` buffers, _mlp_g_kernel),
-    then the weight gradients summed in registers (_mlp_dw_kernel: ``block_m`` rows,
-    ``warps``, ``stages`` of its loop)."""
+    and the loop over row blocks pipelined with ``g_stages`` buffers, _mlp_g_kernel;
+    ``g_resident``: that kernel loads every weight tile once per program, up to 4
+    hidden-to-hidden weights -- not timed yet, no tuning turns it on), then the weight
+    gradients summed in registers (_mlp_dw_kernel: ``block_m`` rows, ``warps``,
+    ``stages`` of its loop)."""
     block_m: int
     warps: int
     stages: int
@@ -107,6 +109,7 @@ class Split(NamedTuple):
     g_per_sm: int = 1
     g_unroll: bool = False
     g_stages: int = 1
+    g_resident: bool = False
 
 
 def _split_nvidia(spec) -> Split | None:
@@ -117,8 +120,7 @@ def _split_nvidia(spec) -> Split | None:
     variant checked against eager first). Every tile is padded to P = 64 at hidden widths
     32 and 64 there (in/out are 64). "Chain": the input-gradient kernel, as (rows, warps,
     programs per SM, pipeline stages), unrolled unless said:
-      hidden 32:  fused 5.38-5.41 ms; chain 128/8/1/2 4.06, 64/4/1/3 4.07 (256 KB of
-                  shared memory under Triton 3.9: over the limit there), 64/4/1/2 4.40;
+      hidden 32:  fused 5.38-5.41 ms; chain 128/8/1/2 4.06, 64/4/1/3 4.07, 64/4/1/2 4.40;
                   the chain with its layer loop, one program per row block 4.44-5.14
       hidden 64:  fused 5.67 ms; chain 64/4/1/3 4.27-4.30, 128/8/1/2 4.40, 64/4/1/2 4.75;
                   with the layer loop 4.91-5.72
@@ -129,6 +131,9 @@ def _split_nvidia(spec) -> Split | None:
     six (128/4/3, 256/8/2, 256/4/2, 64/4/3, 128/8/3: 1-14% slower).
     Per kernel at hidden 64: fused backward 4.28 ms; split: chain 1.43 (2.90 with the
     layer loop) + dW 1.44-1.48 ms.
+    64/4/1/3 takes 221 KB of shared memory at 4 hidden layers and 256 KB at 5 (sm_90
+    compile, Triton 3.9; the limit is 227 KB): the step-down in _fits covers the latter,
+    and the hidden-32 choice (128/8/1/2) stays below it either way.
     The unrolled chain was timed at 4 hidden layers and runs up to 5 (3 and 4 hidden-to-
     hidden weights; the persistent forward's limit too); deeper nets keep the layer loop
     (the split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is not
@@ -368,7 +373,8 @@ class TritonBackend(Backend):
                 if not (split is not None and split.g_unroll and _fits(
                         "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
                         dict(meta, L_HID=L_HID, NEED_X=need_x, BLOCK_M=block_m,
-                             STAGES=split.g_stages), warps)):
+                             STAGES=split.g_stages,
+                             RESIDENT=split.g_resident and L_HID <= 4), warps)):
                     _launcher("bwd").launch(
                         (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
                         dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,

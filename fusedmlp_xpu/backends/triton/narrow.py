@@ -260,11 +260,13 @@ def _bwd_rows(
     SLOT: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
     NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr, STORE_G: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, UNROLL: tl.constexpr,
+    w0t=0, w1t=0, w2t=0, w3t=0, w4t=0, wlt=0, RESIDENT: tl.constexpr = False,
 ):
     """One block of rows back through every layer: the input gradient, each layer's g
     (STORE_G) and the weight/bias partials added into this program's scratch slots
     (dw0 / dwh / dwl / db; NEED_W, NEED_B). UNROLL: L_HID is a constexpr and the layer
-    loop is unrolled."""
+    loop is unrolled. RESIDENT (with UNROLL, L_HID <= 4): the weight tiles come loaded
+    (w0t, the hidden w1t..w4t, wlt; _load_w's layout) instead of from memory per block."""
     ci = tl.arange(0, IN_P)
     ch = tl.arange(0, H_P)
     co = tl.arange(0, OUT_P)
@@ -290,14 +292,19 @@ def _bwd_rows(
         _accumulate(dwl, god, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
     if NEED_B:
         _accumulate_bias(db + (n_layers - 1) * SLOT, go, OUT_P)
-    g = _dot(god, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC) * _act_grad(zp, ACT)
+    if RESIDENT:
+        wl = wlt
+    else:
+        wl = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
+    g = _dot(god, wl, F32, PREC) * _act_grad(zp, ACT)
     if STORE_G:
         tl.store(g_ptr + L_HID * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
                  mask=hmask)
     if UNROLL:
         for j in tl.static_range(L_HID):
             g = _bwd_hidden(g, L_HID - 1 - j, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H,
-                            s_zm, s_gm, H_P, SLOT, ACT, NEED_W, NEED_B, STORE_G, F32, PREC)
+                            s_zm, s_gm, H_P, SLOT, ACT, NEED_W, NEED_B, STORE_G, F32, PREC,
+                            _pick(L_HID - 1 - j, w1t, w2t, w3t, w4t, RESIDENT), RESIDENT)
     else:
         for j in range(L_HID):
             g = _bwd_hidden(g, L_HID - 1 - j, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H,
@@ -310,18 +317,37 @@ def _bwd_rows(
     if NEED_B:
         _accumulate_bias(db, g, H_P)
     if NEED_X:
-        gx = _dot(gd, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+        if RESIDENT:
+            w0 = w0t
+        else:
+            w0 = _load_w(w0_ptr, IN, H, IN_P, H_P)
+        gx = _dot(gd, w0, F32, PREC)
         tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
                  mask=rmask[:, None] & (ci[None, :] < IN))
+
+
+@triton.jit
+def _pick(l: tl.constexpr, w1t, w2t, w3t, w4t, RESIDENT: tl.constexpr):
+    """The resident tile of hidden weight l (a placeholder when not RESIDENT)."""
+    w = w1t
+    if RESIDENT:
+        if l == 1:
+            w = w2t
+        if l == 2:
+            w = w3t
+        if l == 3:
+            w = w4t
+    return w
 
 
 @triton.jit
 def _bwd_hidden(g, l, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H, s_zm, s_gm,
                 H_P: tl.constexpr, SLOT: tl.constexpr, ACT: tl.constexpr,
                 NEED_W: tl.constexpr, NEED_B: tl.constexpr, STORE_G: tl.constexpr,
-                F32: tl.constexpr, PREC: tl.constexpr):
+                F32: tl.constexpr, PREC: tl.constexpr, wt=0, RESIDENT: tl.constexpr = False):
     """Hidden weight l (maps z[l] -> z[l + 1]) backward for a row block: g of z[l + 1]
-    in, g of z[l] out (stored if STORE_G); its weight/bias partials if NEED_W/NEED_B."""
+    in, g of z[l] out (stored if STORE_G); its weight/bias partials if NEED_W/NEED_B.
+    RESIDENT: its weight tile is wt, already loaded."""
     ch = tl.arange(0, H_P)
     dt = wh_ptr.dtype.element_ty
     zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
@@ -331,7 +357,11 @@ def _bwd_hidden(g, l, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H, s_zm, s_gm,
         _accumulate(dwh + l * SLOT, gh, _act(zh, ACT).to(dt), H_P, H_P, F32, PREC)
     if NEED_B:
         _accumulate_bias(db + (l + 1) * SLOT, g, H_P)
-    g = _dot(gh, _load_w(wh_ptr + l * H * H, H, H, H_P, H_P), F32, PREC) * _act_grad(zh, ACT)
+    if RESIDENT:
+        w = wt
+    else:
+        w = _load_w(wh_ptr + l * H * H, H, H, H_P, H_P)
+    g = _dot(gh, w, F32, PREC) * _act_grad(zh, ACT)
     if STORE_G:
         tl.store(g_ptr + l * H + rows[:, None] * s_gm + ch[None, :], g.to(dt), mask=hmask)
     return g
@@ -375,18 +405,46 @@ def _mlp_g_kernel(
     L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, NEED_X: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+    RESIDENT: tl.constexpr = False,
 ):
     """The split backward's input-gradient chain with the layer loop unrolled (L_HID a
     constexpr), as the persistent forward: the loop over row blocks is innermost, so
     Triton's pipeliner can fetch the next block's gy and z while this one is computed
-    (STAGES buffers), and every layer's z load is independent of the chain."""
+    (STAGES buffers), and every layer's z load is independent of the chain.
+    RESIDENT (L_HID <= 4): every weight tile loaded once per program, before the loop."""
     pid = tl.program_id(0)
+    w0t = 0
+    w1t = 0
+    w2t = 0
+    w3t = 0
+    w4t = 0
+    wlt = 0
+    if RESIDENT:
+        tl.static_assert(L_HID <= 4)
+        wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
+        # unused tiles stay as placeholders (every tile is padded to one width)
+        w0t = wlt
+        w1t = wlt
+        w2t = wlt
+        w3t = wlt
+        w4t = wlt
+        if NEED_X:
+            w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
+        if L_HID > 0:
+            w1t = _load_w(wh_ptr, H, H, H_P, H_P)
+        if L_HID > 1:
+            w2t = _load_w(wh_ptr + H * H, H, H, H_P, H_P)
+        if L_HID > 2:
+            w3t = _load_w(wh_ptr + 2 * H * H, H, H, H_P, H_P)
+        if L_HID > 3:
+            w4t = _load_w(wh_ptr + 3 * H * H, H, H, H_P, H_P)
     for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
         _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
                   g_ptr, g_ptr, g_ptr, g_ptr, rows,
                   M, IN, H, OUT, L_HID, s_gym, s_xm, s_xk, s_zm, s_gm, IN_P, H_P, OUT_P,
-                  1, ACT, OUT_ACT, NEED_X, False, False, True, F32, PREC, True)
+                  1, ACT, OUT_ACT, NEED_X, False, False, True, F32, PREC, True,
+                  w0t, w1t, w2t, w3t, w4t, wlt, RESIDENT)
 
 
 @triton.jit
