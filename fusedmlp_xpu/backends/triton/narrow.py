@@ -57,6 +57,32 @@ def _load_b(b_ptr, N, N_P: tl.constexpr):
 
 
 @triton.jit
+def _hidden_tiles(wh_ptr, H, H_P: tl.constexpr, L_HID: tl.constexpr, fill,
+                  TRANS: tl.constexpr):
+    """Hidden weights 0..3 (those below L_HID <= 4) as tiles for the kernels that keep
+    them resident: W^T (_load_wT) when TRANS, else W (_load_w); ``fill`` (a tile of the
+    same padded shape) for the absent ones."""
+    w1 = fill
+    w2 = fill
+    w3 = fill
+    w4 = fill
+    for l in tl.static_range(L_HID):
+        if TRANS:
+            w = _load_wT(wh_ptr + l * H * H, H, H, H_P, H_P)
+        else:
+            w = _load_w(wh_ptr + l * H * H, H, H, H_P, H_P)
+        if l == 0:
+            w1 = w
+        if l == 1:
+            w2 = w
+        if l == 2:
+            w3 = w
+        if l == 3:
+            w4 = w
+    return w1, w2, w3, w4
+
+
+@triton.jit
 def _hidden_layer(h, l, wh_ptr, bh_ptr, z_ptr, rows, hmask, H, L_HID, s_zm,
                   H_P: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                   SAVE: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
@@ -173,19 +199,7 @@ def _mlp_fwd_persistent_kernel(
         co = tl.arange(0, OUT_P)
         w0 = _load_wT(w0_ptr, IN, H, IN_P, H_P)
         wl = _load_wT(wl_ptr, H, OUT, H_P, OUT_P)
-        # unused tiles stay as placeholders (every tile is padded to one width)
-        w1 = w0
-        w2 = w0
-        w3 = w0
-        w4 = w0
-        if L_HID > 0:
-            w1 = _load_wT(wh_ptr, H, H, H_P, H_P)
-        if L_HID > 1:
-            w2 = _load_wT(wh_ptr + H * H, H, H, H_P, H_P)
-        if L_HID > 2:
-            w3 = _load_wT(wh_ptr + 2 * H * H, H, H, H_P, H_P)
-        if L_HID > 3:
-            w4 = _load_wT(wh_ptr + 3 * H * H, H, H, H_P, H_P)
+        w1, w2, w3, w4 = _hidden_tiles(wh_ptr, H, H_P, L_HID, w0, True)
         b0 = tl.zeros([H_P], tl.float32)
         b1 = b0
         b2 = b0
@@ -422,22 +436,10 @@ def _mlp_g_kernel(
     if RESIDENT:
         tl.static_assert(L_HID <= 4)
         wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
-        # unused tiles stay as placeholders (every tile is padded to one width)
-        w0t = wlt
-        w1t = wlt
-        w2t = wlt
-        w3t = wlt
-        w4t = wlt
+        w0t = wlt  # a placeholder of the same padded shape when x needs no gradient
         if NEED_X:
             w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
-        if L_HID > 0:
-            w1t = _load_w(wh_ptr, H, H, H_P, H_P)
-        if L_HID > 1:
-            w2t = _load_w(wh_ptr + H * H, H, H, H_P, H_P)
-        if L_HID > 2:
-            w3t = _load_w(wh_ptr + 2 * H * H, H, H, H_P, H_P)
-        if L_HID > 3:
-            w4t = _load_w(wh_ptr + 3 * H * H, H, H, H_P, H_P)
+        w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID, wlt, False)
     for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
         _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
