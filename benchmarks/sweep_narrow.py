@@ -98,7 +98,7 @@ def sweep_persistent(args):
     """The persistent forward against the one-program-per-block forward, same process."""
     dev = torch.device("cuda")
     rows = []
-    own = tb._persistent
+    own, own_tuning = tb._persistent, tb._tuning_nvidia
     for W in args.width or (32, 64):
         m = fm.FusedMLP(64, 64, W, args.hidden, bias=False, device=dev, dtype=torch.float16,
                         backend="triton")
@@ -117,7 +117,7 @@ def sweep_persistent(args):
         for v in variants:
             tb._FIT.clear()
             if v == "package":
-                tb._persistent = own
+                tb._persistent, tb._tuning_nvidia = own, own_tuning
                 label = f"package choice {own(dev, m.spec(torch.float16))}"
             elif len(v) == 2:
                 tb._persistent = lambda d, spec: None
@@ -139,10 +139,8 @@ def sweep_persistent(args):
                 except Exception as e:  # out of resources, etc.
                     print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
                     continue
-                fit = (" (did not fit; ran: " + ", ".join(f"{k[0]} {n} stages" for k, n in
-                                                          tb._FIT.items()) + ")") if tb._FIT else ""
                 best[mode] = _keep(rows, best.get(mode), W, args.hidden,
-                                   f"{mode} {label}{fit}", ms)
+                                   f"{mode} {label}{_refused()}", ms)
         for mode, b in best.items():
             print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
     _write(args, rows)
@@ -217,6 +215,15 @@ def sweep_stages(args):
     _write(args, rows)
 
 
+def _refused() -> str:
+    """What ran instead, when the device refused an unrolled kernel of the variant just
+    timed (tb._FIT, cleared before each variant); empty when everything fit."""
+    if not tb._FIT:
+        return ""
+    return " (did not fit; ran: {})".format(", ".join(
+        f"{k[0]} {v} stages" if v else f"{k[0]} layer loop" for k, v in tb._FIT.items()))
+
+
 def _keep(rows, best, W, hidden, label, ms):
     """Record and print one timed variant; the (ms, label) best so far."""
     rows.append(dict(W=W, hidden=hidden, variant=label, ms=ms))
@@ -281,8 +288,7 @@ def sweep_split(args):
                 print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
                 return
             if tb._FIT:  # an unrolled kernel was refused: fewer stages or the layer loop ran
-                label += " (did not fit; ran: {})".format(", ".join(
-                    f"{k[0]} {v} stages" if v else f"{k[0]} layer loop" for k, v in tb._FIT.items()))
+                label += _refused()
             else:
                 timed[v] = ms
             best = _keep(rows, best, W, args.hidden, f"train {label}", ms)
