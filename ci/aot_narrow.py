@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                     # ... or with the layer loop unrolled and its row blocks pipelined
                     ("g_unrolled", narrow._mlp_g_kernel, "bwd",
                      dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=False)),
-                    # ... with its weight tiles loaded once per program (not tuned on yet)
+                    # ... with its weight tiles loaded once per program (the hidden-32 choice)
                     ("g_resident", narrow._mlp_g_kernel, "bwd",
                      dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=True)),
                     ("dw", narrow._mlp_dw_kernel, "bwd",

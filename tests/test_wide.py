@@ -214,3 +214,75 @@ def test_device_wide_and_decode(m, dtype):
     if not devs:
         pytest.skip("needs a cuda/xpu device")
     check(devs[0], (512, 2048, 512), dtype, "gelu_tanh", "none", m=m)
+
+
+def _tma_spy(monkeypatch):
+    """The TMA kernels launched through wide._tma_launch, by name."""
+    ran = []
+    launch = wide._tma_launch
+
+    def spy(kernel, *args, **kwargs):
+        ran.append(getattr(kernel, "__name__", None) or kernel.fn.__name__)
+        return launch(kernel, *args, **kwargs)
+    monkeypatch.setattr(wide, "_tma_launch", spy)
+    return ran
+
+
+def _tma_shape(device):
+    """(M, N, K): more tiles than programs (each persistent program walks several, the
+    last ones partly past M and N) and a K that is not a whole number of K blocks."""
+    return (85, 56, 40) if device.type == "cpu" else (17 * 128 - 43, 9 * 256 - 8, 520)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("save", [False, True], ids=["infer", "save"])
+def test_tma_forward(device, monkeypatch, dtype, save):
+    """The TMA forward kernels (linear and gated) against the float64 reference, their
+    saved pre-activations too; the spy proves they, not the pointer kernels, ran."""
+    if device.type == "xpu":
+        pytest.skip("the TMA path is CUDA (Hopper+) and interpreter only")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    ran = _tma_spy(monkeypatch)
+    M, N, K = _tma_shape(device)
+    x = torch.randn(M, K, device=device).to(dtype)
+    w, wu = ((torch.randn(N, K, device=device) / K ** 0.5).to(dtype) for _ in range(2))
+    b, bu = (torch.randn(N, device=device).to(dtype) for _ in range(2))
+    xd, wd, bd, wud, bud = (t.double().cpu() for t in (x, w, b, wu, bu))
+    z_ref = xd @ wd.t() + bd
+    gelu = activations.ACTIVATIONS["gelu_tanh"].fn
+    silu = activations.ACTIVATIONS["silu"].fn
+    tol = TOLERANCE[dtype]
+    y, z = wide.linear(x, w, b, "gelu_tanh", save)
+    assert_close(y, gelu(z_ref), tol)
+    assert (z is not None) == save
+    if save:
+        assert_close(z, z_ref, tol, "z")
+    u_ref = xd @ wud.t() + bud
+    h, gu = wide.gated_hidden(x, w, wu, "silu", save, b, bu)
+    assert_close(h, silu(z_ref) * u_ref, tol, "gated h")
+    if save:
+        assert_close(gu[0], z_ref, tol, "gated g")
+        assert_close(gu[1], u_ref, tol, "gated u")
+    assert ran == ["_linear_fwd_tma_kernel", "_gated_fwd_tma_kernel"]
+
+
+def test_tma_path_is_taken_only_where_it_applies(device, monkeypatch):
+    """fp32, a row stride the TMA engine cannot take (not a multiple of 16 bytes), few
+    rows, or FUSEDMLP_WIDE_TMA=0 keep the pointer kernels -- which still compute right."""
+    if device.type != "cpu":
+        pytest.skip("the rule is the same everywhere; checked once, in the interpreter")
+    ran = _tma_spy(monkeypatch)
+    M, N, K = _tma_shape(device)
+    w = torch.randn(N, K, dtype=torch.float16) / K ** 0.5
+    cases = [torch.randn(M, K), torch.randn(M, K + 1, dtype=torch.float16)[:, :K],
+             torch.randn(64, K, dtype=torch.float16)]
+    for x in cases:
+        y, _ = wide.linear(x, w.to(x.dtype), None, "relu", False)
+        assert_close(y, torch.relu(x.double() @ w.double().t()), TOLERANCE[x.dtype])
+    monkeypatch.setenv(wide.TMA_ENV, "0")
+    wide.linear(torch.randn(M, K, dtype=torch.float16), w, None, "relu", False)
+    assert ran == []
+    monkeypatch.setenv(wide.TMA_ENV, "1")
+    wide.linear(torch.randn(M, K, dtype=torch.float16), w, None, "relu", False)
+    assert ran == ["_linear_fwd_tma_kernel"]

@@ -98,7 +98,7 @@ class Split(NamedTuple):
     blocks, or one program per row block when 0; ``g_unroll``: the layer loop unrolled
     and the loop over row blocks pipelined with ``g_stages`` buffers, _mlp_g_kernel;
     ``g_resident``: that kernel loads every weight tile once per program, up to 4
-    hidden-to-hidden weights -- not timed yet, no tuning turns it on), then the weight
+    hidden-to-hidden weights), then the weight
     gradients summed in registers (_mlp_dw_kernel: ``block_m`` rows, ``warps``,
     ``stages`` of its loop)."""
     block_m: int
@@ -129,11 +129,15 @@ def _split_nvidia(spec) -> Split | None:
                   stages in the sm_90 compile: it does not pipeline there)
     The weight-gradient kernel: 128 rows / 4 warps / 2 stages within 1% of the best of
     six (128/4/3, 256/8/2, 256/4/2, 64/4/3, 128/8/3: 1-14% slower).
+    Resident weights in the chain (every weight tile loaded once per program), third
+    sweep (h200-sweep-split-20261130d.json): hidden 32 3.63 ms at 64/4/1/3 against 3.86
+    without (128/8/1/2 and 64/4/1/3 alike), so hidden 32 takes it; hidden 64 4.26 against
+    4.22 without, so it stays off there.
     Per kernel at hidden 64: fused backward 4.28 ms; split: chain 1.43 (2.90 with the
     layer loop) + dW 1.44-1.48 ms.
     64/4/1/3 takes 221 KB of shared memory at 4 hidden layers and 256 KB at 5 (sm_90
-    compile, Triton 3.9; the limit is 227 KB): the step-down in _fits covers the latter,
-    and the hidden-32 choice (128/8/1/2) stays below it either way.
+    compile, Triton 3.9; the limit is 227 KB): the step-down in _fits covers the latter;
+    the hidden-32 choice (resident) buffers only the row tiles per stage (139 KB at 4).
     The unrolled chain was timed at 4 hidden layers and runs up to 5 (3 and 4 hidden-to-
     hidden weights; the persistent forward's limit too); deeper nets keep the layer loop
     (the split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is not
@@ -144,8 +148,8 @@ def _split_nvidia(spec) -> Split | None:
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4 and spec.widths[1] <= 32:
-        return Split(128, 4, 2, g_block_m=128, g_warps=8, g_per_sm=1, g_unroll=True,
-                     g_stages=2)
+        return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
+                     g_stages=3, g_resident=True)
     if spec.n_layers - 2 <= 4:
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
                      g_stages=3)

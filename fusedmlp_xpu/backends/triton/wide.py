@@ -47,17 +47,21 @@ _K_MULTIPLE = 256
 # ---------------------------------------------------------------- activations ---
 # ---------------------------------------------------------------- shared pieces ---
 @triton.jit
-def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's (rows, cols) of C. Programs walk GROUP_M row-blocks down a column
-    of tiles before moving right, so a column of B tiles stays in L2 while it is reused."""
-    pid = tl.program_id(0)
+def _tile_pos(t, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of tile number t. Tiles are numbered GROUP_M row-blocks
+    down a column before moving right, so a column of B tiles stays in L2 while reused."""
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
+    first_m = (t // per_group) * GROUP_M
     group_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    return first_m + (t % per_group) % group_m, (t % per_group) // group_m
+
+
+@triton.jit
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (rows, cols) of C and its column block: one tile per program."""
+    pid_m, pid_n = _tile_pos(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return rows, cols, pid_n
@@ -266,6 +270,71 @@ def _gated_bwd_kernel(
     _store(du_ptr, rows, cols, s_dum, s_dun, acc * a, M, N)
 
 
+# ------------------------------------------------ TMA forward kernels (Hopper+) ---
+# The forward GEMMs of large-M inputs read A and B through tensor descriptors (the TMA
+# engine copies whole tiles into shared memory, zero-filling past the edges, so no masks
+# and no address math in the K loop) and run persistent: one program per SM walks the
+# tiles in the grouped order. On the H200 (Triton 3.6, bf16, M 8192; benchmarks/
+# probe_tma_gemm.py) this took the wide-gelu GEMMs from 504-569 TFLOP/s (the pointer
+# kernels above) to 657-684, against cuBLAS's 693-701 without an epilogue.
+@triton.jit
+def _linear_fwd_tma_kernel(
+    x_desc, w_desc, y_desc, b_ptr, z_ptr, M, N, K, s_zm, s_zn,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """y = act(x W^T + b) (and z = x W^T + b with STORE_Z), persistent over the tiles."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = _dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc,
+                       UPCAST, PRECISION)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if STORE_Z:  # training only: a plain store keeps the epilogue's shared memory small
+            _store(z_ptr, off_m + tl.arange(0, BLOCK_M), cols, s_zm, s_zn, acc, M, N)
+        y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
+
+
+@triton.jit
+def _gated_fwd_tma_kernel(
+    x_desc, wg_desc, wu_desc, h_desc, bg_ptr, bu_ptr, g_ptr, u_ptr, M, N, K,
+    s_gm, s_gn, s_um, s_un,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """h = act(x Wg^T + bg) * (x Wu^T + bu), each x tile feeding both accumulators."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k in range(0, K, BLOCK_K):
+            x = x_desc.load([off_m, k])
+            acc_g = _dot(x, wg_desc.load([off_n, k]).T, acc_g, UPCAST, PRECISION)
+            acc_u = _dot(x, wu_desc.load([off_n, k]).T, acc_u, UPCAST, PRECISION)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        if HAS_BIAS:
+            acc_g += tl.load(bg_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(bu_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if STORE_GU:
+            rows = off_m + tl.arange(0, BLOCK_M)
+            _store(g_ptr, rows, cols, s_gm, s_gn, acc_g, M, N)
+            _store(u_ptr, rows, cols, s_um, s_un, acc_u, M, N)
+        h_desc.store([off_m, off_n], (_act(acc_g, ACT) * acc_u).to(h_desc.dtype))
+
+
 # ---------------------------------------------------------------- tuning ---
 # Each list is the config space the autotuner times once per (kernel, M bucket, N, K,
 # constexprs, dtypes); after warm-up every call is a dict lookup.
@@ -465,6 +534,78 @@ def supports_device(device: torch.device) -> bool:
     return device.type in ("cuda", "xpu") or (device.type == "cpu" and interpreting())
 
 
+# ---------------------------------------------------------------- TMA path ---
+#: FUSEDMLP_WIDE_TMA=0 keeps every forward GEMM on the pointer kernels
+TMA_ENV = "FUSEDMLP_WIDE_TMA"
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # an older Triton: the pointer kernels only
+    TensorDescriptor = None
+
+
+def _tma_config_nvidia(dual: bool) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernels on Hopper.
+    Probed on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile loop
+    flattened; h200-probe-tma-gemm-20261130.json): 128x256x64 / 8 warps / 3 stages ran
+    1.67 ms (N 16384, K 4096) and 1.61 ms (N 4096, K 16384), cuBLAS 1.59 / 1.57 without an
+    epilogue; 256x128 1.78 / 1.75, 128x128 1.73-1.84, 4 stages of 128x256 do not fit
+    (256 KB). The gated kernel's two accumulators take a 128-wide tile: its two B tiles a
+    stage make the same 144 KB as one 256-wide B tile."""
+    return (128, 128, 64, 8, 3) if dual else (128, 256, 64, 8, 3)
+
+
+def _tma_config(device: torch.device, dual: bool) -> tuple[int, int, int, int, int]:
+    if device.type == "cpu":  # the interpreter: tl.dot's smallest tile, no pipelining
+        return (16, 16, 16, 1, 1)
+    return _tma_config_nvidia(dual)
+
+
+_PROGRAMS: dict = {}
+
+
+def _programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM (4 in the interpreter, so that each
+    program there walks several tiles)."""
+    key = (device.type, device.index)
+    if key not in _PROGRAMS:
+        if device.type == "cpu":
+            _PROGRAMS[key] = 4
+        else:
+            props = torch.cuda.get_device_properties(device)
+            _PROGRAMS[key] = props.multi_processor_count if props.major >= 9 else 0
+    return _PROGRAMS[key]
+
+
+def _tma_ok(device: torch.device, M: int, N: int, cfg, *tensors) -> bool:
+    """Whether this forward GEMM takes the TMA kernel: a Hopper-class CUDA device (or the
+    interpreter), 16-bit operands (fp32 was not measured), at least one full wave of tiles
+    (fewer rows keep the autotuned pointer kernels, whose small-M tiles spread over the
+    SMs), and descriptors the TMA engine accepts: unit column stride, 16-byte aligned
+    rows and base addresses."""
+    if TensorDescriptor is None or os.environ.get(TMA_ENV, "1") == "0":
+        return False
+    if (device.type == "cpu" and not interpreting()) or device.type not in ("cuda", "cpu"):
+        return False
+    if tensors[0].dtype not in (torch.float16, torch.bfloat16) or M <= 64:
+        return False
+    if triton_cdiv(M, cfg[0]) * triton_cdiv(N, cfg[1]) < max(1, _programs(device)) \
+            or _programs(device) == 0:
+        return False
+    return all(t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
+               and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _tma_launch(kernel, device, cfg, M, N, descs, args, consts):
+    """Launch a TMA forward kernel persistent: ``descs`` are (tensor, block rows, block
+    cols as "m"/"n"/"k") turned into descriptors for this config, ``args`` the rest."""
+    bm, bn, bk, warps, stages = cfg
+    size = {"m": bm, "n": bn, "k": bk}
+    ds = [TensorDescriptor.from_tensor(t, [size[r], size[c]]) for t, r, c in descs]
+    progs = min(_programs(device), triton_cdiv(M, bm) * triton_cdiv(N, bn))
+    kernel[(progs,)](*ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                     PROGRAMS=progs, num_warps=warps, num_stages=stages)
+
+
 # ---------------------------------------------------------------- launchers ---
 def linear(x, w, b, act: str, save_z: bool):
     """act(x @ w^T + b) -> (y [M, N], z [M, N] or None). x: [M, K] any strides."""
@@ -477,6 +618,15 @@ def linear(x, w, b, act: str, save_z: bool):
     _check_size(x, w, y)
     b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
     zz = z if z is not None else y
+    consts = dict(ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x))
+    cfg = _tma_config(x.device, False)
+    if _tma_ok(x.device, M, N, cfg, x, w, y):
+        with _guard(x):
+            _tma_launch(_linear_fwd_tma_kernel, x.device, cfg, M, N,
+                        ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
+                        (b if b is not None else w, zz, M, N, K, zz.stride(0), zz.stride(1)),
+                        consts)
+        return y, z
     with _guard(x):
         _kernel("fwd", x.device).launch(
             _grid(M, N), (
@@ -485,8 +635,7 @@ def linear(x, w, b, act: str, save_z: bool):
                 x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                 y.stride(0), y.stride(1), zz.stride(0), zz.stride(1),
             ),
-            dict(ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x)),
-            x.device,
+            consts, x.device,
         )
     return y, z
 
@@ -683,6 +832,19 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
         b_gate = b_gate if b_gate is None or b_gate.is_contiguous() else b_gate.contiguous()
         b_up = b_up if b_up is None or b_up.is_contiguous() else b_up.contiguous()
         gg, uu = (g, u) if save else (h, h)
+        consts = dict(ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save,
+                      **_meta(x))
+        cfg = _tma_config(x.device, True)
+        if _tma_ok(x.device, M, H, cfg, x, w_gate, w_up, h):
+            with _guard(x):
+                _tma_launch(_gated_fwd_tma_kernel, x.device, cfg, M, H,
+                            ((x, "m", "k"), (w_gate, "n", "k"), (w_up, "n", "k"),
+                             (h, "m", "n")),
+                            (b_gate if b_gate is not None else w_gate,
+                             b_up if b_up is not None else w_up, gg, uu, M, H, K,
+                             gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1)),
+                            consts)
+            return h, ([g, u] if save else [])
         with _guard(x):
             _kernel("gated_fwd", x.device).launch(
                 _grid(M, H), (
@@ -693,8 +855,7 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
                     w_up.stride(0), w_up.stride(1), h.stride(0), h.stride(1),
                     gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1),
                 ),
-                dict(ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save, **_meta(x)),
-                x.device,
+                consts, x.device,
             )
     return h, ([g, u] if save else [])
 
