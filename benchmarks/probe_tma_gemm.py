@@ -1,10 +1,12 @@
-"""Probe: the wide forward GEMMs with TMA descriptors (persistent, wide._linear_fwd_tma_kernel
-and wide._gated_fwd_tma_kernel) against the pointer kernels and cuBLAS, tile by tile.
+"""Probe: the wide forward GEMM with TMA descriptors (persistent, wide._linear_fwd_tma_kernel)
+against the pointer kernel and cuBLAS, tile by tile, for inference and for the training
+forward (which also stores z).
 
 Per shape (bf16, M 8192): cuBLAS without an epilogue ("bare"), eager torch, the pointer
-kernels (FUSEDMLP_WIDE_TMA=0, autotuned), and the TMA kernels at several tiles (the
-package's choice, wide._tma_config_nvidia, first). Every result is checked against torch
-in fp32 before it is timed; a tile that does not fit is reported, not timed.
+kernel (FUSEDMLP_WIDE_TMA=0, autotuned), and the TMA kernel at several tiles (the
+package's choice, wide._tma_config_nvidia, first; a tile whose shared memory the device
+refuses runs with fewer stages, and the row says how many fitted). Every result is
+checked against torch in fp32 before it is timed.
 
     PYTHONPATH=. python3 benchmarks/probe_tma_gemm.py --out probe.json
 """
@@ -21,10 +23,8 @@ from fusedmlp_xpu.backends.triton import wide
 from fusedmlp_xpu.bench import environment
 
 F = torch.nn.functional
-LINEAR_TILES = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
-                (128, 128, 128, 8, 3)]
-GATED_TILES = [(128, 128, 64, 8, 3), (256, 64, 64, 8, 3), (128, 64, 64, 4, 4),
-               (64, 128, 64, 4, 4)]
+TILES = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
+         (128, 128, 128, 8, 3)]
 
 
 def _time(fn):
@@ -55,13 +55,19 @@ def main():
         rows.append(dict(shape=shape, m=args.m, variant=name, ms=ms, err=err, ok=ok,
                          tflops=flop / ms / 1e9))
 
-    def variants(shape, flop, ref, call, tiles, dual):
+    def variants(shape, flop, ref, call, save):
+        tag = " +z" if save else ""
         os.environ[wide.TMA_ENV] = "0"
-        rec(shape, flop, ref, "pointer kernels (autotuned)", call)
+        rec(shape, flop, ref, "pointer kernel (autotuned)" + tag, call)
         os.environ[wide.TMA_ENV] = "1"
-        for t in [tuned(dual)] + [t for t in tiles if t != tuned(dual)]:
-            wide._tma_config_nvidia = lambda dual, t=t: t
-            rec(shape, flop, ref, "tma {}x{}x{} w{} st{}".format(*t), call)
+        for t in [tuned()] + [t for t in TILES if t != tuned()]:
+            wide._tma_config_nvidia = lambda t=t: t
+            wide._TMA_FIT.clear()
+            name = "tma {}x{}x{} w{} st{}".format(*t) + tag
+            rec(shape, flop, ref, name, call)
+            if wide._TMA_FIT and rows[-1]["variant"] == name:
+                rows[-1]["stages_that_fit"] = min(wide._TMA_FIT.values())
+                print(f"    (ran with {min(wide._TMA_FIT.values())} stages)")
         wide._tma_config_nvidia = tuned
 
     torch.manual_seed(0)
@@ -75,21 +81,10 @@ def main():
             lambda: x @ w.t())
         rec(shape, flop, ref, "eager F.linear + gelu",
             lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
-        variants(shape, flop, ref, lambda: wide.linear(x, w, b, "gelu_tanh", False)[0],
-                 LINEAR_TILES, False)
+        for save in (False, True):
+            variants(shape, flop, ref, lambda save=save: wide.linear(
+                x, w, b, "gelu_tanh", save)[0], save)
         del x, w, b, ref
-    d, hdim = 4096, 14336
-    x = torch.randn(args.m, d, device=dev, dtype=dt)
-    wg, wu = (torch.randn(hdim, d, device=dev, dtype=dt) / d ** 0.5 for _ in range(2))
-    wgu = torch.cat([wg, wu])
-    gf, uf = x.float() @ wg.float().t(), x.float() @ wu.float().t()
-    ref = F.silu(gf) * uf
-    shape, flop = f"gated {args.m}x{hdim}x{d} silu", 4 * args.m * hdim * d
-    rec(shape, flop, torch.cat([gf, uf], 1), "cuBLAS x@[Wg;Wu]^T (bare)", lambda: x @ wgu.t())
-    rec(shape, flop, ref, "eager silu(x Wg^T) * x Wu^T",
-        lambda: F.silu(F.linear(x, wg)) * F.linear(x, wu))
-    variants(shape, flop, ref, lambda: wide.gated_hidden(x, wg, wu, "silu", False)[0],
-             GATED_TILES, True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(environment=environment(dev), rows=rows), f, indent=1)

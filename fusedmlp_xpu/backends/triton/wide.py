@@ -270,13 +270,16 @@ def _gated_bwd_kernel(
     _store(du_ptr, rows, cols, s_dum, s_dun, acc * a, M, N)
 
 
-# ------------------------------------------------ TMA forward kernels (Hopper+) ---
-# The forward GEMMs of large-M inputs read A and B through tensor descriptors (the TMA
+# ------------------------------------------------ TMA forward kernel (Hopper+) ---
+# The forward GEMM of large-M inputs reads A and B through tensor descriptors (the TMA
 # engine copies whole tiles into shared memory, zero-filling past the edges, so no masks
-# and no address math in the K loop) and run persistent: one program per SM walks the
+# and no address math in the K loop) and runs persistent: one program per SM walks the
 # tiles in the grouped order. On the H200 (Triton 3.6, bf16, M 8192; benchmarks/
-# probe_tma_gemm.py) this took the wide-gelu GEMMs from 504-569 TFLOP/s (the pointer
-# kernels above) to 657-684, against cuBLAS's 693-701 without an epilogue.
+# probe_tma_gemm.py, h200-probe-tma-gemm-20261130{,b}.json) this took the wide-gelu
+# GEMMs from 534-569 TFLOP/s (the pointer kernels above) to 644-684, against cuBLAS's
+# 679-711 without an epilogue. The gated GEMM the same way (two 128x128 accumulators,
+# two weight descriptors) ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
+# hidden 14336; 256x64 and 64- or 128-row 4-warp tiles 4.2-6.5 ms): it was not kept.
 @triton.jit
 def _linear_fwd_tma_kernel(
     x_desc, w_desc, y_desc, b_ptr, z_ptr, M, N, K, s_zm, s_zn,
@@ -302,37 +305,6 @@ def _linear_fwd_tma_kernel(
             _store(z_ptr, off_m + tl.arange(0, BLOCK_M), cols, s_zm, s_zn, acc, M, N)
         y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
 
-
-@triton.jit
-def _gated_fwd_tma_kernel(
-    x_desc, wg_desc, wu_desc, h_desc, bg_ptr, bu_ptr, g_ptr, u_ptr, M, N, K,
-    s_gm, s_gn, s_um, s_un,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PROGRAMS: tl.constexpr,
-):
-    """h = act(x Wg^T + bg) * (x Wu^T + bu), each x tile feeding both accumulators."""
-    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            x = x_desc.load([off_m, k])
-            acc_g = _dot(x, wg_desc.load([off_n, k]).T, acc_g, UPCAST, PRECISION)
-            acc_u = _dot(x, wu_desc.load([off_n, k]).T, acc_u, UPCAST, PRECISION)
-        cols = off_n + tl.arange(0, BLOCK_N)
-        if HAS_BIAS:
-            acc_g += tl.load(bg_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-            acc_u += tl.load(bu_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if STORE_GU:
-            rows = off_m + tl.arange(0, BLOCK_M)
-            _store(g_ptr, rows, cols, s_gm, s_gn, acc_g, M, N)
-            _store(u_ptr, rows, cols, s_um, s_un, acc_u, M, N)
-        h_desc.store([off_m, off_n], (_act(acc_g, ACT) * acc_u).to(h_desc.dtype))
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -543,21 +515,21 @@ except ImportError:  # an older Triton: the pointer kernels only
     TensorDescriptor = None
 
 
-def _tma_config_nvidia(dual: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernels on Hopper.
-    Probed on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile loop
-    flattened; h200-probe-tma-gemm-20261130.json): 128x256x64 / 8 warps / 3 stages ran
-    1.67 ms (N 16384, K 4096) and 1.61 ms (N 4096, K 16384), cuBLAS 1.59 / 1.57 without an
-    epilogue; 256x128 1.78 / 1.75, 128x128 1.73-1.84, 4 stages of 128x256 do not fit
-    (256 KB). The gated kernel's two accumulators take a 128-wide tile: its two B tiles a
-    stage make the same 144 KB as one 256-wide B tile."""
-    return (128, 128, 64, 8, 3) if dual else (128, 256, 64, 8, 3)
+def _tma_config_nvidia() -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernel on Hopper.
+    Probed twice on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile loop
+    flattened; h200-probe-tma-gemm-20261130{,b}.json): 128x256x64 / 8 warps / 3 stages
+    ran 1.67-1.71 ms (N 16384, K 4096) and 1.61-1.67 ms (N 4096, K 16384), cuBLAS
+    1.55-1.62 without an epilogue; 256x128 1.77-1.80, 128x128 1.73-1.84; 4 stages of
+    128x256 do not fit (256 KB). Storing z too (training) needs more shared memory than
+    3 stages leave: _tma_launch steps the stages down where the device refuses."""
+    return (128, 256, 64, 8, 3)
 
 
-def _tma_config(device: torch.device, dual: bool) -> tuple[int, int, int, int, int]:
+def _tma_config(device: torch.device) -> tuple[int, int, int, int, int]:
     if device.type == "cpu":  # the interpreter: tl.dot's smallest tile, no pipelining
         return (16, 16, 16, 1, 1)
-    return _tma_config_nvidia(dual)
+    return _tma_config_nvidia()
 
 
 _PROGRAMS: dict = {}
@@ -595,15 +567,33 @@ def _tma_ok(device: torch.device, M: int, N: int, cfg, *tensors) -> bool:
                and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _tma_launch(kernel, device, cfg, M, N, descs, args, consts):
+#: (kernel, device index, constexprs) -> the most stages that fit, once a launch was refused
+_TMA_FIT: dict = {}
+
+
+def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
     """Launch a TMA forward kernel persistent: ``descs`` are (tensor, block rows, block
-    cols as "m"/"n"/"k") turned into descriptors for this config, ``args`` the rest."""
+    cols as "m"/"n"/"k") turned into descriptors for this config, ``args`` the rest.
+    Where the device refuses the config's shared memory (Triton's OutOfResources), one
+    stage fewer, remembered; False when not even one fits (the caller takes the pointer
+    kernels)."""
     bm, bn, bk, warps, stages = cfg
     size = {"m": bm, "n": bn, "k": bk}
     ds = [TensorDescriptor.from_tensor(t, [size[r], size[c]]) for t, r, c in descs]
     progs = min(_programs(device), triton_cdiv(M, bm) * triton_cdiv(N, bn))
-    kernel[(progs,)](*ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                     PROGRAMS=progs, num_warps=warps, num_stages=stages)
+    key = (kernel, device.index, cfg, tuple(consts.items()))
+    stages = _TMA_FIT.get(key, stages)
+    while stages > 0:
+        try:
+            kernel[(progs,)](*ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             GROUP_M=8, PROGRAMS=progs, num_warps=warps, num_stages=stages)
+            return True
+        except Exception as e:  # noqa: BLE001 -- only the refusal of resources steps down
+            if type(e).__name__ != "OutOfResources":
+                raise
+            stages -= 1
+            _TMA_FIT[key] = stages
+    return False
 
 
 # ---------------------------------------------------------------- launchers ---
@@ -619,15 +609,13 @@ def linear(x, w, b, act: str, save_z: bool):
     b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
     zz = z if z is not None else y
     consts = dict(ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x))
-    cfg = _tma_config(x.device, False)
-    if _tma_ok(x.device, M, N, cfg, x, w, y):
-        with _guard(x):
-            _tma_launch(_linear_fwd_tma_kernel, x.device, cfg, M, N,
-                        ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
-                        (b if b is not None else w, zz, M, N, K, zz.stride(0), zz.stride(1)),
-                        consts)
-        return y, z
+    cfg = _tma_config(x.device)
     with _guard(x):
+        if _tma_ok(x.device, M, N, cfg, x, w, y) and _tma_launch(
+                _linear_fwd_tma_kernel, x.device, cfg, M, N,
+                ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
+                (b if b is not None else w, zz, M, N, K, zz.stride(0), zz.stride(1)), consts):
+            return y, z
         _kernel("fwd", x.device).launch(
             _grid(M, N), (
                 x, w, b if b is not None else w, y, zz,
@@ -832,19 +820,6 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
         b_gate = b_gate if b_gate is None or b_gate.is_contiguous() else b_gate.contiguous()
         b_up = b_up if b_up is None or b_up.is_contiguous() else b_up.contiguous()
         gg, uu = (g, u) if save else (h, h)
-        consts = dict(ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save,
-                      **_meta(x))
-        cfg = _tma_config(x.device, True)
-        if _tma_ok(x.device, M, H, cfg, x, w_gate, w_up, h):
-            with _guard(x):
-                _tma_launch(_gated_fwd_tma_kernel, x.device, cfg, M, H,
-                            ((x, "m", "k"), (w_gate, "n", "k"), (w_up, "n", "k"),
-                             (h, "m", "n")),
-                            (b_gate if b_gate is not None else w_gate,
-                             b_up if b_up is not None else w_up, gg, uu, M, H, K,
-                             gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1)),
-                            consts)
-            return h, ([g, u] if save else [])
         with _guard(x):
             _kernel("gated_fwd", x.device).launch(
                 _grid(M, H), (
@@ -855,7 +830,8 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
                     w_up.stride(0), w_up.stride(1), h.stride(0), h.stride(1),
                     gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1),
                 ),
-                consts, x.device,
+                dict(ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save, **_meta(x)),
+                x.device,
             )
     return h, ([g, u] if save else [])
 
