@@ -60,8 +60,9 @@ def main():
         os.environ[wide.TMA_ENV] = "0"
         rec(shape, flop, ref, "pointer kernel (autotuned)" + tag, call)
         os.environ[wide.TMA_ENV] = "1"
-        for t in [tuned()] + [t for t in TILES if t != tuned()]:
-            wide._tma_config_nvidia = lambda t=t: t
+        mine = tuned("fwd_z" if save else "fwd")
+        for t in [mine] + [t for t in TILES if t != mine]:
+            wide._tma_config_nvidia = lambda kind, t=t: t
             wide._TMA_FIT.clear()
             name = "tma {}x{}x{} w{} st{}".format(*t) + tag
             rec(shape, flop, ref, name, call)
@@ -78,16 +79,44 @@ def main():
         ref = F.gelu(x.float() @ w.float().t() + b.float(), approximate="tanh")
         shape, flop = f"linear {args.m}x{n}x{k} gelu_tanh", 2 * args.m * n * k
         rec(shape, flop, x.float() @ w.float().t(), "cuBLAS x@W^T (bare)",
-            lambda: x @ w.t())
+            lambda x=x, w=w: x @ w.t())
         rec(shape, flop, ref, "eager F.linear + gelu",
-            lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
+            lambda x=x, w=w, b=b: F.gelu(F.linear(x, w, b), approximate="tanh"))
         for save in (False, True):
-            variants(shape, flop, ref, lambda save=save: wide.linear(
+            variants(shape, flop, ref, lambda x=x, w=w, b=b, save=save: wide.linear(
                 x, w, b, "gelu_tanh", save)[0], save)
-        del x, w, b, ref
+    # the backward GEMMs of wide-gelu (4096 -> 16384 -> 4096): pointer vs TMA, tuned tiles
+    d, hid = 4096, 16384
+    g2 = torch.randn(args.m, d, device=dev, dtype=dt)
+    w2 = torch.randn(d, hid, device=dev, dtype=dt) / hid ** 0.5
+    w1 = torch.randn(hid, d, device=dev, dtype=dt) / d ** 0.5
+    z1 = torch.randn(args.m, hid, device=dev, dtype=dt)
+    g1 = torch.randn(args.m, hid, device=dev, dtype=dt)
+    x = torch.randn(args.m, d, device=dev, dtype=dt)
+    h1f = F.gelu(z1.float(), approximate="tanh")
+    h1 = h1f.to(dt)
+    dgelu = torch.autograd.functional.jvp(lambda t: F.gelu(t, approximate="tanh"), z1.float(),
+                                          torch.ones_like(z1, dtype=torch.float32))[1]
+    cases = [
+        ("dx hidden (g2 W2) * gelu'(z1), h stored", g2.float() @ w2.float() * dgelu,
+         lambda: g2 @ w2, lambda: wide.grad_input(g2, w2, z1, "gelu_tanh", store_h=True)[0]),
+        ("dW2 = g2^T h1", g2.float().t() @ h1f, lambda: g2.t() @ h1,
+         lambda: wide.grad_weight(g2, h1)[0]),
+        ("dx input g1 W1", g1.float() @ w1.float(), lambda: g1 @ w1,
+         lambda: wide.grad_input(g1, w1)[0]),
+        ("dW1 = g1^T x", g1.float().t() @ x.float(), lambda: g1.t() @ x,
+         lambda: wide.grad_weight(g1, x)[0]),
+    ]
+    for name, ref, bare, call in cases:
+        shape, flop = f"{name} M {args.m}", 2 * args.m * d * hid
+        rec(shape, flop, ref, "cuBLAS (bare, no epilogue)", bare)
+        os.environ[wide.TMA_ENV] = "0"
+        rec(shape, flop, ref, "pointer kernel (autotuned)", call)
+        os.environ[wide.TMA_ENV] = "1"
+        rec(shape, flop, ref, "tma {}x{}x{} w{} st{}".format(*tuned("dx")), call)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(environment=environment(dev), rows=rows), f, indent=1)
+            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

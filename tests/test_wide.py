@@ -239,10 +239,7 @@ def _tma_shape(device):
 def test_tma_forward(device, monkeypatch, dtype, save):
     """The TMA forward kernel against the float64 reference, its saved pre-activations
     too; the spy proves it, not the pointer kernel, ran."""
-    if device.type == "xpu":
-        pytest.skip("the TMA path is CUDA (Hopper+) and interpreter only")
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
-        pytest.skip("TMA needs sm_90+")
+    _needs_tma(device)
     ran = _tma_spy(monkeypatch)
     M, N, K = _tma_shape(device)
     x = torch.randn(M, K, device=device).to(dtype)
@@ -256,6 +253,26 @@ def test_tma_forward(device, monkeypatch, dtype, save):
     if save:
         assert_close(z, z_ref, tol, "z")
     assert ran == ["_linear_fwd_tma_kernel"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tma_train_step(device, monkeypatch, dtype):
+    """A two-layer train step whose every GEMM takes a TMA kernel (forward with z, the
+    input gradients with the activation derivative and h = act(z) in the epilogue, the
+    weight gradients from transposed tiles), against the float64 reference."""
+    _needs_tma(device)
+    ran = _tma_spy(monkeypatch)
+    widths, m = ((40, 56, 48), 130) if device.type == "cpu" else ((1032, 2296, 2056), 2133)
+    check(device, widths, dtype, "gelu_tanh", "none", m=m, strided=False)
+    # forward 2, input gradients 2 (the hidden layer's and x's), weight gradients 2
+    assert sorted(ran) == ["_linear_fwd_tma_kernel"] * 2 + ["_linear_grad_tma_kernel"] * 4
+
+
+def _needs_tma(device):
+    if device.type == "xpu":
+        pytest.skip("the TMA path is CUDA (Hopper+) and interpreter only")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        pytest.skip("TMA needs sm_90+")
 
 
 class _Refused(Exception):

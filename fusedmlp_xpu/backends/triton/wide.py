@@ -281,6 +281,26 @@ def _gated_bwd_kernel(
 # two weight descriptors) ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
 # hidden 14336; 256x64 and 64- or 128-row 4-warp tiles 4.2-6.5 ms): it was not kept.
 @triton.jit
+def _tma_mm(a_desc, b_desc, off_m, off_n, K, acc,
+            A_T: tl.constexpr, B_T: tl.constexpr, UPCAST: tl.constexpr,
+            PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += A[off_m:, :K] @ B[:K, off_n:] from descriptor tiles. A_T: A is read from a
+    [K, M] tensor (tiles [BLOCK_K, BLOCK_M], transposed in shared memory); B_T: B from an
+    [N, K] tensor (tiles [BLOCK_N, BLOCK_K]), else from a [K, N] one."""
+    for k in range(0, K, BLOCK_K):
+        if A_T:
+            a = a_desc.load([k, off_m]).T
+        else:
+            a = a_desc.load([off_m, k])
+        if B_T:
+            b = b_desc.load([off_n, k]).T
+        else:
+            b = b_desc.load([k, off_n])
+        acc = _dot(a, b, acc, UPCAST, PRECISION)
+    return acc
+
+
+@triton.jit
 def _linear_fwd_tma_kernel(
     x_desc, w_desc, y_desc, b_ptr, z_ptr, M, N, K, s_zm, s_zn,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
@@ -294,17 +314,43 @@ def _linear_fwd_tma_kernel(
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = _dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc,
-                       UPCAST, PRECISION)
+        acc = _tma_mm(x_desc, w_desc, off_m, off_n, K, tl.zeros((BLOCK_M, BLOCK_N), tl.float32),
+                      False, True, UPCAST, PRECISION, BLOCK_K)
         cols = off_n + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if STORE_Z:  # training only: a plain store keeps the epilogue's shared memory small
+        if STORE_Z:  # training only: a plain store (the config leaves room for it)
             _store(z_ptr, off_m + tl.arange(0, BLOCK_M), cols, s_zm, s_zn, acc, M, N)
         y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
 
+
+@triton.jit
+def _linear_grad_tma_kernel(
+    a_desc, b_desc, z_ptr, out_ptr, h_ptr, M, N, K,
+    s_zm, s_zn, s_om, s_on, s_hm, s_hn,
+    A_T: tl.constexpr, ACT: tl.constexpr, STORE_H: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """The backward GEMMs, persistent: out = (A @ B) * act'(z) (h = act(z) too with
+    STORE_H), B read from a [K, N] tensor. Input gradient: A = g [M, out], B = W [out, in]
+    (ACT the previous layer's activation, or 0). Weight gradient (A_T, ACT 0): A = g^T
+    read from g [rows, out], B = h [rows, in]."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _tma_mm(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
+                      tl.zeros((BLOCK_M, BLOCK_N), tl.float32), A_T, False, UPCAST, PRECISION,
+                      BLOCK_K)
+        if ACT != 0:
+            z = _load_mn(z_ptr, rows, cols, s_zm, s_zn, M, N)
+            acc = acc * _act_grad(z, ACT)
+            if STORE_H:
+                _store(h_ptr, rows, cols, s_hm, s_hn, _act(z, ACT), M, N)
+        _store(out_ptr, rows, cols, s_om, s_on, acc, M, N)
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -515,21 +561,23 @@ except ImportError:  # an older Triton: the pointer kernels only
     TensorDescriptor = None
 
 
-def _tma_config_nvidia() -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernel on Hopper.
+def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA kernels on Hopper, per GEMM
+    ("fwd", "fwd_z": the training forward that stores z too, "dx", "dw").
     Probed twice on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile loop
-    flattened; h200-probe-tma-gemm-20261130{,b}.json): 128x256x64 / 8 warps / 3 stages
-    ran 1.67-1.71 ms (N 16384, K 4096) and 1.61-1.67 ms (N 4096, K 16384), cuBLAS
-    1.55-1.62 without an epilogue; 256x128 1.77-1.80, 128x128 1.73-1.84; 4 stages of
-    128x256 do not fit (256 KB). Storing z too (training) needs more shared memory than
-    3 stages leave: _tma_launch steps the stages down where the device refuses."""
-    return (128, 256, 64, 8, 3)
+    flattened; h200-probe-tma-gemm-20261130{,b}.json), forward: 128x256x64 / 8 warps /
+    3 stages ran 1.67-1.71 ms (N 16384, K 4096) and 1.61-1.68 ms (N 4096, K 16384), cuBLAS
+    1.55-1.62 without an epilogue; 256x128 1.76-1.81, 128x128 1.73-1.85; 4 stages of
+    128x256 do not fit (256 KB). Storing z too, 128x256 fits only 2 stages and ran 2.17-
+    2.41 ms, 128x128x64 / 4 stages 1.81-1.88 (the pointer kernel 1.97-2.14). The backward
+    GEMMs store from registers like that: the same 128x128 tile."""
+    return (128, 256, 64, 8, 3) if kind == "fwd" else (128, 128, 64, 8, 4)
 
 
-def _tma_config(device: torch.device) -> tuple[int, int, int, int, int]:
+def _tma_config(device: torch.device, kind: str) -> tuple[int, int, int, int, int]:
     if device.type == "cpu":  # the interpreter: tl.dot's smallest tile, no pipelining
         return (16, 16, 16, 1, 1)
-    return _tma_config_nvidia()
+    return _tma_config_nvidia(kind)
 
 
 _PROGRAMS: dict = {}
@@ -549,16 +597,16 @@ def _programs(device: torch.device) -> int:
 
 
 def _tma_ok(device: torch.device, M: int, N: int, cfg, *tensors) -> bool:
-    """Whether this forward GEMM takes the TMA kernel: a Hopper-class CUDA device (or the
-    interpreter), 16-bit operands (fp32 was not measured), at least one full wave of tiles
-    (fewer rows keep the autotuned pointer kernels, whose small-M tiles spread over the
-    SMs), and descriptors the TMA engine accepts: unit column stride, 16-byte aligned
-    rows and base addresses."""
+    """Whether this GEMM (output M x N) takes a TMA kernel: a Hopper-class CUDA device (or
+    the interpreter), 16-bit operands (fp32 was not measured), at least one full wave of
+    tiles, and descriptors the TMA engine accepts: unit column stride, 16-byte aligned
+    rows and base addresses. The callers keep decode-sized batches (<= 64 rows) on the
+    autotuned pointer kernels, whose small-M tiles spread over the SMs."""
     if TensorDescriptor is None or os.environ.get(TMA_ENV, "1") == "0":
         return False
     if (device.type == "cpu" and not interpreting()) or device.type not in ("cuda", "cpu"):
         return False
-    if tensors[0].dtype not in (torch.float16, torch.bfloat16) or M <= 64:
+    if tensors[0].dtype not in (torch.float16, torch.bfloat16):
         return False
     if triton_cdiv(M, cfg[0]) * triton_cdiv(N, cfg[1]) < max(1, _programs(device)) \
             or _programs(device) == 0:
@@ -588,7 +636,7 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
             kernel[(progs,)](*ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                              GROUP_M=8, PROGRAMS=progs, num_warps=warps, num_stages=stages)
             return True
-        except Exception as e:  # noqa: BLE001 -- only the refusal of resources steps down
+        except Exception as e:  # only the refusal of resources steps down
             if type(e).__name__ != "OutOfResources":
                 raise
             stages -= 1
@@ -609,9 +657,9 @@ def linear(x, w, b, act: str, save_z: bool):
     b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
     zz = z if z is not None else y
     consts = dict(ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x))
-    cfg = _tma_config(x.device)
+    cfg = _tma_config(x.device, "fwd_z" if save_z else "fwd")
     with _guard(x):
-        if _tma_ok(x.device, M, N, cfg, x, w, y) and _tma_launch(
+        if M > 64 and _tma_ok(x.device, M, N, cfg, x, w, y) and _tma_launch(
                 _linear_fwd_tma_kernel, x.device, cfg, M, N,
                 ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
                 (b if b is not None else w, zz, M, N, K, zz.stride(0), zz.stride(1)), consts):
@@ -645,7 +693,16 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     zz = z if z is not None else out
     hh = h if h is not None else out
     g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
+    act_id = _ACT[act] if z is not None else 0
+    cfg = _tma_config(g.device, "dx")
+    tma = g_act == "none" and g2 is None and M > 64 and _tma_ok(g.device, M, N, cfg, g, w)
     with _guard(g):
+        if tma and _tma_launch(
+                _linear_grad_tma_kernel, g.device, cfg, M, N, ((g, "m", "k"), (w, "k", "n")),
+                (zz, out, hh, M, N, K, zz.stride(0), zz.stride(1), out.stride(0), out.stride(1),
+                 hh.stride(0), hh.stride(1)),
+                dict(A_T=False, ACT=act_id, STORE_H=store_h, **_meta(g))):
+            return out, h
         _kernel("dx", g.device).launch(
             _grid(M, N), (
                 g, w, zg, g2_, w2_, zz, out, hh,
@@ -654,8 +711,8 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
                 g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
                 zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0), hh.stride(1),
             ),
-            dict(G_ACT=_ACT[g_act], ACT=_ACT[act] if z is not None else 0, DUAL=g2 is not None,
-                 STORE_H=store_h, **_meta(g)),
+            dict(G_ACT=_ACT[g_act], ACT=act_id, DUAL=g2 is not None, STORE_H=store_h,
+                 **_meta(g)),
             g.device,
         )
     return out, h
@@ -674,6 +731,17 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
             db.zero_()
         return dw, db
     _check_size(g, h, dw)
+    cfg = _tma_config(g.device, "dw")
+    # the rows are this GEMM's K: decode-sized batches keep the pointer kernel
+    if g_act == "none" and M > 64 and _tma_ok(g.device, N_out, N_in, cfg, g, h):
+        with _guard(g):
+            if _tma_launch(_linear_grad_tma_kernel, g.device, cfg, N_out, N_in,
+                           ((g, "k", "m"), (h, "k", "n")),
+                           (dw, dw, dw, N_out, N_in, M, 0, 0, dw.stride(0), dw.stride(1), 0, 0),
+                           dict(A_T=True, ACT=0, STORE_H=False, **_meta(g))):
+                if db is not None:  # one reduction over the rows, not in the GEMM's loop
+                    db.copy_(_bias_grad(g, None, "none"))
+                return dw, db
     zg = g_z if g_z is not None else g
     # The bias gradient rides along in the kernel only when the rows (this GEMM's K) fill
     # whole K blocks of every config: on the H200 (Triton 3.6), summing the masked tail
