@@ -1,6 +1,6 @@
 """Probe: the wide forward GEMM with TMA descriptors (persistent, wide._linear_fwd_tma_kernel)
 against the pointer kernel and cuBLAS, tile by tile, for inference and for the training
-forward (which also stores z).
+forward (which also stores z); then the backward GEMMs against cuBLAS.
 
 Per shape (bf16, M 8192): cuBLAS without an epilogue ("bare"), eager torch, the pointer
 kernel (FUSEDMLP_WIDE_TMA=0, autotuned), and the TMA kernel at several tiles (the
@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--m", type=int, default=8192)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--part", choices=["all", "forward", "backward"], default="all")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
@@ -72,7 +73,7 @@ def main():
         wide._tma_config_nvidia = tuned
 
     torch.manual_seed(0)
-    for n, k in ((16384, 4096), (4096, 16384)):
+    for n, k in ((16384, 4096), (4096, 16384)) if args.part != "backward" else ():
         x = torch.randn(args.m, k, device=dev, dtype=dt)
         w = torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5
         b = torch.randn(n, device=dev, dtype=dt)
@@ -85,35 +86,38 @@ def main():
         for save in (False, True):
             variants(shape, flop, ref, lambda x=x, w=w, b=b, save=save: wide.linear(
                 x, w, b, "gelu_tanh", save)[0], save)
-    # the backward GEMMs of wide-gelu (4096 -> 16384 -> 4096): pointer vs TMA, tuned tiles
-    d, hid = 4096, 16384
-    g2 = torch.randn(args.m, d, device=dev, dtype=dt)
-    w2 = torch.randn(d, hid, device=dev, dtype=dt) / hid ** 0.5
-    w1 = torch.randn(hid, d, device=dev, dtype=dt) / d ** 0.5
-    z1 = torch.randn(args.m, hid, device=dev, dtype=dt)
-    g1 = torch.randn(args.m, hid, device=dev, dtype=dt)
-    x = torch.randn(args.m, d, device=dev, dtype=dt)
-    h1f = F.gelu(z1.float(), approximate="tanh")
-    h1 = h1f.to(dt)
-    dgelu = torch.autograd.functional.jvp(lambda t: F.gelu(t, approximate="tanh"), z1.float(),
-                                          torch.ones_like(z1, dtype=torch.float32))[1]
-    cases = [
-        ("dx hidden (g2 W2) * gelu'(z1), h stored", g2.float() @ w2.float() * dgelu,
-         lambda: g2 @ w2, lambda: wide.grad_input(g2, w2, z1, "gelu_tanh", store_h=True)[0]),
-        ("dW2 = g2^T h1", g2.float().t() @ h1f, lambda: g2.t() @ h1,
-         lambda: wide.grad_weight(g2, h1)[0]),
-        ("dx input g1 W1", g1.float() @ w1.float(), lambda: g1 @ w1,
-         lambda: wide.grad_input(g1, w1)[0]),
-        ("dW1 = g1^T x", g1.float().t() @ x.float(), lambda: g1.t() @ x,
-         lambda: wide.grad_weight(g1, x)[0]),
-    ]
-    for name, ref, bare, call in cases:
-        shape, flop = f"{name} M {args.m}", 2 * args.m * d * hid
-        rec(shape, flop, ref, "cuBLAS (bare, no epilogue)", bare)
-        os.environ[wide.TMA_ENV] = "0"
-        rec(shape, flop, ref, "pointer kernel (autotuned)", call)
-        os.environ[wide.TMA_ENV] = "1"
-        rec(shape, flop, ref, "tma {}x{}x{} w{} st{}".format(*tuned("dx")), call)
+    # the backward GEMMs of wide-gelu (4096 -> 16384 -> 4096), pointer kernels (TMA ones
+    # were slower here: h200-probe-tma-gemm-20261130c.json), dW with and without the bias
+    # gradient (one row reduction beside the GEMM)
+    if args.part != "forward":
+        d, hid = 4096, 16384
+        g2 = torch.randn(args.m, d, device=dev, dtype=dt)
+        w2 = torch.randn(d, hid, device=dev, dtype=dt) / hid ** 0.5
+        w1 = torch.randn(hid, d, device=dev, dtype=dt) / d ** 0.5
+        z1 = torch.randn(args.m, hid, device=dev, dtype=dt)
+        g1 = torch.randn(args.m, hid, device=dev, dtype=dt)
+        x = torch.randn(args.m, d, device=dev, dtype=dt)
+        h1f = F.gelu(z1.float(), approximate="tanh")
+        h1 = h1f.to(dt)
+        dgelu = torch.autograd.functional.jvp(lambda t: F.gelu(t, approximate="tanh"), z1.float(),
+                                              torch.ones_like(z1, dtype=torch.float32))[1]
+        cases = [
+            ("dx hidden (g2 W2) * gelu'(z1), h stored", g2.float() @ w2.float() * dgelu,
+             lambda: g2 @ w2, [("", lambda: wide.grad_input(g2, w2, z1, "gelu_tanh", store_h=True)[0])]),
+            ("dW2 = g2^T h1", g2.float().t() @ h1f, lambda: g2.t() @ h1,
+             [("", lambda: wide.grad_weight(g2, h1)[0]),
+              (" + db", lambda: wide.grad_weight(g2, h1, bias_grad=True)[0])]),
+            ("dx input g1 W1", g1.float() @ w1.float(), lambda: g1 @ w1,
+             [("", lambda: wide.grad_input(g1, w1)[0])]),
+            ("dW1 = g1^T x", g1.float().t() @ x.float(), lambda: g1.t() @ x,
+             [("", lambda: wide.grad_weight(g1, x)[0]),
+              (" + db", lambda: wide.grad_weight(g1, x, bias_grad=True)[0])]),
+        ]
+        for name, ref, bare, calls in cases:
+            shape, flop = f"{name} M {args.m}", 2 * args.m * d * hid
+            rec(shape, flop, ref, "cuBLAS (bare, no epilogue)", bare)
+            for tag, call in calls:
+                rec(shape, flop, ref, "pointer kernel (autotuned)" + tag, call)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)

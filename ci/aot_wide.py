@@ -39,7 +39,7 @@ UNIT_STRIDES = {
 VARIANTS = {
     "fwd": [dict(ACT=4, HAS_BIAS=True, STORE_Z=True), dict(ACT=0, HAS_BIAS=True, STORE_Z=False)],
     "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False)],
-    "dw": [dict(G_ACT=0, DB=True), dict(G_ACT=7, DB=False)],
+    "dw": [dict(G_ACT=0), dict(G_ACT=7)],
     "gated_fwd": [dict(ACT=5, HAS_BIAS=False, STORE_GU=True)],
     "gated_bwd": [dict(ACT=5)],
 }

@@ -5,7 +5,9 @@ Kernels (each C = A @ B^T with A: [M, K], B: [N, K], any strides, fp32 accumulat
     _linear_fwd_kernel    y = act(x W^T + b); optionally also stores z = x W^T + b
     _linear_dx_kernel     g_in = (g' W) * act'(z)   (derivative in the epilogue; optional
                           second product for the gated dx = dg Wg + du Wu; optional h = act(z))
-    _linear_dw_kernel     dW = g'^T h, with db = sum_rows g' from the same A tiles
+    _linear_dw_kernel     dW = g'^T h (db = sum_rows g' is one reduction beside it)
+    _linear_fwd_tma_kernel  the forward GEMM through TMA descriptors, persistent (Hopper+,
+                          16-bit operands, large M)
     _gated_fwd_kernel     h = act(x Wg^T + bg) * (x Wu^T + bu): two accumulators, one x tile
     _gated_bwd_kernel     dh = dy Wd; epilogue: dg = dh u act'(g), du = dh act(g)
 
@@ -40,8 +42,6 @@ GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # Pointer offsets are 32-bit in the kernels (cheaper address math in the K loop);
 # larger operands are refused on the host, never silently wrapped.
 _MAX_ELEMENTS = 2**31 - 1
-# the largest BLOCK_K of any config list: K a multiple of it is whole blocks for all of them
-_K_MULTIPLE = 256
 
 
 # ---------------------------------------------------------------- activations ---
@@ -92,12 +92,11 @@ def _dot(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def _mm(a_ptr, b_ptr, za_ptr, rows, cols, K,
-        s_am, s_ak, s_bn, s_bk, s_zm, s_zk,
-        acc, db_acc,
-        A_ACT: tl.constexpr, DB: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+        s_am, s_ak, s_bn, s_bk, s_zm, s_zk, acc,
+        A_ACT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """acc += A'[rows, :] @ B[cols, :]^T over K, where A' = A * act'(ZA) when A_ACT != 0
-    (the prologue fusion); db_acc += row sums of A' when DB."""
+    (the prologue fusion)."""
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * s_am + ks[None, :] * s_ak
     b_ptrs = b_ptr + cols[None, :] * s_bn + ks[:, None] * s_bk
@@ -109,12 +108,10 @@ def _mm(a_ptr, b_ptr, za_ptr, rows, cols, K,
             za = _load_k(z_ptrs, K - k0, 1, BLOCK_K, EVEN_K).to(tl.float32)
             a = (a.to(tl.float32) * _act_grad(za, A_ACT)).to(b.dtype)
             z_ptrs += BLOCK_K * s_zk
-        if DB:
-            db_acc += tl.sum(a.to(tl.float32), axis=1)
         acc = _dot(a, b, acc, UPCAST, PRECISION)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
-    return acc, db_acc
+    return acc
 
 
 @triton.jit
@@ -142,9 +139,8 @@ def _linear_fwd_kernel(
 ):
     rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    unused = tl.zeros((BLOCK_M,), tl.float32)
-    acc, unused = _mm(x_ptr, w_ptr, x_ptr, rows % M, cols % N, K, s_xm, s_xk, s_wn, s_wk, 0, 0,
-                      acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    acc = _mm(x_ptr, w_ptr, x_ptr, rows % M, cols % N, K, s_xm, s_xk, s_wn, s_wk, 0, 0,
+              acc, 0, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if STORE_Z:
@@ -169,13 +165,12 @@ def _linear_dx_kernel(
     layer's output, which the weight gradient needs and forward did not keep."""
     rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    unused = tl.zeros((BLOCK_M,), tl.float32)
     rw, cw = rows % M, cols % N
-    acc, unused = _mm(g_ptr, w_ptr, zg_ptr, rw, cw, K, s_gm, s_gk, s_wn, s_wk, s_zgm, s_zgk,
-                      acc, unused, G_ACT, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    acc = _mm(g_ptr, w_ptr, zg_ptr, rw, cw, K, s_gm, s_gk, s_wn, s_wk, s_zgm, s_zgk,
+              acc, G_ACT, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if DUAL:
-        acc, unused = _mm(g2_ptr, w2_ptr, g2_ptr, rw, cw, K2, s_g2m, s_g2k, s_w2n, s_w2k, 0, 0,
-                          acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+        acc = _mm(g2_ptr, w2_ptr, g2_ptr, rw, cw, K2, s_g2m, s_g2k, s_w2n, s_w2k, 0, 0,
+                  acc, 0, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if ACT != 0:
         z = _load_mn(z_ptr, rows, cols, s_zm, s_zn, M, N)
         acc = acc * _act_grad(z, ACT)
@@ -186,27 +181,21 @@ def _linear_dx_kernel(
 
 @triton.jit
 def _linear_dw_kernel(
-    g_ptr, h_ptr, zg_ptr, dw_ptr, db_ptr,
+    g_ptr, h_ptr, zg_ptr, dw_ptr,
     M, N, K, M_BUCKET,
     s_gm, s_gk, s_hn, s_hk, s_zgm, s_zgk, s_wm, s_wn,
-    G_ACT: tl.constexpr, DB: tl.constexpr,
+    G_ACT: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
     """dW[out, in] = g'^T @ h, K = the batch rows; g' and h are read through swapped
-    strides. db = the row sums of g' from the same tiles; programs of the first column
-    of tiles store it (the others sum too, which costs BLOCK_M*BLOCK_K adds per
-    BLOCK_M*BLOCK_N*BLOCK_K multiply-adds, and keeps the loop branch-free)."""
-    rows, cols, pid_n = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    strides."""
+    rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    db = tl.zeros((BLOCK_M,), tl.float32)
-    acc, db = _mm(g_ptr, h_ptr, zg_ptr, rows % M, cols % N, K, s_gm, s_gk, s_hn, s_hk,
-                  s_zgm, s_zgk, acc, db, G_ACT, DB, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    acc = _mm(g_ptr, h_ptr, zg_ptr, rows % M, cols % N, K, s_gm, s_gk, s_hn, s_hk,
+              s_zgm, s_zgk, acc, G_ACT, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     _store(dw_ptr, rows, cols, s_wm, s_wn, acc, M, N)
-    if DB:
-        limit = tl.where(pid_n == 0, M, 0)  # only the first column of tiles stores db
-        tl.store(db_ptr + rows, db.to(db_ptr.dtype.element_ty), mask=rows < limit)
 
 
 @triton.jit
@@ -260,9 +249,8 @@ def _gated_bwd_kernel(
     du = dh act(g)."""
     rows, cols, _ = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    unused = tl.zeros((BLOCK_M,), tl.float32)
-    acc, unused = _mm(dy_ptr, wd_ptr, dy_ptr, rows % M, cols % N, K, s_dym, s_dyk, s_wn, s_wk,
-                      0, 0, acc, unused, 0, False, UPCAST, PRECISION, BLOCK_K, EVEN_K)
+    acc = _mm(dy_ptr, wd_ptr, dy_ptr, rows % M, cols % N, K, s_dym, s_dyk, s_wn, s_wk,
+              0, 0, acc, 0, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     g = _load_mn(g_ptr, rows, cols, s_gm, s_gn, M, N)
     u = _load_mn(u_ptr, rows, cols, s_um, s_un, M, N)
     a = _act(g, ACT)
@@ -281,26 +269,6 @@ def _gated_bwd_kernel(
 # two weight descriptors) ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
 # hidden 14336; 256x64 and 64- or 128-row 4-warp tiles 4.2-6.5 ms): it was not kept.
 @triton.jit
-def _tma_mm(a_desc, b_desc, off_m, off_n, K, acc,
-            A_T: tl.constexpr, B_T: tl.constexpr, UPCAST: tl.constexpr,
-            PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += A[off_m:, :K] @ B[:K, off_n:] from descriptor tiles. A_T: A is read from a
-    [K, M] tensor (tiles [BLOCK_K, BLOCK_M], transposed in shared memory); B_T: B from an
-    [N, K] tensor (tiles [BLOCK_N, BLOCK_K]), else from a [K, N] one."""
-    for k in range(0, K, BLOCK_K):
-        if A_T:
-            a = a_desc.load([k, off_m]).T
-        else:
-            a = a_desc.load([off_m, k])
-        if B_T:
-            b = b_desc.load([off_n, k]).T
-        else:
-            b = b_desc.load([k, off_n])
-        acc = _dot(a, b, acc, UPCAST, PRECISION)
-    return acc
-
-
-@triton.jit
 def _linear_fwd_tma_kernel(
     x_desc, w_desc, y_desc, b_ptr, z_ptr, M, N, K, s_zm, s_zn,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
@@ -314,43 +282,16 @@ def _linear_fwd_tma_kernel(
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = _tma_mm(x_desc, w_desc, off_m, off_n, K, tl.zeros((BLOCK_M, BLOCK_N), tl.float32),
-                      False, True, UPCAST, PRECISION, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = _dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc,
+                       UPCAST, PRECISION)
         cols = off_n + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         if STORE_Z:  # training only: a plain store (the config leaves room for it)
             _store(z_ptr, off_m + tl.arange(0, BLOCK_M), cols, s_zm, s_zn, acc, M, N)
         y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
-
-
-@triton.jit
-def _linear_grad_tma_kernel(
-    a_desc, b_desc, z_ptr, out_ptr, h_ptr, M, N, K,
-    s_zm, s_zn, s_om, s_on, s_hm, s_hn,
-    A_T: tl.constexpr, ACT: tl.constexpr, STORE_H: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PROGRAMS: tl.constexpr,
-):
-    """The backward GEMMs, persistent: out = (A @ B) * act'(z) (h = act(z) too with
-    STORE_H), B read from a [K, N] tensor. Input gradient: A = g [M, out], B = W [out, in]
-    (ACT the previous layer's activation, or 0). Weight gradient (A_T, ACT 0): A = g^T
-    read from g [rows, out], B = h [rows, in]."""
-    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
-        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _tma_mm(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K,
-                      tl.zeros((BLOCK_M, BLOCK_N), tl.float32), A_T, False, UPCAST, PRECISION,
-                      BLOCK_K)
-        if ACT != 0:
-            z = _load_mn(z_ptr, rows, cols, s_zm, s_zn, M, N)
-            acc = acc * _act_grad(z, ACT)
-            if STORE_H:
-                _store(h_ptr, rows, cols, s_hm, s_hn, _act(z, ACT), M, N)
-        _store(out_ptr, rows, cols, s_om, s_on, acc, M, N)
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -476,7 +417,7 @@ def _smem_limit(device: torch.device) -> int:
 _KERNELS = {
     "fwd": (_linear_fwd_kernel, False, ("ACT", "HAS_BIAS", "STORE_Z")),
     "dx": (_linear_dx_kernel, False, ("G_ACT", "ACT", "DUAL", "STORE_H", "K2")),
-    "dw": (_linear_dw_kernel, False, ("G_ACT", "DB")),
+    "dw": (_linear_dw_kernel, False, ("G_ACT",)),
     "gated_fwd": (_gated_fwd_kernel, True, ("ACT", "HAS_BIAS", "STORE_GU")),
     # one accumulator, but an epilogue holding g, u and two outputs: the smaller tiles
     "gated_bwd": (_gated_bwd_kernel, True, ("ACT",)),
@@ -562,15 +503,16 @@ except ImportError:  # an older Triton: the pointer kernels only
 
 
 def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA kernels on Hopper, per GEMM
-    ("fwd", "fwd_z": the training forward that stores z too, "dx", "dw").
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernel on Hopper, for
+    inference ("fwd") or for training ("fwd_z": z is stored too).
     Probed twice on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile loop
     flattened; h200-probe-tma-gemm-20261130{,b}.json), forward: 128x256x64 / 8 warps /
     3 stages ran 1.67-1.71 ms (N 16384, K 4096) and 1.61-1.68 ms (N 4096, K 16384), cuBLAS
     1.55-1.62 without an epilogue; 256x128 1.76-1.81, 128x128 1.73-1.85; 4 stages of
     128x256 do not fit (256 KB). Storing z too, 128x256 fits only 2 stages and ran 2.17-
     2.41 ms, 128x128x64 / 4 stages 1.81-1.88 (the pointer kernel 1.97-2.14). The backward
-    GEMMs store from registers like that: the same 128x128 tile."""
+    GEMMs through TMA at 128x128x64 / 4 stages (h200-probe-tma-gemm-20261130c.json) were
+    slower than the pointer kernels (1.85-2.26 against 1.62-2.21 ms) and were not kept."""
     return (128, 256, 64, 8, 3) if kind == "fwd" else (128, 128, 64, 8, 4)
 
 
@@ -694,15 +636,7 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     hh = h if h is not None else out
     g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
     act_id = _ACT[act] if z is not None else 0
-    cfg = _tma_config(g.device, "dx")
-    tma = g_act == "none" and g2 is None and M > 64 and _tma_ok(g.device, M, N, cfg, g, w)
     with _guard(g):
-        if tma and _tma_launch(
-                _linear_grad_tma_kernel, g.device, cfg, M, N, ((g, "m", "k"), (w, "k", "n")),
-                (zz, out, hh, M, N, K, zz.stride(0), zz.stride(1), out.stride(0), out.stride(1),
-                 hh.stride(0), hh.stride(1)),
-                dict(A_T=False, ACT=act_id, STORE_H=store_h, **_meta(g))):
-            return out, h
         _kernel("dx", g.device).launch(
             _grid(M, N), (
                 g, w, zg, g2_, w2_, zz, out, hh,
@@ -731,39 +665,23 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
             db.zero_()
         return dw, db
     _check_size(g, h, dw)
-    cfg = _tma_config(g.device, "dw")
-    # the rows are this GEMM's K: decode-sized batches keep the pointer kernel
-    if g_act == "none" and M > 64 and _tma_ok(g.device, N_out, N_in, cfg, g, h):
-        with _guard(g):
-            if _tma_launch(_linear_grad_tma_kernel, g.device, cfg, N_out, N_in,
-                           ((g, "k", "m"), (h, "k", "n")),
-                           (dw, dw, dw, N_out, N_in, M, 0, 0, dw.stride(0), dw.stride(1), 0, 0),
-                           dict(A_T=True, ACT=0, STORE_H=False, **_meta(g))):
-                if db is not None:  # one reduction over the rows, not in the GEMM's loop
-                    db.copy_(_bias_grad(g, None, "none"))
-                return dw, db
     zg = g_z if g_z is not None else g
-    # The bias gradient rides along in the kernel only when the rows (this GEMM's K) fill
-    # whole K blocks of every config: on the H200 (Triton 3.6), summing the masked tail
-    # tiles for db while they also fed tl.dot gave a wrong dW (6% off at M 1000, bf16 and
-    # fp16; db itself right), with 128x256x64/3-stage and 64x64x64/3-stage tiles. An uneven
-    # M takes the separate row reduction instead.
-    if db is not None and M % _K_MULTIPLE != 0:
+    if db is not None:
+        # one row reduction, not sums of the A tiles in the GEMM's loop: those take the
+        # tiles through registers on their way to the tensor cores (H200, wide-gelu train
+        # step at M 8192: 14.8 ms with them, see NOTES.md), and with masked K tails they
+        # gave a wrong dW on the H200 under Triton 3.6 (NOTES.md, wide history 2)
         db.copy_(_bias_grad(g, g_z, g_act))
-        db_in_kernel = False
-    else:
-        db_in_kernel = db is not None
-    dbb = db if db is not None else dw
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
         _kernel("dw", g.device).launch(
             _grid(N_out, N_in), (
-                g, h, zg, dw, dbb,
+                g, h, zg, dw,
                 N_out, N_in, M, _bucket(N_out),
                 g.stride(1), g.stride(0), h.stride(1), h.stride(0), zg.stride(1), zg.stride(0),
                 dw.stride(0), dw.stride(1),
             ),
-            dict(G_ACT=_ACT[g_act], DB=db_in_kernel, **_meta(g)),
+            dict(G_ACT=_ACT[g_act], **_meta(g)),
             g.device,
         )
     return dw, db
