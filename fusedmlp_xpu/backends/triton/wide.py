@@ -263,9 +263,9 @@ def _gated_bwd_kernel(
 # engine copies whole tiles into shared memory, zero-filling past the edges, so no masks
 # and no address math in the K loop) and runs persistent: one program per SM walks the
 # tiles in the grouped order. On the H200 (Triton 3.6, bf16, M 8192; benchmarks/
-# probe_tma_gemm.py, h200-probe-tma-gemm-20261130{,b}.json) this took the wide-gelu
-# GEMMs from 534-569 TFLOP/s (the pointer kernels above) to 644-684, against cuBLAS's
-# 679-711 without an epilogue. The gated GEMM the same way (two 128x128 accumulators,
+# probe_tma_gemm.py, h200-probe-tma-gemm-20261130{,b,c}.json) this took the wide-gelu
+# GEMMs from 504-572 TFLOP/s (the pointer kernels above) to 647-684, against cuBLAS's
+# 679-719 without an epilogue. The gated GEMM the same way (two 128x128 accumulators,
 # two weight descriptors) ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
 # hidden 14336; 256x64 and 64- or 128-row 4-warp tiles 4.2-6.5 ms): it was not kept.
 @triton.jit
@@ -505,14 +505,14 @@ except ImportError:  # an older Triton: the pointer kernels only
 def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernel on Hopper, for
     inference ("fwd") or for training ("fwd_z": z is stored too).
-    Probed twice on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile loop
-    flattened; h200-probe-tma-gemm-20261130{,b}.json), forward: 128x256x64 / 8 warps /
-    3 stages ran 1.67-1.71 ms (N 16384, K 4096) and 1.61-1.68 ms (N 4096, K 16384), cuBLAS
-    1.55-1.62 without an epilogue; 256x128 1.76-1.81, 128x128 1.73-1.85; 4 stages of
-    128x256 do not fit (256 KB). Storing z too, 128x256 fits only 2 stages and ran 2.17-
-    2.41 ms, 128x128x64 / 4 stages 1.81-1.88 (the pointer kernel 1.97-2.14). The backward
-    GEMMs through TMA at 128x128x64 / 4 stages (h200-probe-tma-gemm-20261130c.json) were
-    slower than the pointer kernels (1.85-2.26 against 1.62-2.21 ms) and were not kept."""
+    Probed three times on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile
+    loop flattened; h200-probe-tma-gemm-20261130{,b,c}.json), inference: 128x256x64 / 8
+    warps / 3 stages ran 1.65-1.70 ms (N 16384, K 4096) and 1.61-1.68 ms (N 4096, K 16384),
+    cuBLAS 1.53-1.62 without an epilogue; 256x128 1.75-1.82, 128x128 / 4 stages 1.80-1.85;
+    4 stages of 128x256 do not fit (256 KB). Storing z too, 128x256 fits only 2 stages and
+    ran 2.15-2.42 ms, 128x128x64 / 4 stages 1.81-1.88 (the pointer kernel 1.94-2.15). The
+    backward GEMMs through TMA at 128x128x64 / 4 stages (-c) were slower than the pointer
+    kernels (1.85-2.26 against 1.62-2.21 ms) and were not kept."""
     return (128, 256, 64, 8, 3) if kind == "fwd" else (128, 128, 64, 8, 4)
 
 
