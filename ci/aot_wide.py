@@ -21,9 +21,11 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import mangle_type  # noqa: E402
 
 from fusedmlp_xpu.backends.triton import wide  # noqa: E402
 
@@ -64,6 +66,32 @@ def compile_variant(name, consts, cfg, arch, dtype="bf16"):
     ptx = k.asm["ptx"]
     mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
     return k.metadata.shared, mma, _ptxas_info(ptx)
+
+
+def compile_tma(kind: str, arch: int, dtype=torch.bfloat16):
+    """The TMA forward kernel at its tuned config for ``kind`` ("fwd" or "fwd_z"), with
+    descriptor arguments typed as Triton types them at launch."""
+    fn = wide._linear_fwd_tma_kernel
+    bm, bn, bk, warps, stages = wide._tma_config_nvidia(kind)
+    t = torch.empty(1024, 1024, dtype=dtype)
+    blocks = {"x_desc": [bm, bk], "w_desc": [bn, bk], "y_desc": [bm, bn]}
+    values = dict(ACT=4, HAS_BIAS=True, STORE_Z=kind == "fwd_z", UPCAST=False,
+                  PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                  PROGRAMS=132, s_zn=1)
+    sig, cx = {}, {}
+    for n in fn.arg_names:
+        if n in blocks:
+            sig[n] = mangle_type(wide.TensorDescriptor.from_tensor(t, blocks[n]))
+        elif n in values:
+            sig[n], cx[n] = "constexpr", values[n]
+        else:
+            sig[n] = "*bf16" if n.endswith("_ptr") else "i32"
+    k = triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=warps, num_stages=stages))
+    ptx = k.asm["ptx"]
+    mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
+    tma = "tma" if "cp.async.bulk.tensor" in ptx else "no-tma"
+    return f"{bm}x{bn}x{bk} w{warps} s{stages}", k.metadata.shared, mma, tma, _ptxas_info(ptx)
 
 
 def _ptxas_info(ptx: str) -> str:
@@ -110,6 +138,17 @@ def main(argv=None) -> int:
             except Exception as e:  # report every failure, then fail the run
                 failed += 1
                 print(f"{name:<10}{tile:<20}FAILED {type(e).__name__}: {str(e)[:400]}  {consts}")
+    if wide.TensorDescriptor is not None:
+        for kind in ("fwd", "fwd_z"):
+            try:
+                tile, smem, mma, tma, info = compile_tma(kind, args.arch)
+                over = "  OVER 227 KB" if smem > 227 * 1024 else ""
+                print(f"{kind + '_tma':<10}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
+                      f"{info}{over}")
+                failed += bool(over)
+            except Exception as e:  # report every failure, then fail the run
+                failed += 1
+                print(f"{kind}_tma FAILED {type(e).__name__}: {str(e)[:400]}")
     return 1 if failed else 0
 
 

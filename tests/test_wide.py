@@ -202,6 +202,8 @@ def test_kernels_compile_for_hopper():
     for sm_90 ahead of time (no GPU needed; one large and one decode config each)."""
     out = run_aot_compile("aot_wide.py")
     assert out.count("wgmma") >= len(wide._KERNELS), out  # tensor cores, Hopper MMA
+    if wide.TensorDescriptor is not None:  # the TMA forward: tensor cores fed by TMA copies
+        assert out.count("wgmma tma ") == 2, out
 
 
 @pytest.mark.gpu
@@ -325,3 +327,23 @@ def test_tma_path_is_taken_only_where_it_applies(device, monkeypatch):
     monkeypatch.setenv(wide.TMA_ENV, "1")
     wide.linear(torch.randn(M, K, dtype=torch.float16), w, None, "relu", False)
     assert ran == ["_linear_fwd_tma_kernel"]
+
+
+def test_tma_rule_on_cuda_devices(monkeypatch):
+    """The CUDA side of the TMA rule, without a GPU: a device before Hopper (no programs
+    recorded) never takes it, and a Hopper-class one only with a full wave of tiles."""
+    if wide.TensorDescriptor is None:
+        pytest.skip("this Triton has no host tensor descriptors")
+    cuda = torch.device("cuda", 0)
+    x, w, y = torch.empty(4096, 512, dtype=torch.bfloat16), \
+        torch.empty(1024, 512, dtype=torch.bfloat16), torch.empty(4096, 1024, dtype=torch.bfloat16)
+    cfg = wide._tma_config_nvidia("fwd")
+    tiles = triton.cdiv(4096, cfg[0]) * triton.cdiv(1024, cfg[1])  # 32 x 4
+    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): 0})
+    assert not wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): tiles})
+    assert wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): tiles + 1})
+    assert not wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide, "_PROGRAMS", {("xpu", 0): 64})
+    assert not wide._tma_ok(torch.device("xpu", 0), 4096, 1024, cfg, x, w, y)
