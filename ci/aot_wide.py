@@ -61,11 +61,17 @@ def compile_variant(name, consts, cfg, arch, dtype="bf16"):
         else:
             sig[n] = f"*{dtype}" if n.endswith("_ptr") else "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
-    k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    smem, mma, ptx = _compile(ASTSource(fn, sig, cx, attrs), arch, cfg.num_warps, cfg.num_stages)
+    return smem, mma, _ptxas_info(ptx)
+
+
+def _compile(src, arch, warps, stages):
+    """(shared memory bytes, MMA instruction family, PTX) of one sm_<arch> compile."""
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": warps, "num_stages": stages})
     ptx = k.asm["ptx"]
     mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
-    return k.metadata.shared, mma, _ptxas_info(ptx)
+    return k.metadata.shared, mma, ptx
 
 
 def compile_tma(kind: str, arch: int, dtype=torch.bfloat16):
@@ -75,9 +81,9 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16):
     bm, bn, bk, warps, stages = wide._tma_config_nvidia(kind)
     t = torch.empty(1024, 1024, dtype=dtype)
     blocks = {"x_desc": [bm, bk], "w_desc": [bn, bk], "y_desc": [bm, bn]}
-    values = dict(ACT=4, HAS_BIAS=True, STORE_Z=kind == "fwd_z", UPCAST=False,
-                  PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                  PROGRAMS=132, s_zn=1)
+    values = {"ACT": 4, "HAS_BIAS": True, "STORE_Z": kind == "fwd_z", "UPCAST": False,
+              "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+              "PROGRAMS": 132, "s_zn": 1}
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in blocks:
@@ -86,12 +92,9 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16):
             sig[n], cx[n] = "constexpr", values[n]
         else:
             sig[n] = "*bf16" if n.endswith("_ptr") else "i32"
-    k = triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
-    ptx = k.asm["ptx"]
-    mma = "wgmma" if "wgmma" in ptx else ("mma" if "mma.sync" in ptx else "fma")
+    smem, mma, ptx = _compile(ASTSource(fn, sig, cx), arch, warps, stages)
     tma = "tma" if "cp.async.bulk.tensor" in ptx else "no-tma"
-    return f"{bm}x{bn}x{bk} w{warps} s{stages}", k.metadata.shared, mma, tma, _ptxas_info(ptx)
+    return f"{bm}x{bn}x{bk} w{warps} s{stages}", smem, mma, tma, _ptxas_info(ptx)
 
 
 def _ptxas_info(ptx: str) -> str:
