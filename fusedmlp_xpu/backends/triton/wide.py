@@ -550,8 +550,8 @@ def _tma_ok(device: torch.device, M: int, N: int, cfg, *tensors) -> bool:
         return False
     if tensors[0].dtype not in (torch.float16, torch.bfloat16):
         return False
-    if triton_cdiv(M, cfg[0]) * triton_cdiv(N, cfg[1]) < max(1, _programs(device)) \
-            or _programs(device) == 0:
+    progs = _programs(device)  # 0 before Hopper
+    if progs == 0 or triton_cdiv(M, cfg[0]) * triton_cdiv(N, cfg[1]) < progs:
         return False
     return all(t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
                and t.data_ptr() % 16 == 0 for t in tensors)
@@ -635,7 +635,6 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     zz = z if z is not None else out
     hh = h if h is not None else out
     g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
-    act_id = _ACT[act] if z is not None else 0
     with _guard(g):
         _kernel("dx", g.device).launch(
             _grid(M, N), (
@@ -645,8 +644,8 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
                 g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
                 zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0), hh.stride(1),
             ),
-            dict(G_ACT=_ACT[g_act], ACT=act_id, DUAL=g2 is not None, STORE_H=store_h,
-                 **_meta(g)),
+            dict(G_ACT=_ACT[g_act], ACT=_ACT[act] if z is not None else 0, DUAL=g2 is not None,
+                 STORE_H=store_h, **_meta(g)),
             g.device,
         )
     return out, h
@@ -667,10 +666,10 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     _check_size(g, h, dw)
     zg = g_z if g_z is not None else g
     if db is not None:
-        # one row reduction, not sums of the A tiles in the GEMM's loop: those take the
-        # tiles through registers on their way to the tensor cores (H200, wide-gelu train
-        # step at M 8192: 14.8 ms with them, see NOTES.md), and with masked K tails they
-        # gave a wrong dW on the H200 under Triton 3.6 (NOTES.md, wide history 2)
+        # one row reduction, not sums of the A tiles inside the GEMM's loop: with those
+        # the wide-gelu train step took 14.8 ms on the H200, without them 11.1 (M 8192;
+        # not profiled, NOTES.md wide history 5), and with masked K tails they gave a
+        # wrong dW there under Triton 3.6 (wide history 2)
         db.copy_(_bias_grad(g, g_z, g_act))
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
