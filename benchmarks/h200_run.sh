@@ -28,6 +28,8 @@ for s in $steps; do
     bench) for c in ${BENCH_CONFIGS:-narrow-w64 paper-table1 narrow-w32 narrow-w128}; do
              timeout ${BENCH_S:-150} python3 -m fusedmlp_xpu.cli bench --suite narrow --config $c ${BENCH_ARGS:-} --out "$OUT/bench-$c.json" > "$OUT/bench-$c.txt" 2>/dev/null
              echo "$c rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-$c.txt" | grep -v eager; done ;;
+    # the wide GEMMs one by one: TMA vs pointer kernels vs cuBLAS (PROBE_PART forward|backward|all)
+    probe) timeout ${PROBE_S:-200} python3 benchmarks/probe_tma_gemm.py --part ${PROBE_PART:-all} --out "$OUT/probe-tma.json" 2>&1 | grep -v Warn | tee "$OUT/probe-tma.txt" | tail -40 ;;
     bench-wide) timeout ${BENCH_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --out "$OUT/bench-wide.json" > "$OUT/bench-wide.txt" 2>/dev/null; tail -20 "$OUT/bench-wide.txt" ;;
     *) echo "unknown step $s" ;;
   esac
