@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .. import Backend, device_guard, memory, saved_widths
+from .launch import fitting  # plain Python: importable without Triton
 
 MAX_WIDTH = 128
 # The persistent forward's limit, whatever its tuning says: at padded width 128 its
@@ -221,20 +222,10 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps) -> b
     for deep nets), one stage fewer, down to 1; the count that fits is remembered for
     (mode, device, spec). False when none fits: the caller launches the kernel with the
     layer loop instead."""
-    key = (mode, device.index, spec)
-    stages = min(consts["STAGES"], _FIT.get(key, consts["STAGES"]))
-    while stages > 0:
-        try:
-            _launcher(mode).launch(grid, args, consts if stages == consts["STAGES"] else
-                                   dict(consts, STAGES=stages), device, num_warps=warps,
-                                   num_stages=NUM_STAGES)
-            return True
-        except Exception as e:  # noqa: BLE001
-            if type(e).__name__ != "OutOfResources":
-                raise
-            stages -= 1
-            _FIT[key] = stages
-    return False
+    most = consts["STAGES"]
+    return fitting(_FIT, (mode, device.index, spec), most, lambda s: _launcher(mode).launch(
+        grid, args, consts if s == most else dict(consts, STAGES=s), device, num_warps=warps,
+        num_stages=NUM_STAGES))
 
 
 def _persistent(device: torch.device, spec) -> tuple[int, int, int, int, bool] | None:

@@ -77,6 +77,24 @@ def args_key(args) -> tuple:
     return tuple(out)
 
 
+def fitting(memo: dict, key, stages: int, run) -> bool:
+    """``run(s)`` launches a kernel with ``s`` pipeline stages; try up to ``stages``. Where
+    the device refuses the shared memory that asks (Triton's OutOfResources), one stage
+    fewer, down to 1; the count that fits is remembered in ``memo[key]`` (0: none), so
+    later calls start there. False when not even one stage fits."""
+    stages = min(stages, memo.get(key, stages))
+    while stages > 0:
+        try:
+            run(stages)
+            return True
+        except Exception as e:  # only the refusal of resources steps down
+            if type(e).__name__ != "OutOfResources":
+                raise
+            stages -= 1
+            memo[key] = stages
+    return False
+
+
 #: every launcher made in this process (diagnostics: stats())
 _ALL: list = []
 

@@ -35,7 +35,7 @@ from .. import memory, saved_widths
 from .act import act as _act
 from .act import act_grad as _act_grad
 from . import _pow2, triton_cdiv
-from .launch import TunedLauncher
+from .launch import TunedLauncher, fitting
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -557,33 +557,23 @@ def _tma_ok(device: torch.device, M: int, N: int, cfg, *tensors) -> bool:
                and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-#: (kernel, device index, constexprs) -> the most stages that fit, once a launch was refused
+#: (kernel, device index, config, constexprs) -> the most stages that fit, once refused
 _TMA_FIT: dict = {}
 
 
 def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
     """Launch a TMA forward kernel persistent: ``descs`` are (tensor, block rows, block
     cols as "m"/"n"/"k") turned into descriptors for this config, ``args`` the rest.
-    Where the device refuses the config's shared memory (Triton's OutOfResources), one
-    stage fewer, remembered; False when not even one fits (the caller takes the pointer
-    kernels)."""
+    A config whose shared memory the device refuses steps its stages down (launch.fitting);
+    False when not even one fits (the caller takes the pointer kernels)."""
     bm, bn, bk, warps, stages = cfg
     size = {"m": bm, "n": bn, "k": bk}
     ds = [TensorDescriptor.from_tensor(t, [size[r], size[c]]) for t, r, c in descs]
     progs = min(_programs(device), triton_cdiv(M, bm) * triton_cdiv(N, bn))
-    key = (kernel, device.index, cfg, tuple(consts.items()))
-    stages = _TMA_FIT.get(key, stages)
-    while stages > 0:
-        try:
-            kernel[(progs,)](*ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                             GROUP_M=8, PROGRAMS=progs, num_warps=warps, num_stages=stages)
-            return True
-        except Exception as e:  # only the refusal of resources steps down
-            if type(e).__name__ != "OutOfResources":
-                raise
-            stages -= 1
-            _TMA_FIT[key] = stages
-    return False
+    return fitting(_TMA_FIT, (kernel, device.index, cfg, tuple(consts.items())), stages,
+                   lambda s: kernel[(progs,)](
+                       *ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                       PROGRAMS=progs, num_warps=warps, num_stages=s))
 
 
 # ---------------------------------------------------------------- launchers ---
