@@ -120,8 +120,10 @@ class FusedMLP(nn.Module):
                 and not torch.is_autocast_enabled(x.device.type))
         if lean:  # every parameter on x's device and dtype (one layer moved alone is not)
             dt, dev = x.dtype, x.device
-            lean = all(t.dtype is dt and t.device == dev for t in weights) and (
-                biases is None or all(t.dtype is dt and t.device == dev for t in biases))
+            for t in weights if biases is None else weights + biases:
+                if t.dtype is not dt or t.device != dev:
+                    lean = False
+                    break
         if not lean:  # full validation (clear errors) and autocast handling
             return op.fused_mlp(x, weights, biases, self.activation, self.output_activation,
                                 self.backend, self.recompute)

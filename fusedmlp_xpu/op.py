@@ -17,7 +17,7 @@ import torch
 
 from . import dispatch
 from .backends import saved_widths
-from .spec import MLPSpec, validate
+from .spec import MLPSpec, _same, validate
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu")
 
@@ -26,6 +26,13 @@ _FWD_ARGS = ("Tensor x, Tensor[] weights, Tensor[]? biases, str activation, "
 
 
 def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
+    # the ops can be called directly (torch.ops.fusedmlp.*), past fused_mlp's validation:
+    # at least every tensor on x's device and dtype (a kernel reads the others wrongly)
+    dt, dev = x.dtype, x.device
+    for name, ts in (("weights", weights), ("biases", biases or ())):
+        for i, t in enumerate(ts):
+            if t.dtype is not dt or t.device != dev:
+                _same(t, x, f"{name}[{i}]")
     widths = (x.shape[-1],) + tuple(w.shape[0] for w in weights)
     return MLPSpec(widths, activation, output_activation, biases is not None, x.dtype)
 

@@ -61,3 +61,15 @@ def test_module_bad_input():
         fm.FusedMLP(16, 8, 32, -1)
     with pytest.raises(ValueError, match="hidden_features: expected a positive int"):
         fm.FusedMLP(16, 8, 0, 1)
+
+
+@pytest.mark.parametrize("op", ["mlp", "mlp_train"])
+def test_ops_called_directly_check_dtype_and_device(op):
+    """torch.ops.fusedmlp.* skip fused_mlp's validation; a weight or bias of another dtype
+    or device is still an error naming it (a kernel would read it wrongly)."""
+    x, ws, bs = _args()
+    fn = getattr(torch.ops.fusedmlp, op)
+    with pytest.raises(TypeError, match=r"weights\[1\]: expected dtype torch.float32"):
+        fn(x, [ws[0], ws[1].half()], bs, "relu", "none", "")
+    with pytest.raises(ValueError, match=r"biases\[0\]: expected device cpu"):
+        fn(x, ws, [torch.randn(32, device="meta"), bs[1]], "relu", "none", "")

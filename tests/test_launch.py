@@ -158,3 +158,83 @@ def test_args_key_is_arg_key_of_each():
     p = torch.nn.Parameter(torch.zeros(8, dtype=torch.float32))
     args = (buf, buf, 17, buf, buf[1:], buf[1:], p, 1, p, None, 2 ** 40, True, buf)
     assert launch.args_key(args) == tuple(launch.arg_key(a) for a in args)
+
+
+class _RecordingKernel(_FakeKernel):
+    params = []  # no constexprs: the launcher's constexpr tail stays empty
+
+    def __getitem__(self, grid):
+        def jit_launch(*args, **kwargs):
+            self.compiles += 1
+            return types.SimpleNamespace(run=lambda *a: self.direct.append(a),
+                                         function="fn", packed_metadata="meta")
+        return jit_launch
+
+
+@pytest.mark.parametrize("hidden_layers, save", [(4, False), (4, True), (6, False)],
+                         ids=["persistent", "persistent-save", "per-block"])
+def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
+        fake_cuda, monkeypatch, hidden_layers, save):
+    """The narrow forward's plan (backends/triton _NarrowForward) keys its direct launches
+    on x's rows and strides and the pointers' alignment only: a call that specializes like
+    an earlier one is launched directly, with addresses as ints, the right grid and sizes;
+    any other call compiles (here: a stand-in kernel records compiles and launches)."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    kernels = {"fwd": _RecordingKernel(), "fwd_persistent": _RecordingKernel()}
+    monkeypatch.setattr(tb, "_LAUNCHERS", {k: launch.Launcher(f) for k, f in kernels.items()})
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    spec = fm.MLPSpec((64,) + (32,) * hidden_layers + (16,), "relu", "none", True,
+                      torch.float16)
+    plan = tb._NarrowForward(spec, fake_cuda, save)
+    persistent = plan.persistent is not None
+    assert persistent == (hidden_layers <= 4)
+    k = kernels["fwd_persistent" if persistent else "fwd"]
+    ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
+    bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
+
+    def call(rows, offset=0, stride=64):
+        flat = torch.randn(rows * stride + offset, dtype=torch.float16)
+        x = flat[offset:].as_strided((rows, 64), (stride, 1))
+        y, saved = plan(x, ws, bs)
+        assert y.shape == (rows, 16) and (saved is None) != save
+        return x, y, saved
+
+    call(33)
+    assert (k.compiles, len(k.direct)) == (1, 0)
+    x, y, saved = call(45)  # same specialization: not 1, not a multiple of 16, 32-bit
+    assert (k.compiles, len(k.direct)) == (1, 1)
+    a = k.direct[-1]
+    L = hidden_layers - 1
+    addr = (x, ws[0], ws[1] if L else ws[0], ws[-1], bs[0], bs[1], bs[-1], y,
+            saved if save else y)
+    # pointers as ints; hidden weights/biases stacked in a fresh copy here (not packed)
+    assert a[9:18][0] == x.data_ptr() and a[9:18][1] == ws[0].data_ptr()
+    assert all(type(v) is int for v in a[9:18])
+    assert a[10 + 6] == y.data_ptr() and a[10 + 7] == addr[8].data_ptr()
+    sizes = a[18:]
+    S = sum(spec.widths[1:-1])
+    if persistent:
+        assert a[0] == min(45 // 64 + 1, 132 * plan.persistent[3])
+        assert sizes == (45, 64, 32, 16, 64, 1, 16, S if save else 16)
+    else:
+        assert a[0] == (45 + plan.tuning[0] - 1) // plan.tuning[0]
+        assert sizes == (45, 64, 32, 16, L, 64, 1, 16, S if save else 16)
+    for changed in [dict(rows=48), dict(rows=1), dict(rows=45, stride=72),
+                    dict(rows=45, offset=1)]:
+        before = k.compiles
+        call(**changed)
+        assert k.compiles == before + 1, changed
+    assert len(k.direct) == 1
+    call(45, offset=1)  # misaligned: the launcher's own key (still lean), never the plan's
+    assert len(plan._entries) == 4 and len(k.direct) == 2
+    assert type(k.direct[-1][9]) is torch.Tensor
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # another device current
+    before = (k.compiles, len(k.direct))
+    call(45)
+    assert (k.compiles, len(k.direct)) == (before[0], before[1] + 1)
+    assert type(k.direct[-1][9]) is torch.Tensor  # the general path (with its guard)
+    monkeypatch.setattr(launch, "_hooked", lambda: True)  # e.g. a profiler's launch hook
+    call(45)
+    assert (k.compiles, len(k.direct)) == (before[0] + 1, before[1] + 1)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .. import Backend, device_guard, memory, saved_widths
+from . import launch
 from .launch import fitting  # plain Python: importable without Triton
 
 MAX_WIDTH = 128
@@ -288,38 +289,7 @@ class TritonBackend(Backend):
             from . import wide
 
             return wide.forward(x, weights, biases, spec, save)
-        weights, biases = _dense(weights), _dense(biases)
-        narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
-        M = x.shape[0]
-        L_HID = spec.n_layers - 2
-        y = memory.new_empty(M, OUT, like=x)
-        saved = None
-        z = y  # a dummy when not saving
-        if save:
-            z = saved = memory.new_empty(M, sum(saved_widths(spec)), like=x)
-        has_b = biases is not None
-        bh = _stacked(biases[1:-1]) if has_b and L_HID else None
-        if M == 0:
-            return y, saved
-        ptrs = (x, weights[0], wh if wh is not None else weights[0], weights[-1],
-                biases[0] if has_b else x, bh if bh is not None else x,
-                biases[-1] if has_b else x, y, z)
-        strides = (x.stride(0), x.stride(1), y.stride(0), z.stride(0))
-        consts = dict(meta, HAS_BIAS=has_b, SAVE=save)
-        persistent = _persistent(x.device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
-        with device_guard(x):
-            if persistent is not None:
-                block_m, warps, stages, per_sm, resident = persistent
-                grid = (_n_programs(x.device, triton_cdiv(M, block_m), per_sm),)
-                if _fits("fwd_persistent", x.device, spec, grid, (*ptrs, M, IN, H, OUT, *strides),
-                         dict(consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages,
-                              RESIDENT=resident and L_HID <= 4), warps):
-                    return y, saved
-            block_m, warps, stages = _tuning(x.device, spec, "fwd_save" if save else "fwd")
-            _launcher("fwd").launch(
-                (triton_cdiv(M, block_m),), (*ptrs, M, IN, H, OUT, L_HID, *strides),
-                dict(consts, BLOCK_M=block_m), x.device, num_warps=warps, num_stages=stages)
-        return y, saved
+        return _forward_plan(spec, x.device, save)(x, weights, biases)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Fused: one persistent kernel walks the rows back through every layer and adds
@@ -383,6 +353,122 @@ class TritonBackend(Backend):
         if need_wb:
             gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
         return (gx if need_x else None), gws, gbs
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_plan(spec, device: torch.device, save: bool) -> "_NarrowForward":
+    return _NarrowForward(spec, device, save)
+
+
+_ALIGN = 15  # Triton specializes a pointer on 16-byte alignment
+
+
+def _int_bits(a: int) -> int:
+    """What Triton specializes an int argument on (launch.arg_key), as 3 bits."""
+    return (a == 1) | (a % 16 == 0) << 1 | (-(1 << 31) <= a < 1 << 31) << 2
+
+
+class _NarrowForward:
+    """The narrow forward of one (spec, device, save): tuning, constexprs and launch rule
+    worked out once, not per call (host time is the whole cost of a small call).
+
+    On CUDA, once a launch has compiled, later calls whose arguments specialize alike
+    launch the compiled kernel directly. Only x's row count and strides and the pointers'
+    alignment can change the specialization here (every tensor has the spec's dtype, every
+    other int is fixed by the spec), so that is the key: a few bits instead of a key over
+    ~20 arguments. Calls with a misaligned pointer, another current device or a launch
+    hook installed take the general path. ``launch.enabled`` (its environment variables)
+    is read when the plan is made."""
+
+    def __init__(self, spec, device: torch.device, save: bool):
+        self.spec, self.device, self.save = spec, device, save
+        self.IN, self.H, self.OUT = spec.in_features, spec.widths[1], spec.out_features
+        self.L_HID = spec.n_layers - 2
+        self.S = sum(saved_widths(spec))
+        meta = _launch_meta(spec, device.type)
+        self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
+        self.persistent = _persistent(device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
+        self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
+        self.lean = launch.enabled(device)
+        self._entries: dict = {}  # key bits -> (entry, persistent?)
+        if self.lean:
+            self._max_programs = (_n_programs(device, 1 << 62, self.persistent[3])
+                                  if self.persistent else 0)
+
+    def __call__(self, x, weights, biases):
+        weights, biases = _dense(weights), _dense(biases)
+        M, OUT, L_HID = x.shape[0], self.OUT, self.L_HID
+        y = torch.empty((M, OUT), device=x.device, dtype=x.dtype)
+        z = saved = torch.empty((M, self.S), device=x.device, dtype=x.dtype) if self.save else None
+        if z is None:
+            z = y  # a dummy when not saving
+        wh = _stacked(weights[1:-1]) if L_HID else weights[0]
+        if biases is not None:
+            b0, bl = biases[0], biases[-1]
+            bh = _stacked(biases[1:-1]) if L_HID else x
+        else:
+            b0 = bh = bl = x
+        if M == 0:
+            return y, saved
+        ptrs = (x, weights[0], wh, weights[-1], b0, bh, bl, y, z)
+        xs0, xs1 = x.stride()
+        strides = (xs0, xs1, OUT, z.stride(0))
+        if not self.lean:
+            self._launch(x, ptrs, M, strides)
+            return y, saved
+        # the launcher takes addresses as ints too: then it neither calls data_ptr() nor
+        # asks the driver about each pointer again (the inputs were checked upstream)
+        addr = (x.data_ptr(), weights[0].data_ptr(), wh.data_ptr(), weights[-1].data_ptr(),
+                b0.data_ptr(), bh.data_ptr(), bl.data_ptr(), y.data_ptr(), z.data_ptr())
+        aligned = not (addr[0] | addr[1] | addr[2] | addr[3] | addr[4] | addr[5] | addr[6]
+                       | addr[7] | addr[8]) & _ALIGN
+        key = _int_bits(M) | _int_bits(xs0) << 3 | _int_bits(xs1) << 6
+        hit = self._entries.get(key) if aligned else None
+        if hit is None or launch._hooked() or torch.cuda.current_device() != self.device.index:
+            hit = self._launch(x, ptrs, M, strides)
+            if aligned and hit is not None:
+                self._entries[key] = hit  # kept only for an all-aligned specialization
+        elif hit[1]:  # persistent
+            grid = (min(self._max_programs, triton_cdiv(M, self.persistent[0])),)
+            _launcher("fwd_persistent").launch_entry(
+                hit[0], grid, (*addr, M, self.IN, self.H, OUT, *strides), self.device.index)
+        else:
+            _launcher("fwd").launch_entry(
+                hit[0], (triton_cdiv(M, self.tuning[0]),),
+                (*addr, M, self.IN, self.H, OUT, L_HID, *strides), self.device.index)
+        return y, saved
+
+    def _launch(self, x, ptrs, M, strides):
+        """The general path: the launch through launch.py's own key (and Triton's path
+        the first time); returns (entry, persistent?) for a direct launch next time, or
+        None."""
+        spec, device = self.spec, self.device
+        IN, H, OUT, L_HID = self.IN, self.H, self.OUT, self.L_HID
+        with device_guard(x):
+            if self.persistent is not None:
+                block_m, warps, stages, per_sm, resident = self.persistent
+                grid = (_n_programs(device, triton_cdiv(M, block_m), per_sm),)
+                args = (*ptrs, M, IN, H, OUT, *strides)
+                consts = dict(self.consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages,
+                              RESIDENT=resident and L_HID <= 4)
+                if _fits("fwd_persistent", device, spec, grid, args, consts, warps):
+                    if not self.lean:
+                        return None
+                    fit = _FIT.get(("fwd_persistent", device.index, spec), stages)
+                    entry = _launcher("fwd_persistent").cached(
+                        args, consts if fit == stages else dict(consts, STAGES=fit), device,
+                        num_warps=warps, num_stages=NUM_STAGES)
+                    return None if entry is None else (entry, True)
+            block_m, warps, stages = self.tuning
+            args = (*ptrs, M, IN, H, OUT, L_HID, *strides)
+            consts = dict(self.consts, BLOCK_M=block_m)
+            _launcher("fwd").launch((triton_cdiv(M, block_m),), args, consts, device,
+                                    num_warps=warps, num_stages=stages)
+            if not self.lean:
+                return None
+            entry = _launcher("fwd").cached(args, consts, device, num_warps=warps,
+                                            num_stages=stages)
+            return None if entry is None else (entry, False)
 
 
 def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT):
@@ -471,9 +557,11 @@ def _launch_meta(spec, device_type: str) -> dict:
 def _dense(ts):
     """ts with every tensor that is not contiguous (a transposed weight, a strided bias)
     replaced by a contiguous copy; the narrow kernels read weights and biases densely."""
-    if ts is None or all(t.is_contiguous() for t in ts):
-        return ts
-    return [t if t.is_contiguous() else t.contiguous() for t in ts]
+    if ts is not None:
+        for t in ts:  # a plain loop: this runs on every call
+            if not t.is_contiguous():
+                return [t if t.is_contiguous() else t.contiguous() for t in ts]
+    return ts
 
 
 def _stacked(ts) -> torch.Tensor:
@@ -489,6 +577,7 @@ def _stacked(ts) -> torch.Tensor:
     return t0
 
 
+@functools.lru_cache(maxsize=1024)
 def _narrow(spec) -> bool:
     """The fully-fused kernel's domain: >= 2 layers, equal hidden widths, all <= 128."""
     return (spec.n_layers >= 2 and len(set(spec.widths[1:-1])) == 1

@@ -36,9 +36,10 @@ def _hooked() -> bool:
     means none)."""
     if _knobs is None:
         return True
-    rt = _knobs.runtime
-    return any(h is not None and getattr(h, "calls", True)
-               for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+    rt = _knobs.runtime  # no generator: this runs on every lean launch
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
 
 
 def enabled(device: torch.device) -> bool:
@@ -166,12 +167,15 @@ class Launcher:
         if e is not None:
             self._cache[key] = (e, cfg)
 
+    @staticmethod
+    def _key(args, consts, device, options) -> tuple:
+        return device.index, tuple(options.items()), tuple(consts.items()), args_key(args)
+
     def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
         if not enabled(device):
             self.fn[grid](*args, **consts, **options)
             return
-        key = (device.index, tuple(options.items()), tuple(consts.items()),
-               args_key(args))
+        key = self._key(args, consts, device, options)
         if self._take(key, grid, args, device):
             return
         ck = self.fn[grid](*args, **consts, **options)
@@ -179,6 +183,19 @@ class Launcher:
             if self._names is None:
                 self._prepare()
             self._keep(key, ck, consts)
+
+    def cached(self, args: tuple, consts: dict, device: torch.device, **options):
+        """The direct-launch entry a launch with these arguments would take (None: none
+        kept yet, or a tuned kernel). A caller that knows which arguments of its launches
+        can vary keeps it under a shorter key of its own and calls ``launch_entry``."""
+        entry = self._cache.get(self._key(args, consts, device, options))
+        return None if entry is None or entry[1] is not None else entry[0]
+
+    def launch_entry(self, entry, grid, args: tuple, device_index: int) -> None:
+        """Launch ``entry`` (from ``cached``) directly: no key, no hook check; the caller
+        checked ``_hooked()`` and that the arguments specialize as when it was cached."""
+        _direct(entry, grid, args, device_index)
+        self.direct += 1
 
     def cache_size(self) -> int:
         return len(self._cache)
