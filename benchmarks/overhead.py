@@ -56,10 +56,10 @@ def main():
     launch = importlib.import_module("fusedmlp_xpu.backends.triton.launch")
     on = launch.enabled
 
-    def triton_launch_path():  # the same module call through Triton's own launch path
-        launch.enabled = lambda device: False
-        m(x)
-        launch.enabled = on
+    launch.enabled = lambda device: False  # a forward plan that launches through Triton
+    slow_plan = tb._NarrowForward(spec, x.device, False)
+    launch.enabled = on
+    plan = tb._forward_plan(spec, x.device, False)
 
     narrow = importlib.import_module("fusedmlp_xpu.backends.triton.narrow")
     y = torch.empty(1, 64, device="cuda", dtype=torch.float16)
@@ -79,14 +79,21 @@ def main():
         stream = drv.get_current_stream(drv.get_current_device())
         full = (x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64, 3, 64, 1, 64, 64,
                 P, P, P, 1, 0, False, False, False, "tf32x3", 64)  # signature order
+        full_int = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in full)
         ref = y.clone()
-        y.fill_(float("nan"))
-        ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *full)
-        torch.cuda.synchronize()
-        assert torch.equal(y, ref), "a direct launch of the compiled kernel gave another y"
+        for args_ in (full, full_int):
+            y.fill_(float("nan"))
+            ck.run(1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args_)
+            torch.cuda.synchronize()
+            assert torch.equal(y, ref), "a direct launch of the compiled kernel gave another y"
+        first = plan(x, ws, None)[0]  # the general path; the second call launches directly
+        again = plan(x, ws, None)[0]
+        assert len(plan._entries) == 1, "the forward plan kept no direct launch"
+        assert torch.equal(first, again), "the forward plan's direct launch gave another y"
         res.update(interleaved({
             "module_call": lambda: m(x),
-            "module_call_triton_launch_path": triton_launch_path,
+            "plan_call": lambda: plan(x, ws, None),
+            "plan_call_triton_launch_path": lambda: slow_plan(x, ws, None),
             "op_call_lean": lambda: op.call(x, ws, None, spec, None, False),
             "custom_op": lambda: torch.ops.fusedmlp.mlp.default(x, ws, None, "relu", "none", ""),
             "backend_forward": lambda: be.forward(x, ws, None, spec, False),
@@ -95,6 +102,8 @@ def main():
             "raw_triton_launch": raw,
             "compiled_kernel_run": lambda: ck.run(1, 1, 1, stream, ck.function,
                                                   ck.packed_metadata, None, None, None, *full),
+            "compiled_kernel_run_int_ptrs": lambda: ck.run(
+                1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *full_int),
         }))
         res.update(interleaved({
             "choose": lambda: dispatch.choose(x.device, spec, None),
