@@ -7,6 +7,7 @@ Under ``torch.autocast`` the op casts everything to the autocast dtype first.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -81,7 +82,9 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
         )
     if x.dim() < 1:
         raise ValueError("x: expected at least 1 dimension [..., in_features], got a scalar")
-    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
+    # exact list/tuple first: the Sequence ABC check costs ~1 us a call
+    if type(weights) not in (list, tuple) and (
+            isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence)) or not weights:
         raise TypeError("weights: expected a non-empty list of 2-D tensors [out, in]")
     act = activations.get(activation)
     out_act = activations.get(output_activation)
@@ -102,7 +105,8 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
         widths.append(w.shape[0])
 
     if biases is not None:
-        if isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence):
+        if type(biases) not in (list, tuple) and (
+                isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence)):
             raise TypeError("biases: expected None or a list of 1-D tensors")
         if len(biases) != len(weights):
             raise ValueError(
@@ -116,7 +120,14 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
                     f"biases[{i}]: expected shape ({widths[i + 1]},), got {tuple(b.shape)}"
                 )
             _same(b, x, f"biases[{i}]")
-    return MLPSpec(tuple(int(w) for w in widths), act.name, out_act.name, biases is not None, x.dtype)
+    return _spec(tuple(int(w) for w in widths), act.name, out_act.name, biases is not None,
+                 x.dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec(widths, activation, output_activation, bias, dtype) -> MLPSpec:
+    """One MLPSpec per distinct value (building the frozen dataclass costs ~2 us a call)."""
+    return MLPSpec(widths, activation, output_activation, bias, dtype)
 
 
 def _same(t: torch.Tensor, x: torch.Tensor, name: str) -> None:

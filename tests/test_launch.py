@@ -243,3 +243,63 @@ def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
     monkeypatch.setattr(launch, "_hooked", lambda: True)  # e.g. a profiler's launch hook
     call(45)
     assert (k.compiles, len(k.direct)) == (before[0] + 1, before[1] + 1)
+
+
+def test_wide_linear_plan_reuses_a_kernel_only_for_the_same_specialization(
+        fake_cuda, monkeypatch):
+    """The wide forward GEMM's plan (wide._LinearForward) launches the autotuned config's
+    kernel directly only for a call that specializes like an earlier one: same row bucket,
+    rows and x/w strides alike, aligned pointers; addresses as ints, the grid from the
+    chosen config's tiles."""
+    wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
+    names = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "z_ptr", "M", "N", "K", "M_BUCKET", "s_xm",
+             "s_xk", "s_wn", "s_wk", "s_ym", "s_yn", "s_zm", "s_zn"]
+    fn = _RecordingKernel()
+    fn.params = [_Param(n, False) for n in names]
+
+    class Tuner:  # "tunes" BLOCK_N by the row bucket, like an autotuner would by timing
+        best_config = None
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                self.best_config = types.SimpleNamespace(kwargs={
+                    "BLOCK_M": 16, "BLOCK_N": 32 if args[8] <= 16 else 64, "BLOCK_K": 32},
+                    pre_hook=None)
+                return fn[grid](*args, **kwargs)
+            return run
+
+    kernel = launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide._even_k},
+                                  tune=("M_BUCKET", "N", "K", "K2"))
+    monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    N, K = 200, 96
+    plan = wide._LinearForward(fake_cuda, torch.float16, N, K, "gelu", True, False)
+    w = torch.randn(N, K, dtype=torch.float16)
+    b = torch.randn(N, dtype=torch.float16)
+
+    def call(rows, offset=0, wt=w):
+        flat = torch.randn(rows * K + offset, dtype=torch.float16)
+        x = flat[offset:].view(rows, K)
+        y, z = plan(x, wt, b)
+        assert y.shape == (rows, N) and z is None
+        return x, y
+
+    call(13)
+    assert (fn.compiles, len(fn.direct)) == (1, 0)
+    x, y = call(11)  # bucket 16, not 1, not a multiple of 16: same specialization
+    assert (fn.compiles, len(fn.direct)) == (1, 1)
+    a = fn.direct[-1]
+    assert a[0] == 1 * ((N + 31) // 32)  # one row block of 16, column blocks of 32
+    assert a[9:14] == (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), y.data_ptr())
+    assert a[14:] == (11, N, K, 16, K, 1, K, 1, N, 1, N, 1)
+    wt = torch.randn(K, N, dtype=torch.float16).t()  # a transposed weight: other strides
+    for changed in [dict(rows=16), dict(rows=1), dict(rows=20), dict(rows=11, wt=wt)]:
+        before = fn.compiles
+        call(**changed)
+        assert fn.compiles == before + 1, changed
+    assert len(fn.direct) == 1
+    x, y = call(27)  # bucket 32 seen (rows 20): its own config's tiles
+    assert len(fn.direct) == 2 and fn.direct[-1][0] == 2 * ((N + 63) // 64)
+    call(11, offset=1)  # a misaligned x: launch.py's own key, tensors handed over
+    call(11, offset=1)
+    assert type(fn.direct[-1][9]) is torch.Tensor and len(plan._entries) == 5

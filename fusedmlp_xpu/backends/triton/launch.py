@@ -219,14 +219,25 @@ class TunedLauncher(Launcher):
         super()._prepare()
         self._tune = tuple(self._arg_names.index(n) for n in self.tune if n in self._arg_names)
 
+    def _key(self, args, consts, device, options) -> tuple:
+        return (device.index, tuple(args[i] for i in self._tune), tuple(consts.items()),
+                args_key(args))
+
+    def cached(self, args: tuple, consts: dict, device: torch.device):
+        """(entry, the chosen config's constexprs) that a launch with these arguments
+        would take directly, or None (see Launcher.cached)."""
+        if self._names is None:
+            return None
+        entry = self._cache.get(self._key(args, consts, device, None))
+        return None if entry is None or entry[1] is None else entry
+
     def launch(self, grid, args: tuple, consts: dict, device: torch.device):
         if not enabled(device):
             self.tuner[grid](*args, **consts)
             return
         if self._names is None:
             self._prepare()
-        key = (device.index, tuple(args[i] for i in self._tune), tuple(consts.items()),
-               args_key(args))
+        key = self._key(args, consts, device, None)
         if self._take(key, grid, args, device):
             return
         ck = self.tuner[grid](*args, **consts)

@@ -35,6 +35,7 @@ from .. import memory, saved_widths
 from .act import act as _act
 from .act import act_grad as _act_grad
 from . import _pow2, triton_cdiv
+from . import launch
 from .launch import TunedLauncher, fitting
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
@@ -579,33 +580,83 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
 # ---------------------------------------------------------------- launchers ---
 def linear(x, w, b, act: str, save_z: bool):
     """act(x @ w^T + b) -> (y [M, N], z [M, N] or None). x: [M, K] any strides."""
-    M, K = x.shape
-    N = w.shape[0]
-    y = memory.new_empty(M, N, like=x)
-    z = memory.new_empty(M, N, like=x) if save_z else None
-    if M == 0:
-        return y, z
-    _check_size(x, w, y)
-    b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
-    zz = z if z is not None else y
-    consts = dict(ACT=_ACT[act], HAS_BIAS=b is not None, STORE_Z=save_z, **_meta(x))
-    cfg = _tma_config(x.device, "fwd_z" if save_z else "fwd")
-    with _guard(x):
-        if M > 64 and _tma_ok(x.device, M, N, cfg, x, w, y) and _tma_launch(
-                _linear_fwd_tma_kernel, x.device, cfg, M, N,
-                ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
-                (b if b is not None else w, zz, M, N, K, zz.stride(0), zz.stride(1)), consts):
+    return _linear_plan(x.device, x.dtype, w.shape[0], x.shape[1], act, b is not None,
+                        save_z)(x, w, b)
+
+
+@functools.lru_cache(maxsize=1024)
+def _linear_plan(device, dtype, N, K, act, has_b, save_z) -> "_LinearForward":
+    return _LinearForward(device, dtype, N, K, act, has_b, save_z)
+
+
+def _int_bits(a: int) -> int:
+    """What Triton specializes an int argument on (launch.arg_key), as 3 bits."""
+    return (a == 1) | (a % 16 == 0) << 1 | (-(1 << 31) <= a < 1 << 31) << 2
+
+
+class _LinearForward:
+    """linear() for one (device, dtype, N, K, activation, bias?, z?): constexprs and the
+    TMA tiles worked out once. At decode sizes a call is all host time, so on CUDA a
+    call of the pointer kernel that specializes like an earlier one (same row bucket;
+    rows, x's and w's strides alike in what Triton specializes on; every pointer 16-byte
+    aligned) launches the autotuned config's compiled kernel directly, addresses as ints
+    (the inputs were checked upstream). Anything else takes launch.py's general path."""
+
+    def __init__(self, device, dtype, N, K, act, has_b, save_z):
+        self.device, self.N, self.K, self.save_z = device, N, K, save_z
+        up = device.type == "cpu" and dtype == torch.bfloat16 and interpreting()
+        half = dtype in (torch.float16, torch.bfloat16)
+        # _meta's values (without a tensor at hand)
+        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_Z=save_z, UPCAST=up,
+                           PRECISION="tf32" if half else "ieee")
+        self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
+        self.lean = launch.enabled(device)
+        self._entries: dict = {}  # key bits -> (entry, BLOCK_M, BLOCK_N)
+
+    def __call__(self, x, w, b):
+        M, N, K = x.shape[0], self.N, self.K
+        y = memory.new_empty(M, N, like=x)
+        z = memory.new_empty(M, N, like=x) if self.save_z else None
+        if M == 0:
             return y, z
-        _kernel("fwd", x.device).launch(
-            _grid(M, N), (
-                x, w, b if b is not None else w, y, zz,
-                M, N, K, _bucket(M),
-                x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                y.stride(0), y.stride(1), zz.stride(0), zz.stride(1),
-            ),
-            consts, x.device,
-        )
-    return y, z
+        if M * max(N, K) > _MAX_ELEMENTS or N * K > _MAX_ELEMENTS:
+            _check_size(x, w, y)
+        b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
+        zz = z if z is not None else y
+        pb = b if b is not None else w
+        xs0, xs1 = x.stride()
+        ws0, ws1 = w.stride()
+        if M > 64:
+            with _guard(x):
+                cfg = self.tma_cfg
+                if _tma_ok(x.device, M, N, cfg, x, w, y) and _tma_launch(
+                        _linear_fwd_tma_kernel, x.device, cfg, M, N,
+                        ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
+                        (pb, zz, M, N, K, N, 1), self.consts):
+                    return y, z
+        kernel = _kernel("fwd", x.device)
+        if self.lean:
+            addr = (x.data_ptr(), w.data_ptr(), pb.data_ptr(), y.data_ptr(), zz.data_ptr())
+            aligned = not (addr[0] | addr[1] | addr[2] | addr[3] | addr[4]) & 15
+            bucket = _bucket(M)
+            key = (bucket, _int_bits(M) | _int_bits(xs0) << 3 | _int_bits(xs1) << 6
+                   | _int_bits(ws0) << 9 | _int_bits(ws1) << 12)
+            hit = self._entries.get(key) if aligned else None
+            if (hit is not None and not launch._hooked()
+                    and torch.cuda.current_device() == self.device.index):
+                entry, bm, bn = hit
+                kernel.launch_entry(entry, (triton_cdiv(M, bm) * triton_cdiv(N, bn),), (
+                    *addr, M, N, K, bucket, xs0, xs1, ws0, ws1, N, 1, N, 1),
+                    self.device.index)
+                return y, z
+        args = (x, w, pb, y, zz, M, N, K, _bucket(M), xs0, xs1, ws0, ws1, N, 1, N, 1)
+        with _guard(x):
+            kernel.launch(_grid(M, N), args, self.consts, x.device)
+        if self.lean and aligned:
+            got = kernel.cached(args, self.consts, x.device)
+            if got is not None:
+                self._entries[key] = (got[0], got[1]["BLOCK_M"], got[1]["BLOCK_N"])
+        return y, z
 
 
 def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=None,
