@@ -3,6 +3,7 @@
 Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json]
 """
 import argparse
+import contextlib
 import importlib
 import json
 import time
@@ -153,15 +154,39 @@ def wide(args):
     def ours():
         return fm.fused_mlp(x, ws, bs, "gelu_tanh", backend="triton")
 
+    slow = {}  # linear plans made with the lean path off: Triton's own launch each call
+
+    def slow_plan(*key):
+        if key not in slow:
+            launch.enabled = lambda device: False
+            slow[key] = wide_mod._LinearForward(*key)
+            launch.enabled = on
+        return slow[key]
+
     def ours_triton_path():
+        real, wide_mod._linear_plan = wide_mod._linear_plan, slow_plan
         launch.enabled = lambda device: False
         ours()
-        launch.enabled = on
+        launch.enabled, wide_mod._linear_plan = on, real
 
     with torch.inference_mode():
         res = interleaved({"fused_mlp_16_rows": ours,
                            "fused_mlp_16_rows_triton_launch_path": ours_triton_path,
                            "eager_16_rows": lambda: seq(x)}, n=1400)
+    xg = x.clone().requires_grad_()
+    params = [*ws, *bs]
+    gy = torch.randn_like(x)
+
+    def train_ours():
+        torch.autograd.grad(ours_x(xg), [xg, *params], gy)
+
+    def ours_x(xx):
+        return fm.fused_mlp(xx, ws, bs, "gelu_tanh", backend="triton")
+
+    res.update(interleaved({
+        "fused_mlp_16_rows_train_step": train_ours,
+        "eager_16_rows_train_step": lambda: torch.autograd.grad(seq(xg), [xg, *params], gy),
+    }, n=700))
     for k, v in res.items():
         print(f"{k:<40} {v:8.1f} us")
     print("launch hook installed:", launch._hooked())
@@ -171,13 +196,15 @@ def wide(args):
     if args.profile:
         import cProfile
         import pstats
-        with torch.inference_mode():
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(500):
-                ours()
-            pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        for what, fn in (("inference", ours), ("train step", train_ours)):
+            with torch.inference_mode() if what == "inference" else contextlib.nullcontext():
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(500):
+                    fn()
+                pr.disable()
+            print(f"--- cProfile, 500 x {what}")
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     if args.out:
         from fusedmlp_xpu.bench import environment
 
