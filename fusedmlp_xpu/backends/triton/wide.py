@@ -711,7 +711,7 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
         # the wide-gelu train step took 14.8 ms on the H200, without them 11.1 (M 8192;
         # not profiled, NOTES.md wide history 5), and with masked K tails they gave a
         # wrong dW there under Triton 3.6 (wide history 2)
-        db.copy_(_bias_grad(g, g_z, g_act))
+        _bias_grad(g, g_z, g_act, out=db)
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
         _kernel("dw", g.device).launch(
@@ -727,13 +727,15 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     return dw, db
 
 
-def _bias_grad(g, g_z, g_act):
-    """Bias gradient alone (weights need none): one reduction over the rows."""
+def _bias_grad(g, g_z, g_act, out=None):
+    """Bias gradient alone (weights need none): one reduction over the rows (into ``out``
+    when given)."""
     if g_act == "none":  # torch sums 16-bit tensors in fp32 and rounds once: one op
-        return g.sum(0)
+        return g.sum(0) if out is None else torch.sum(g, 0, out=out)
     dtype = g.dtype
     g = g.float() * activations.ACTIVATIONS[g_act].grad(g_z.float())
-    return g.sum(0).to(dtype)
+    db = g.sum(0).to(dtype)
+    return db if out is None else out.copy_(db)
 
 
 # ---------------------------------------------------------------- Backend shapes ---
