@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import activations, dispatch
+from . import activations, dispatch, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
 
@@ -267,6 +267,38 @@ def _backward_train(ctx, grad_y, grad_g, grad_u):
 gated_mlp_train.register_autograd(_backward_train, setup_context=_setup_train)
 
 
+class _EagerGated(torch.autograd.Function):
+    """The ops' forward and backward for plain eager autograd, without the custom-op layer
+    (same implementation calls, same saved tensors: g and u, or nothing with recompute)."""
+
+    @staticmethod
+    def forward(ctx, activation, backend, recompute, x, w_gate, w_up, w_down, *biases):
+        bl = list(biases) if biases else None
+        y, saved = _run_forward(x, w_gate, w_up, w_down, bl, activation, backend,
+                                not recompute)
+        ctx.activation, ctx.backend, ctx.n_b = activation, backend, len(biases)
+        ctx.save_for_backward(x, w_gate, w_up, w_down, *biases, *saved)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        t, n_b = ctx.saved_tensors, ctx.n_b
+        x, w_gate, w_up, w_down = t[:4]
+        biases = list(t[4 : 4 + n_b]) if n_b else None
+        need = ctx.needs_input_grad
+        need_x, need_ws, need_bs = need[3], need[4:7], need[7:]
+        need_w, need_b = any(need_ws), any(need_bs)
+        impl = choose(x.device, ctx.backend or None)
+        n = x.shape[:-1].numel()
+        gx, gw, gb = impl.gated_backward(
+            grad_y.reshape(n, grad_y.shape[-1]).contiguous(), x.reshape(n, x.shape[-1]),
+            w_gate, w_up, w_down, [s.reshape(n, s.shape[-1]) for s in t[4 + n_b:]],
+            ctx.activation, (need_x, need_w, need_b), biases)
+        gw = [g if k else None for g, k in zip(gw, need_ws)] if need_w else [None] * 3
+        gb = [g if k else None for g, k in zip(gb, need_bs)] if need_b else [None] * n_b
+        return None, None, None, gx.reshape(x.shape) if need_x else None, *gw, *gb
+
+
 # --- the functional entry ------------------------------------------------------------
 def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                     w_down: torch.Tensor, activation: str = "silu", backend: str | None = None,
@@ -290,6 +322,14 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     args = (x, w_gate, w_up, w_down, biases, act, backend or "")
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, w_gate, w_up, w_down, *(biases or ())))
+    # plain eager calls skip the custom-op layer, as fused_mlp's do (op.call): ~35 us of
+    # host time a call on the H200 host, all of a decode step's cost
+    if not torch.compiler.is_compiling() and op.EAGER_FAST_PATH and type(x) is torch.Tensor \
+            and op._dispatch_modes() == 0:
+        if not needs_grad:
+            return _run_forward(x, w_gate, w_up, w_down, biases, act, backend or "", False)[0]
+        return _EagerGated.apply(act, backend or "", recompute, x, w_gate, w_up, w_down,
+                                 *(biases or ()))
     if needs_grad and not recompute:
         return torch.ops.fusedmlp.gated_mlp_train.default(*args)[0]
     return torch.ops.fusedmlp.gated_mlp.default(*args)

@@ -129,6 +129,14 @@ def test_whole_blocks(impl, dtype):
     run(impl, "silu", dtype, lead=(32,), dims=(32, 48, 16), bias=True)
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+def test_through_the_ops_autograd(impl, monkeypatch, recompute):
+    """Eager calls normally skip the custom-op layer (op.EAGER_FAST_PATH); the ops' own
+    autograd gives the same results."""
+    monkeypatch.setattr(fm.op, "EAGER_FAST_PATH", False)
+    run(impl, "silu", bias=True, recompute=recompute)
+
+
 def test_recompute_saves_no_intermediate(impl):
     """recompute=True: autograd keeps x and the weights only (nothing [rows, hidden])."""
     name, dev = impl
