@@ -42,6 +42,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--profile", action="store_true", help="cProfile 2000 module calls")
+    ap.add_argument("--device-profile", action="store_true",
+                    help="--wide: torch.profiler tables of the 16-row train step")
     ap.add_argument("--wide", action="store_true",
                     help="the wide-gelu block at 16 rows instead (bf16, 4096 -> 16384 -> 4096)")
     args = ap.parse_args()
@@ -205,6 +207,19 @@ def wide(args):
                 pr.disable()
             print(f"--- cProfile, 500 x {what}")
             pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    if args.device_profile:  # where a 16-row train step's device time goes, ours and eager's
+        from torch.profiler import ProfilerActivity, profile
+        for what, fn in (("ours", train_ours), ("eager", lambda: torch.autograd.grad(
+                seq(xg), [xg, *params], gy))):
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+            print(f"--- torch.profiler, 20 x train step at 16 rows, {what}")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
     if args.out:
         from fusedmlp_xpu.bench import environment
 

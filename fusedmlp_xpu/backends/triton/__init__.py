@@ -373,8 +373,8 @@ class _NarrowForward:
     worked out once, not per call (host time is the whole cost of a small call).
 
     On CUDA, once a launch has compiled, later calls whose arguments specialize alike
-    launch the compiled kernel directly. Only x's row count and strides and the pointers'
-    alignment can change the specialization here (every tensor has the spec's dtype, every
+    launch the compiled kernel directly (launch.py). Only x's row count and strides and the
+    pointers' alignment can change the specialization here (every tensor has the spec's dtype, every
     other int is fixed by the spec), so that is the key: a few bits instead of a key over
     ~20 arguments. Calls with a misaligned pointer, another current device or a launch
     hook installed take the general path. ``launch.enabled`` (its environment variables)
@@ -416,8 +416,9 @@ class _NarrowForward:
         if not self.lean:
             self._launch(x, ptrs, M, strides)
             return y, saved
-        # the launcher takes addresses as ints too: then it neither calls data_ptr() nor
-        # asks the driver about each pointer again (the inputs were checked upstream)
+        # the tensors themselves go to the launcher, not these addresses as ints: ints
+        # skip the driver's pointer translation, and under compute-sanitizer memcheck an
+        # int-address launch read wrong values (test_odd_feature_dims, fp32, H200)
         addr = (x.data_ptr(), weights[0].data_ptr(), wh.data_ptr(), weights[-1].data_ptr(),
                 b0.data_ptr(), bh.data_ptr(), bl.data_ptr(), y.data_ptr(), z.data_ptr())
         aligned = not (addr[0] | addr[1] | addr[2] | addr[3] | addr[4] | addr[5] | addr[6]
@@ -431,11 +432,11 @@ class _NarrowForward:
         elif hit[1]:  # persistent
             grid = (min(self._max_programs, triton_cdiv(M, self.persistent[0])),)
             _launcher("fwd_persistent").launch_entry(
-                hit[0], grid, (*addr, M, self.IN, self.H, OUT, *strides), self.device.index)
+                hit[0], grid, (*ptrs, M, self.IN, self.H, OUT, *strides), self.device.index)
         else:
             _launcher("fwd").launch_entry(
                 hit[0], (triton_cdiv(M, self.tuning[0]),),
-                (*addr, M, self.IN, self.H, OUT, L_HID, *strides), self.device.index)
+                (*ptrs, M, self.IN, self.H, OUT, L_HID, *strides), self.device.index)
         return y, saved
 
     def _launch(self, x, ptrs, M, strides):

@@ -599,8 +599,8 @@ class _LinearForward:
     TMA tiles worked out once. At decode sizes a call is all host time, so on CUDA a
     call of the pointer kernel that specializes like an earlier one (same row bucket;
     rows, x's and w's strides alike in what Triton specializes on; every pointer 16-byte
-    aligned) launches the autotuned config's compiled kernel directly, addresses as ints
-    (the inputs were checked upstream). Anything else takes launch.py's general path."""
+    aligned) launches the autotuned config's compiled kernel directly (tensors, not int
+    addresses: see _NarrowForward). Anything else takes launch.py's general path."""
 
     def __init__(self, device, dtype, N, K, act, has_b, save_z):
         self.device, self.N, self.K, self.save_z = device, N, K, save_z
@@ -646,7 +646,7 @@ class _LinearForward:
                     and torch.cuda.current_device() == self.device.index):
                 entry, bm, bn = hit
                 kernel.launch_entry(entry, (triton_cdiv(M, bm) * triton_cdiv(N, bn),), (
-                    *addr, M, N, K, bucket, xs0, xs1, ws0, ws1, N, 1, N, 1),
+                    x, w, pb, y, zz, M, N, K, bucket, xs0, xs1, ws0, ws1, N, 1, N, 1),
                     self.device.index)
                 return y, z
         args = (x, w, pb, y, zz, M, N, K, _bucket(M), xs0, xs1, ws0, ws1, N, 1, N, 1)
