@@ -163,13 +163,6 @@ def test_args_key_is_arg_key_of_each():
 class _RecordingKernel(_FakeKernel):
     params = []  # no constexprs: the launcher's constexpr tail stays empty
 
-    def __getitem__(self, grid):
-        def jit_launch(*args, **kwargs):
-            self.compiles += 1
-            return types.SimpleNamespace(run=lambda *a: self.direct.append(a),
-                                         function="fn", packed_metadata="meta")
-        return jit_launch
-
 
 @pytest.mark.parametrize("hidden_layers, save", [(4, False), (4, True), (6, False)],
                          ids=["persistent", "persistent-save", "per-block"])

@@ -15,7 +15,7 @@ import torch
 
 from .. import Backend, device_guard, memory, saved_widths
 from . import launch
-from .launch import fitting  # plain Python: importable without Triton
+from .launch import fitting, int_key  # plain Python: importable without Triton
 
 MAX_WIDTH = 128
 # The persistent forward's limit, whatever its tuning says: at padded width 128 its
@@ -363,22 +363,20 @@ def _forward_plan(spec, device: torch.device, save: bool) -> "_NarrowForward":
 _ALIGN = 15  # Triton specializes a pointer on 16-byte alignment
 
 
-def _int_bits(a: int) -> int:
-    """What Triton specializes an int argument on (launch.arg_key), as 3 bits."""
-    return (a == 1) | (a % 16 == 0) << 1 | (-(1 << 31) <= a < 1 << 31) << 2
-
-
 class _NarrowForward:
     """The narrow forward of one (spec, device, save): tuning, constexprs and launch rule
     worked out once, not per call (host time is the whole cost of a small call).
 
     On CUDA, once a launch has compiled, later calls whose arguments specialize alike
-    launch the compiled kernel directly (launch.py). Only x's row count and strides and the
-    pointers' alignment can change the specialization here (every tensor has the spec's dtype, every
-    other int is fixed by the spec), so that is the key: a few bits instead of a key over
-    ~20 arguments. Calls with a misaligned pointer, another current device or a launch
-    hook installed take the general path. ``launch.enabled`` (its environment variables)
-    is read when the plan is made."""
+    launch the compiled kernel directly (launch.py). Only x's row count and strides and
+    the pointers' alignment can change the specialization here (every tensor has the
+    spec's dtype, every other int is fixed by the spec), so that is the key: a few bits
+    instead of a key over ~20 arguments. Calls with a misaligned pointer, another current
+    device or a launch hook installed take the general path. The launcher gets the
+    tensors, not their addresses as ints: ints skip the driver's pointer translation, and
+    under compute-sanitizer memcheck int-address launches read wrong values (fp32, padded
+    width 128, H200). ``launch.enabled`` (its environment variables) is read when the
+    plan is made."""
 
     def __init__(self, spec, device: torch.device, save: bool):
         self.spec, self.device, self.save = spec, device, save
@@ -416,14 +414,10 @@ class _NarrowForward:
         if not self.lean:
             self._launch(x, ptrs, M, strides)
             return y, saved
-        # the tensors themselves go to the launcher, not these addresses as ints: ints
-        # skip the driver's pointer translation, and under compute-sanitizer memcheck an
-        # int-address launch read wrong values (test_odd_feature_dims, fp32, H200)
-        addr = (x.data_ptr(), weights[0].data_ptr(), wh.data_ptr(), weights[-1].data_ptr(),
-                b0.data_ptr(), bh.data_ptr(), bl.data_ptr(), y.data_ptr(), z.data_ptr())
-        aligned = not (addr[0] | addr[1] | addr[2] | addr[3] | addr[4] | addr[5] | addr[6]
-                       | addr[7] | addr[8]) & _ALIGN
-        key = _int_bits(M) | _int_bits(xs0) << 3 | _int_bits(xs1) << 6
+        aligned = not (x.data_ptr() | weights[0].data_ptr() | wh.data_ptr()
+                       | weights[-1].data_ptr() | b0.data_ptr() | bh.data_ptr()
+                       | bl.data_ptr() | y.data_ptr() | z.data_ptr()) & _ALIGN
+        key = int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
         hit = self._entries.get(key) if aligned else None
         if hit is None or launch._hooked() or torch.cuda.current_device() != self.device.index:
             hit = self._launch(x, ptrs, M, strides)

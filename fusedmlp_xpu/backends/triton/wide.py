@@ -36,7 +36,7 @@ from .act import act as _act
 from .act import act_grad as _act_grad
 from . import _pow2, triton_cdiv
 from . import launch
-from .launch import TunedLauncher, fitting
+from .launch import TunedLauncher, fitting, int_key
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -589,11 +589,6 @@ def _linear_plan(device, dtype, N, K, act, has_b, save_z) -> "_LinearForward":
     return _LinearForward(device, dtype, N, K, act, has_b, save_z)
 
 
-def _int_bits(a: int) -> int:
-    """What Triton specializes an int argument on (launch.arg_key), as 3 bits."""
-    return (a == 1) | (a % 16 == 0) << 1 | (-(1 << 31) <= a < 1 << 31) << 2
-
-
 class _LinearForward:
     """linear() for one (device, dtype, N, K, activation, bias?, z?): constexprs and the
     TMA tiles worked out once. At decode sizes a call is all host time, so on CUDA a
@@ -636,11 +631,11 @@ class _LinearForward:
                     return y, z
         kernel = _kernel("fwd", x.device)
         if self.lean:
-            addr = (x.data_ptr(), w.data_ptr(), pb.data_ptr(), y.data_ptr(), zz.data_ptr())
-            aligned = not (addr[0] | addr[1] | addr[2] | addr[3] | addr[4]) & 15
+            aligned = not (x.data_ptr() | w.data_ptr() | pb.data_ptr() | y.data_ptr()
+                           | zz.data_ptr()) & 15
             bucket = _bucket(M)
-            key = (bucket, _int_bits(M) | _int_bits(xs0) << 3 | _int_bits(xs1) << 6
-                   | _int_bits(ws0) << 9 | _int_bits(ws1) << 12)
+            key = (bucket, int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
+                   | int_key(ws0) << 9 | int_key(ws1) << 12)
             hit = self._entries.get(key) if aligned else None
             if (hit is not None and not launch._hooked()
                     and torch.cuda.current_device() == self.device.index):
