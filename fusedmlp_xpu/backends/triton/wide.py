@@ -606,6 +606,7 @@ class _LinearForward:
                            PRECISION="tf32" if half else "ieee")
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
         self.lean = launch.enabled(device)
+        self.kernel = _kernel("fwd", device)  # looked up once, not per call
         self._entries: dict = {}  # key bits -> (entry, BLOCK_M, BLOCK_N)
 
     def __call__(self, x, w, b):
@@ -629,7 +630,7 @@ class _LinearForward:
                         ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
                         (pb, zz, M, N, K, N, 1), self.consts):
                     return y, z
-        kernel = _kernel("fwd", x.device)
+        kernel = self.kernel
         if self.lean:
             aligned = not (x.data_ptr() | w.data_ptr() | pb.data_ptr() | y.data_ptr()
                            | zz.data_ptr()) & 15
