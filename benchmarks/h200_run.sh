@@ -14,7 +14,8 @@ for s in $steps; do
            grep -E " FAILED | ERROR " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) //' | sort -u | head -30; tail -1 "$OUT/tests.log" ;;
     # memcheck (SAN_TOOL) over the Triton cases, one process by default (twice, 8 sanitized xdist
     # workers printed nothing in 140-170 s on the H200); SAN_N workers, -k narrows it
-    sanitize) timeout ${SAN_S:-300} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --target-processes all python3 -m pytest -q -n ${SAN_N:-0} -p no:cacheprovider tests/test_correctness.py tests/test_launch.py tests/test_wide.py tests/test_gated.py -k "${SAN_K:-triton and cuda}" > "$OUT/sanitizer.log" 2>&1
+    # without PyTorch's caching allocator (its pools hide out-of-bounds reads from memcheck)
+    sanitize) PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-300} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --target-processes all python3 -m pytest -q -n ${SAN_N:-0} -p no:cacheprovider tests/test_correctness.py tests/test_launch.py tests/test_wide.py tests/test_gated.py -k "${SAN_K:-triton and cuda}" > "$OUT/sanitizer.log" 2>&1
               grep -E "ERROR SUMMARY|Program hit|Invalid" "$OUT/sanitizer.log" | sort | uniq -c | head; tail -2 "$OUT/sanitizer.log" ;;
     split) timeout ${SPLIT_S:-240} python3 benchmarks/sweep_narrow.py --split --out "$OUT/sweep-split.json" 2>&1 | tee "$OUT/sweep-split.log" | grep -E "BEST|WRONG|Error| us  |cuBLAS|kernel by kernel" ;;
     stages) timeout ${STAGES_S:-240} python3 benchmarks/sweep_narrow.py --stages --out "$OUT/sweep-stages.json" 2>&1 | tee "$OUT/sweep-stages.log" | grep -E "BEST|WRONG|Error" ;;
@@ -29,6 +30,7 @@ for s in $steps; do
              timeout ${BENCH_S:-150} python3 -m fusedmlp_xpu.cli bench --suite narrow --config $c ${BENCH_ARGS:-} --out "$OUT/bench-$c.json" > "$OUT/bench-$c.txt" 2>/dev/null
              echo "$c rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-$c.txt" | grep -v eager; done ;;
     # the wide GEMMs one by one: TMA vs pointer kernels vs cuBLAS (PROBE_PART forward|backward|all)
+    probe-gated) timeout ${PROBE_S:-200} python3 benchmarks/probe_gated_tma.py --out "$OUT/probe-gated.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gated.txt" | tail -20 ;;
     probe) timeout ${PROBE_S:-200} python3 benchmarks/probe_tma_gemm.py --part ${PROBE_PART:-all} --out "$OUT/probe-tma.json" 2>&1 | grep -v Warn | tee "$OUT/probe-tma.txt" | tail -40 ;;
     bench-wide) timeout ${BENCH_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --out "$OUT/bench-wide.json" > "$OUT/bench-wide.txt" 2>/dev/null; tail -20 "$OUT/bench-wide.txt" ;;
     *) echo "unknown step $s" ;;

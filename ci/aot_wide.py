@@ -75,15 +75,19 @@ def _compile(src, arch, warps, stages):
 
 
 def compile_tma(kind: str, arch: int, dtype=torch.bfloat16):
-    """The TMA forward kernel at its tuned config for ``kind`` ("fwd" or "fwd_z"), with
-    descriptor arguments typed as Triton types them at launch."""
-    fn = wide._linear_fwd_tma_kernel
+    """A TMA forward kernel at its tuned config for ``kind`` ("fwd", "fwd_z": z stored
+    too; "gated", "gated_gu": g and u stored too), with descriptor arguments typed as
+    Triton types them at launch."""
+    gated = kind.startswith("gated")
+    fn = wide._gated_fwd_tma_kernel if gated else wide._linear_fwd_tma_kernel
     bm, bn, bk, warps, stages = wide._tma_config_nvidia(kind)
     t = torch.empty(1024, 1024, dtype=dtype)
-    blocks = {"x_desc": [bm, bk], "w_desc": [bn, bk], "y_desc": [bm, bn]}
-    values = {"ACT": 4, "HAS_BIAS": True, "STORE_Z": kind == "fwd_z", "UPCAST": False,
-              "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-              "PROGRAMS": 132, "s_zn": 1}
+    blocks = {"x_desc": [bm, bk], "w_desc": [2 * bn if gated else bn, bk],
+              "y_desc": [bm, bn], "h_desc": [bm, bn]}
+    values = {"ACT": 5 if gated else 4, "HAS_BIAS": not gated, "STORE_Z": kind == "fwd_z",
+              "STORE_GU": kind == "gated_gu", "UPCAST": False, "PRECISION": "tf32",
+              "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "PROGRAMS": 132,
+              "s_zn": 1, "s_gn": 1, "s_un": 1}
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in blocks:
@@ -142,11 +146,11 @@ def main(argv=None) -> int:
                 failed += 1
                 print(f"{name:<10}{tile:<20}FAILED {type(e).__name__}: {str(e)[:400]}  {consts}")
     if wide.TensorDescriptor is not None:
-        for kind in ("fwd", "fwd_z"):
+        for kind in ("fwd", "fwd_z", "gated", "gated_gu"):
             try:
                 tile, smem, mma, tma, info = compile_tma(kind, args.arch)
                 over = "  OVER 227 KB" if smem > 227 * 1024 else ""
-                print(f"{kind + '_tma':<10}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
+                print(f"{kind + '_tma':<13}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
                       f"{info}{over}")
                 failed += bool(over)
             except Exception as e:  # report every failure, then fail the run

@@ -7,7 +7,8 @@
     fusedmlp::gated_mlp_backward  gradients for x, the three weights and the biases
 
 On cuda/xpu the Triton kernels of ``backends/triton/wide.py`` run (the gate and up
-products in one kernel, two accumulators over the same x tiles; backward with the
+products in one kernel: two accumulators over the same x tiles, or at large M on
+Hopper-class GPUs one GEMM over the two weights interleaved by rows; backward with the
 activation derivative fused into the dh GEMM's epilogue); elsewhere, or when Triton is
 not usable, the composite torch reference in this file. ``backend="triton"`` or
 ``"reference"`` (or $FUSEDMLP_BACKEND) forces one; a forced backend that cannot run

@@ -130,6 +130,29 @@ def test_whole_blocks(impl, dtype):
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+def test_gated_tma_train_step(impl, monkeypatch, recompute):
+    """A train step whose gated GEMM takes the one-GEMM TMA kernel (Hopper-class GPUs, or
+    the interpreter with the row threshold lowered); bf16, every gradient checked."""
+    name, dev = impl
+    if name != "triton" or dev.type == "xpu" or (
+            dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9):
+        pytest.skip("the TMA kernels run on Hopper-class CUDA GPUs and in the interpreter")
+    wide = gated._wide()
+    if wide.TensorDescriptor is None:
+        pytest.skip("this Triton has no host tensor descriptors")
+    ran = []
+    real = wide._tma_launch
+    monkeypatch.setattr(wide, "_tma_launch", lambda k, *a, **kw: ran.append(k) or real(k, *a, **kw))
+    if dev.type == "cpu":
+        monkeypatch.setattr(wide, "GATED_TMA_MIN_ROWS", 65)
+        lead, dims = (85,), (40, 56, 24)
+    else:
+        lead, dims = (wide.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264)
+    run(impl, "silu", torch.bfloat16, lead=lead, dims=dims, recompute=recompute)
+    assert wide._gated_fwd_tma_kernel in ran
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
 def test_through_the_ops_autograd(impl, monkeypatch, recompute):
     """Eager calls normally skip the custom-op layer (op.EAGER_FAST_PATH); the ops' own
     autograd gives the same results."""

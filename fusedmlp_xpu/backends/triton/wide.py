@@ -9,6 +9,8 @@ Kernels (each C = A @ B^T with A: [M, K], B: [N, K], any strides, fp32 accumulat
     _linear_fwd_tma_kernel  the forward GEMM through TMA descriptors, persistent (Hopper+,
                           16-bit operands, large M)
     _gated_fwd_kernel     h = act(x Wg^T + bg) * (x Wu^T + bu): two accumulators, one x tile
+    _gated_fwd_tma_kernel the same as one GEMM over [Wg; Wu] interleaved by rows, through
+                          TMA descriptors, persistent (Hopper+, 16-bit operands, large M)
     _gated_bwd_kernel     dh = dy Wd; epilogue: dg = dh u act'(g), du = dh act(g)
 
 g' is g times the output activation's derivative, applied in the prologue when a layer
@@ -266,9 +268,9 @@ def _gated_bwd_kernel(
 # tiles in the grouped order. On the H200 (Triton 3.6, bf16, M 8192; benchmarks/
 # probe_tma_gemm.py, h200-probe-tma-gemm-20261130{,b,c}.json) this took the wide-gelu
 # GEMMs from 504-572 TFLOP/s (the pointer kernels above) to 647-684, against cuBLAS's
-# 679-719 without an epilogue. The gated GEMM the same way (two 128x128 accumulators,
-# two weight descriptors) ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
-# hidden 14336; 256x64 and 64- or 128-row 4-warp tiles 4.2-6.5 ms): it was not kept.
+# 679-719 without an epilogue. The gated GEMM the same way with two 128x128 accumulators
+# and two weight descriptors ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
+# hidden 14336); as ONE GEMM over the interleaved weights (_gated_fwd_tma_kernel) 2.79.
 @triton.jit
 def _linear_fwd_tma_kernel(
     x_desc, w_desc, y_desc, b_ptr, z_ptr, M, N, K, s_zm, s_zn,
@@ -293,6 +295,39 @@ def _linear_fwd_tma_kernel(
         if STORE_Z:  # training only: a plain store (the config leaves room for it)
             _store(z_ptr, off_m + tl.arange(0, BLOCK_M), cols, s_zm, s_zn, acc, M, N)
         y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
+
+
+@triton.jit
+def _gated_fwd_tma_kernel(
+    x_desc, w_desc, h_desc, b_ptr, g_ptr, u_ptr, M, N, K, s_gm, s_gn, s_um, s_un,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """h = act(x Wg^T + bg) * (x Wu^T + bu) as ONE GEMM, persistent over the tiles: w_desc
+    is [Wg; Wu] interleaved by rows (row 2j = Wg[j], row 2j + 1 = Wu[j]; b_ptr likewise),
+    so a [BLOCK_M, 2 BLOCK_N] accumulator holds g and u in alternating columns, and the
+    epilogue splits them apart (N = hidden width)."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = _dot(x_desc.load([off_m, k]), w_desc.load([2 * off_n, k]).T, acc,
+                       UPCAST, PRECISION)
+        if HAS_BIAS:
+            cols2 = 2 * off_n + tl.arange(0, 2 * BLOCK_N)
+            acc += tl.load(b_ptr + cols2, mask=cols2 < 2 * N, other=0.0).to(tl.float32)[None, :]
+        g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        if STORE_GU:  # training only: plain stores
+            rows = off_m + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
+            _store(g_ptr, rows, cols, s_gm, s_gn, g, M, N)
+            _store(u_ptr, rows, cols, s_um, s_un, u, M, N)
+        h_desc.store([off_m, off_n], (_act(g, ACT) * u).to(h_desc.dtype))
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -513,7 +548,15 @@ def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
     4 stages of 128x256 do not fit (256 KB). Storing z too, 128x256 fits only 2 stages and
     ran 2.15-2.42 ms, 128x128x64 / 4 stages 1.81-1.88 (the pointer kernel 1.94-2.15). The
     backward GEMMs through TMA at 128x128x64 / 4 stages (-c) were slower than the pointer
-    kernels (1.85-2.26 against 1.62-2.21 ms) and were not kept."""
+    kernels (1.85-2.26 against 1.62-2.21 ms) and were not kept.
+    The gated GEMM ("gated", "gated_gu" storing g and u; BLOCK_N counts h's columns, the
+    interleaved weight tile has twice as many rows), probed once (x 8192 x 4096, hidden
+    14336; h200-probe-gated-tma-20261130.json): 128x128x64 / 8 warps / 3 stages 2.79 ms
+    inference, 2.91 ms storing g and u (4 stages 2.90; 128x64 / 4 stages 2.95 / 3.06;
+    256x64 / 3 stages 2.76; 2 stages 3.91), cuBLAS over [Wg; Wu] 2.76 ms, the pointer
+    kernel 3.39 / 3.47."""
+    if kind in ("gated", "gated_gu"):
+        return (128, 128, 64, 8, 3)
     return (128, 256, 64, 8, 3) if kind == "fwd" else (128, 128, 64, 8, 4)
 
 
@@ -568,13 +611,33 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
     A config whose shared memory the device refuses steps its stages down (launch.fitting);
     False when not even one fits (the caller takes the pointer kernels)."""
     bm, bn, bk, warps, stages = cfg
-    size = {"m": bm, "n": bn, "k": bk}
+    size = {"m": bm, "n": bn, "k": bk, "2n": 2 * bn}
     ds = [TensorDescriptor.from_tensor(t, [size[r], size[c]]) for t, r, c in descs]
     progs = min(_programs(device), triton_cdiv(M, bm) * triton_cdiv(N, bn))
     return fitting(_TMA_FIT, (kernel, device.index, cfg, tuple(consts.items())), stages,
                    lambda s: kernel[(progs,)](
                        *ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
                        PROGRAMS=progs, num_warps=warps, num_stages=s))
+
+
+def _gated_tma(x, w_i, b_i, act, h, g, u, cfg) -> bool:
+    """h (and g, u when given) from the one-GEMM gated TMA kernel; ``w_i``/``b_i`` are
+    the gate and up weights/biases interleaved by rows (``interleave``). False when the
+    device refuses every stage count of ``cfg``."""
+    M, K = x.shape
+    N = h.shape[1]
+    gg, uu = (g, u) if g is not None else (h, h)
+    return _tma_launch(
+        _gated_fwd_tma_kernel, x.device, cfg, M, N,
+        ((x, "m", "k"), (w_i, "2n", "k"), (h, "m", "n")),
+        (b_i if b_i is not None else w_i, gg, uu, M, N, K, gg.stride(0), gg.stride(1),
+         uu.stride(0), uu.stride(1)),
+        dict(ACT=_ACT[act], HAS_BIAS=b_i is not None, STORE_GU=g is not None, **_meta(x)))
+
+
+def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[a; b] by rows, alternating: row 2j = a[j], row 2j + 1 = b[j] (a copy)."""
+    return torch.stack((a, b), dim=1).reshape(2 * a.shape[0], *a.shape[1:])
 
 
 # ---------------------------------------------------------------- launchers ---
@@ -831,13 +894,33 @@ def backward(grad_y, x, weights, biases, saved, spec, needs):
 
 
 # ---------------------------------------------------------------- gated ---
+#: Rows from which the gated GEMM takes the TMA kernel (where _tma_ok allows). It reads
+#: [Wg; Wu] interleaved by rows, a copy made per call: 0.12 ms for 2 x 14336 x 4096 bf16
+#: against 0.6 ms saved on the GEMM at 8192 rows (H200). Copy and GEMM both scale with
+#: hidden x d, so the break-even is a row count, ~1700 there; from 4096 rows the saving is
+#: ~10% by that estimate (only 8192 rows measured).
+GATED_TMA_MIN_ROWS = 4096
+
+
 def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
-    """h = act(x Wg^T + bg) * (x Wu^T + bu) -> (h [M, H], [g, u] when save else [])."""
+    """h = act(x Wg^T + bg) * (x Wu^T + bu) -> (h [M, H], [g, u] when save else []).
+    Large M on Hopper-class GPUs (16-bit operands): ONE GEMM over the interleaved
+    weights (_gated_fwd_tma_kernel); otherwise two accumulators over the same x tiles
+    (_gated_fwd_kernel)."""
     M, K = x.shape
     H = w_gate.shape[0]
     h = memory.new_empty(M, H, like=x)
     g = memory.new_empty(M, H, like=x) if save else None
     u = memory.new_empty(M, H, like=x) if save else None
+    if M >= GATED_TMA_MIN_ROWS:
+        cfg = _tma_config(x.device, "gated_gu" if save else "gated")
+        if _tma_ok(x.device, M, H, cfg, x, h):  # the interleaved copies are contiguous
+            _check_size(x, w_gate, h)
+            with _guard(x):
+                if _gated_tma(x, interleave(w_gate, w_up),
+                              None if b_gate is None else interleave(b_gate, b_up),
+                              activation, h, g, u, cfg):
+                    return h, ([g, u] if save else [])
     if M > 0:
         _check_size(x, w_gate, h)
         # the biases are read with unit stride

@@ -1,0 +1,112 @@
+"""Probe: the gated GEMM h = act(x Wg^T) * (x Wu^T) as ONE TMA GEMM over the interleaved
+weight (wide._gated_fwd_tma_kernel) against the package's current gated kernel (two
+accumulators, pointer loads, autotuned) and cuBLAS, for inference and for the training
+forward (which also stores g and u).
+
+wide-swiglu's shape by default (bf16, x 8192 x 4096, hidden 14336). Tiles are
+(BLOCK_M, BLOCK_N of h, BLOCK_K, warps, stages); the weight tile has 2 BLOCK_N rows.
+Every result is checked against torch in fp32 before it is timed; the interleaving copy
+(wide.interleave) is timed on its own.
+
+    PYTHONPATH=. python3 benchmarks/probe_gated_tma.py --out probe-gated.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+from fusedmlp_xpu.backends.triton import wide
+from fusedmlp_xpu.bench import environment
+
+F = torch.nn.functional
+TILES = {False: [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 8, 4),
+                 (256, 64, 64, 8, 3)],
+         True: [(128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 8, 2),
+                (128, 64, 64, 8, 3)]}
+
+
+def _time(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--m", type=int, default=8192)
+    ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=14336)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    dev, dt = torch.device("cuda"), getattr(torch, args.dtype)
+    M, K, H = args.m, args.d, args.hidden
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device=dev, dtype=dt)
+    wg = torch.randn(H, K, device=dev, dtype=dt) / K ** 0.5
+    wu = torch.randn(H, K, device=dev, dtype=dt) / K ** 0.5
+    bg, bu = torch.randn(H, device=dev, dtype=dt), torch.randn(H, device=dev, dtype=dt)
+    wcat = torch.cat((wg, wu))
+    wi = wide.interleave(wg, wu)
+    gf, uf = x.float() @ wg.float().t(), x.float() @ wu.float().t()
+    ref = F.silu(gf) * uf
+    flop = 4 * M * H * K
+    rows = []
+
+    def rec(name, fn, want=ref):
+        try:
+            out = fn()
+            outs = out if isinstance(out, tuple) else (out,)
+            wants = want if isinstance(want, tuple) else (want,)
+            err = max(((o.float() - w).abs().max() / w.abs().max()).item()
+                      for o, w in zip(outs, wants))
+            ms = _time(fn)
+        except Exception as e:  # noqa: BLE001 -- out of resources: say so, go on
+            print(f"{name}: {type(e).__name__} {str(e)[:100]}", flush=True)
+            return
+        ok = err < 2e-2
+        print(f"{name:44s} {ms:.4f} ms {flop / ms / 1e9:6.0f} TFLOP/s err {err:.1e}"
+              f"{'' if ok else ' WRONG'}", flush=True)
+        rows.append(dict(m=M, k=K, hidden=H, variant=name, ms=ms, err=err, ok=ok,
+                         tflops=flop / ms / 1e9))
+
+    rec("cuBLAS x Wg^T (one of the two bare GEMMs)", lambda: x @ wg.t(), gf)
+    rec("cuBLAS x [Wg; Wu]^T", lambda: (x @ wcat.t())[:, :H], gf)
+    rec("eager silu(x Wg^T) * x Wu^T", lambda: F.silu(x @ wg.t()) * (x @ wu.t()))
+    rec("interleave copy (not a GEMM)", lambda: wide.interleave(wg, wu),
+        wi.float())
+    rec("pointer kernel (autotuned)", lambda: wide.gated_hidden(x, wg, wu, "silu", False)[0])
+    rec("pointer kernel (autotuned) +g,u",
+        lambda: (lambda r: (r[0], *r[1]))(wide.gated_hidden(x, wg, wu, "silu", True)),
+        (ref, gf, uf))
+
+    def tma(cfg, save, bias=False):
+        h = torch.empty(M, H, device=dev, dtype=dt)
+        g = torch.empty(M, H, device=dev, dtype=dt) if save else None
+        u = torch.empty(M, H, device=dev, dtype=dt) if save else None
+        bi = wide.interleave(bg, bu) if bias else None
+
+        def call():
+            if not wide._gated_tma(x, wi, bi, "silu", h, g, u, cfg):
+                raise RuntimeError("no stage count fits")
+            return (h, g, u) if save else h
+        return call
+
+    for save in (False, True):
+        for cfg in TILES[save]:
+            wide._TMA_FIT.clear()
+            name = "tma {}x{}x{} w{} st{}".format(*cfg) + (" +g,u" if save else "")
+            rec(name, tma(cfg, save), (ref, gf, uf) if save else ref)
+            if wide._TMA_FIT and rows and rows[-1]["variant"] == name:
+                rows[-1]["stages_that_fit"] = min(wide._TMA_FIT.values())
+                print(f"    (ran with {min(wide._TMA_FIT.values())} stages)")
+    gb, ub = gf + bg.float(), uf + bu.float()
+    rec("tma 128x128x64 w8 st3, biases", tma(TILES[False][0], False, True), F.silu(gb) * ub)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
