@@ -66,8 +66,13 @@ class _Reference:
         return grad_x, gw, gb
 
 
+_WIDE = []  # the wide module once imported (a failed import is retried, and reported)
+
+
 def _wide():
-    return importlib.import_module(".backends.triton.wide", __package__)
+    if not _WIDE:
+        _WIDE.append(importlib.import_module(".backends.triton.wide", __package__))
+    return _WIDE[0]
 
 
 def _triton_usable(device: torch.device, forced: bool) -> tuple[bool, str]:

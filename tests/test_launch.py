@@ -300,3 +300,62 @@ def test_wide_linear_plan_reuses_a_kernel_only_for_the_same_specialization(
     call(11, offset=1)  # a misaligned x: launch.py's own key, never the plan's
     call(11, offset=1)
     assert general and len(fn.direct) == 3 and len(plan._entries) == 5
+
+
+def test_wide_gated_plan_reuses_a_kernel_only_for_the_same_specialization(
+        fake_cuda, monkeypatch):
+    """The gated GEMM's plan (wide._GatedForward) as the linear one: a direct launch only
+    for a call that specializes like an earlier one (row bucket; rows and x/Wg/Wu strides
+    alike; aligned pointers), handing over the same tensors."""
+    wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
+    names = ["x_ptr", "wg_ptr", "wu_ptr", "bg_ptr", "bu_ptr", "h_ptr", "g_ptr", "u_ptr", "M",
+             "N", "K", "M_BUCKET", "s_xm", "s_xk", "s_gwn", "s_gwk", "s_uwn", "s_uwk", "s_hm",
+             "s_hn", "s_gm", "s_gn", "s_um", "s_un"]
+    fn = _RecordingKernel()
+    fn.params = [_Param(n, False) for n in names]
+
+    class Tuner:
+        best_config = None
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                self.best_config = types.SimpleNamespace(kwargs={
+                    "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}, pre_hook=None)
+                return fn[grid](*args, **kwargs)
+            return run
+
+    kernel = launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide._even_k},
+                                  tune=("M_BUCKET", "N", "K", "K2"))
+    monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    H, K = 100, 48
+    for save in (False, True):
+        plan = wide._GatedForward(fake_cuda, torch.float16, H, K, "silu", False, save)
+        wg, wu = torch.randn(H, K, dtype=torch.float16), torch.randn(H, K, dtype=torch.float16)
+        before = (fn.compiles, len(fn.direct))
+
+        def call(rows, offset=0, wu=wu):
+            flat = torch.randn(rows * K + offset, dtype=torch.float16)
+            x = flat[offset:].view(rows, K)
+            h, saved = plan(x, wg, wu, None, None)
+            assert h.shape == (rows, H) and len(saved) == (2 if save else 0)
+            return x, h, saved
+
+        call(13)
+        x, h, saved = call(11)
+        assert (fn.compiles, len(fn.direct)) == (before[0] + 1, before[1] + 1)
+        a = fn.direct[-1]
+        assert a[0] == (H + 31) // 32
+        gg, uu = saved if save else (h, h)
+        assert a[9] is x and a[10] is wg and a[11] is wu and a[12] is wg and a[13] is wu
+        assert a[14] is h and a[15] is gg and a[16] is uu
+        assert a[17:] == (11, H, K, 16, K, 1, K, 1, K, 1, H, 1, H, 1, H, 1)
+        wt = torch.randn(K, H, dtype=torch.float16).t()  # a transposed Wu: other strides
+        for changed in [dict(rows=16), dict(rows=40), dict(rows=11, wu=wt),
+                        dict(rows=11, offset=1)]:
+            n = fn.compiles
+            call(**changed)
+            assert fn.compiles == n + 1, changed
+        call(11, offset=1)  # misaligned: never kept, so the general path again
+        assert len(fn.direct) == before[1] + 1 + 1  # ...which launch.py takes directly
+        assert len(plan._direct.entries) == 4

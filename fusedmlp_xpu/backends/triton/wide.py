@@ -652,13 +652,42 @@ def _linear_plan(device, dtype, N, K, act, has_b, save_z) -> "_LinearForward":
     return _LinearForward(device, dtype, N, K, act, has_b, save_z)
 
 
+class _Direct:
+    """Direct launches of one autotuned pointer kernel under a plan's short key: once the
+    general path (launch.py's own key, the autotuner the first time) has launched a call
+    of a key, later calls of that key launch the chosen config's compiled kernel directly,
+    its grid from that config's tiles. The plan makes the key from what can vary in its
+    launches' specialization (row bucket and count, input strides, alignment); key None
+    (a misaligned pointer, or the lean path off) always takes the general path."""
+
+    __slots__ = ("kernel", "device", "entries")
+
+    def __init__(self, kernel: TunedLauncher, device: torch.device):
+        self.kernel, self.device = kernel, device
+        self.entries: dict = {}  # key -> (entry, BLOCK_M, BLOCK_N)
+
+    def launch(self, key, M: int, N: int, args: tuple, consts: dict) -> None:
+        hit = self.entries.get(key) if key is not None else None
+        if (hit is not None and not launch._hooked()
+                and torch.cuda.current_device() == self.device.index):
+            entry, bm, bn = hit
+            self.kernel.launch_entry(entry, (triton_cdiv(M, bm) * triton_cdiv(N, bn),), args,
+                                     self.device.index)
+            return
+        with _guard(args[0]):
+            self.kernel.launch(_grid(M, N), args, consts, self.device)
+        if key is not None:
+            got = self.kernel.cached(args, consts, self.device)
+            if got is not None:
+                self.entries[key] = (got[0], got[1]["BLOCK_M"], got[1]["BLOCK_N"])
+
+
 class _LinearForward:
     """linear() for one (device, dtype, N, K, activation, bias?, z?): constexprs and the
-    TMA tiles worked out once. At decode sizes a call is all host time, so on CUDA a
-    call of the pointer kernel that specializes like an earlier one (same row bucket;
-    rows, x's and w's strides alike in what Triton specializes on; every pointer 16-byte
-    aligned) launches the autotuned config's compiled kernel directly (tensors, not int
-    addresses: see _NarrowForward). Anything else takes launch.py's general path."""
+    TMA tiles worked out once. At decode sizes a call is all host time, so on CUDA the
+    pointer kernel's launches go through _Direct, keyed on the row bucket and what
+    Triton specializes rows, x's and w's strides on (tensors, not int addresses, go to
+    the launcher: see _NarrowForward)."""
 
     def __init__(self, device, dtype, N, K, act, has_b, save_z):
         self.device, self.N, self.K, self.save_z = device, N, K, save_z
@@ -669,8 +698,8 @@ class _LinearForward:
                            PRECISION="tf32" if half else "ieee")
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
         self.lean = launch.enabled(device)
-        self.kernel = _kernel("fwd", device)  # looked up once, not per call
-        self._entries: dict = {}  # key bits -> (entry, BLOCK_M, BLOCK_N)
+        self._direct = _Direct(_kernel("fwd", device), device)  # looked up once
+        self._entries = self._direct.entries
 
     def __call__(self, x, w, b):
         M, N, K = x.shape[0], self.N, self.K
@@ -683,8 +712,6 @@ class _LinearForward:
         b = b if b is None or b.is_contiguous() else b.contiguous()  # read with unit stride
         zz = z if z is not None else y
         pb = b if b is not None else w
-        xs0, xs1 = x.stride()
-        ws0, ws1 = w.stride()
         if M > 64:
             with _guard(x):
                 cfg = self.tma_cfg
@@ -693,28 +720,16 @@ class _LinearForward:
                         ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
                         (pb, zz, M, N, K, N, 1), self.consts):
                     return y, z
-        kernel = self.kernel
-        if self.lean:
-            aligned = not (x.data_ptr() | w.data_ptr() | pb.data_ptr() | y.data_ptr()
-                           | zz.data_ptr()) & 15
-            bucket = _bucket(M)
+        xs0, xs1 = x.stride()
+        ws0, ws1 = w.stride()
+        bucket = _bucket(M)
+        key = None
+        if self.lean and not (x.data_ptr() | w.data_ptr() | pb.data_ptr() | y.data_ptr()
+                              | zz.data_ptr()) & 15:  # every pointer 16-byte aligned
             key = (bucket, int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
                    | int_key(ws0) << 9 | int_key(ws1) << 12)
-            hit = self._entries.get(key) if aligned else None
-            if (hit is not None and not launch._hooked()
-                    and torch.cuda.current_device() == self.device.index):
-                entry, bm, bn = hit
-                kernel.launch_entry(entry, (triton_cdiv(M, bm) * triton_cdiv(N, bn),), (
-                    x, w, pb, y, zz, M, N, K, bucket, xs0, xs1, ws0, ws1, N, 1, N, 1),
-                    self.device.index)
-                return y, z
-        args = (x, w, pb, y, zz, M, N, K, _bucket(M), xs0, xs1, ws0, ws1, N, 1, N, 1)
-        with _guard(x):
-            kernel.launch(_grid(M, N), args, self.consts, x.device)
-        if self.lean and aligned:
-            got = kernel.cached(args, self.consts, x.device)
-            if got is not None:
-                self._entries[key] = (got[0], got[1]["BLOCK_M"], got[1]["BLOCK_N"])
+        self._direct.launch(key, M, N, (x, w, pb, y, zz, M, N, K, bucket, xs0, xs1, ws0, ws1,
+                                        N, 1, N, 1), self.consts)
         return y, z
 
 
@@ -907,40 +922,69 @@ def gated_hidden(x, w_gate, w_up, activation, save, b_gate=None, b_up=None):
     Large M on Hopper-class GPUs (16-bit operands): ONE GEMM over the interleaved
     weights (_gated_fwd_tma_kernel); otherwise two accumulators over the same x tiles
     (_gated_fwd_kernel)."""
-    M, K = x.shape
-    H = w_gate.shape[0]
-    h = memory.new_empty(M, H, like=x)
-    g = memory.new_empty(M, H, like=x) if save else None
-    u = memory.new_empty(M, H, like=x) if save else None
-    if M >= GATED_TMA_MIN_ROWS:
-        cfg = _tma_config(x.device, "gated_gu" if save else "gated")
-        if _tma_ok(x.device, M, H, cfg, x, h):  # the interleaved copies are contiguous
+    return _gated_plan(x.device, x.dtype, w_gate.shape[0], x.shape[1], activation,
+                       b_gate is not None, save)(x, w_gate, w_up, b_gate, b_up)
+
+
+@functools.lru_cache(maxsize=1024)
+def _gated_plan(device, dtype, H, K, act, has_b, save) -> "_GatedForward":
+    return _GatedForward(device, dtype, H, K, act, has_b, save)
+
+
+class _GatedForward:
+    """gated_hidden() for one (device, dtype, hidden, d, activation, biases?, save?):
+    constexprs and tiles worked out once; the pointer kernel's launches through _Direct
+    (as _LinearForward's), keyed on the row bucket and what Triton specializes rows and
+    x's, Wg's and Wu's strides on."""
+
+    def __init__(self, device, dtype, H, K, act, has_b, save):
+        self.device, self.H, self.K, self.act, self.save = device, H, K, act, save
+        up = device.type == "cpu" and dtype == torch.bfloat16 and interpreting()
+        half = dtype in (torch.float16, torch.bfloat16)
+        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_GU=save, UPCAST=up,
+                           PRECISION="tf32" if half else "ieee")
+        self.tma_cfg = _tma_config(device, "gated_gu" if save else "gated")
+        self.lean = launch.enabled(device)
+        self._direct = _Direct(_kernel("gated_fwd", device), device)
+
+    def __call__(self, x, w_gate, w_up, b_gate, b_up):
+        M, H, K = x.shape[0], self.H, self.K
+        h = memory.new_empty(M, H, like=x)
+        g = memory.new_empty(M, H, like=x) if self.save else None
+        u = memory.new_empty(M, H, like=x) if self.save else None
+        saved = [g, u] if self.save else []
+        if M == 0:
+            return h, saved
+        if M * max(H, K) > _MAX_ELEMENTS or H * K > _MAX_ELEMENTS:
             _check_size(x, w_gate, h)
+        if M >= GATED_TMA_MIN_ROWS and _tma_ok(x.device, M, H, self.tma_cfg, x, h):
+            # (the interleaved copies are contiguous and new)
             with _guard(x):
                 if _gated_tma(x, interleave(w_gate, w_up),
                               None if b_gate is None else interleave(b_gate, b_up),
-                              activation, h, g, u, cfg):
-                    return h, ([g, u] if save else [])
-    if M > 0:
-        _check_size(x, w_gate, h)
+                              self.act, h, g, u, self.tma_cfg):
+                    return h, saved
         # the biases are read with unit stride
         b_gate = b_gate if b_gate is None or b_gate.is_contiguous() else b_gate.contiguous()
         b_up = b_up if b_up is None or b_up.is_contiguous() else b_up.contiguous()
-        gg, uu = (g, u) if save else (h, h)
-        with _guard(x):
-            _kernel("gated_fwd", x.device).launch(
-                _grid(M, H), (
-                    x, w_gate, w_up, b_gate if b_gate is not None else w_gate,
-                    b_up if b_up is not None else w_up, h, gg, uu,
-                    M, H, K, _bucket(M),
-                    x.stride(0), x.stride(1), w_gate.stride(0), w_gate.stride(1),
-                    w_up.stride(0), w_up.stride(1), h.stride(0), h.stride(1),
-                    gg.stride(0), gg.stride(1), uu.stride(0), uu.stride(1),
-                ),
-                dict(ACT=_ACT[activation], HAS_BIAS=b_gate is not None, STORE_GU=save, **_meta(x)),
-                x.device,
-            )
-    return h, ([g, u] if save else [])
+        bg = b_gate if b_gate is not None else w_gate
+        bu = b_up if b_up is not None else w_up
+        gg, uu = (g, u) if self.save else (h, h)
+        xs0, xs1 = x.stride()
+        gs0, gs1 = w_gate.stride()
+        us0, us1 = w_up.stride()
+        bucket = _bucket(M)
+        key = None
+        if self.lean and not (x.data_ptr() | w_gate.data_ptr() | w_up.data_ptr()
+                              | bg.data_ptr() | bu.data_ptr() | h.data_ptr() | gg.data_ptr()
+                              | uu.data_ptr()) & 15:  # every pointer 16-byte aligned
+            key = (bucket, int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
+                   | int_key(gs0) << 9 | int_key(gs1) << 12 | int_key(us0) << 15
+                   | int_key(us1) << 18)
+        self._direct.launch(key, M, H, (x, w_gate, w_up, bg, bu, h, gg, uu, M, H, K, bucket,
+                                        xs0, xs1, gs0, gs1, us0, us1, H, 1, H, 1, H, 1),
+                            self.consts)
+        return h, saved
 
 
 def gated_forward(x, w_gate, w_up, w_down, activation, save, biases=None):
