@@ -74,20 +74,26 @@ def _compile(src, arch, warps, stages):
     return k.metadata.shared, mma, ptx
 
 
-def compile_tma(kind: str, arch: int, dtype=torch.bfloat16):
-    """A TMA forward kernel at its tuned config for ``kind`` ("fwd", "fwd_z": z stored
-    too; "gated", "gated_gu": g and u stored too), with descriptor arguments typed as
-    Triton types them at launch."""
-    gated = kind.startswith("gated")
-    fn = wide._gated_fwd_tma_kernel if gated else wide._linear_fwd_tma_kernel
-    bm, bn, bk, warps, stages = wide._tma_config_nvidia(kind)
+def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
+    """A TMA kernel at its tuned config for ``kind`` ("fwd", "fwd_z": z stored too;
+    "gated", "gated_gu": g and u stored too; "dx": the input gradient with the gelu'
+    epilogue and h; "gated_bwd"), with descriptor arguments typed as Triton types them at
+    launch."""
+    bm, bn, bk, warps, stages = cfg or wide._tma_config_nvidia(kind)
+    mn, mk, kn = [bm, bn], [bm, bk], [bk, bn]
+    fn, blocks = {
+        "fwd": (wide._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn)),
+        "gated": (wide._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[2 * bn, bk], h_desc=mn,
+                                                   g_desc=mn, u_desc=mn)),
+        "dx": (wide._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=mn, out_desc=mn, h_desc=mn)),
+        "gated_bwd": (wide._gated_bwd_tma_kernel, dict(dy_desc=mk, wd_desc=kn, g_desc=mn,
+                                                       u_desc=mn, dg_desc=mn, du_desc=mn)),
+    }[{"fwd_z": "fwd", "gated_gu": "gated"}.get(kind, kind)]
     t = torch.empty(1024, 1024, dtype=dtype)
-    blocks = {"x_desc": [bm, bk], "w_desc": [2 * bn if gated else bn, bk],
-              "y_desc": [bm, bn], "h_desc": [bm, bn]}
-    values = {"ACT": 5 if gated else 4, "HAS_BIAS": not gated, "STORE_Z": kind == "fwd_z",
-              "STORE_GU": kind == "gated_gu", "UPCAST": False, "PRECISION": "tf32",
-              "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "PROGRAMS": 132,
-              "s_zn": 1, "s_gn": 1, "s_un": 1}
+    values = {"ACT": 5 if kind.startswith("gated") else 4, "HAS_BIAS": kind.startswith("fwd"),
+              "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu", "STORE_H": True,
+              "UPCAST": False, "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+              "GROUP_M": 8, "PROGRAMS": 132}
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in blocks:
@@ -146,11 +152,11 @@ def main(argv=None) -> int:
                 failed += 1
                 print(f"{name:<10}{tile:<20}FAILED {type(e).__name__}: {str(e)[:400]}  {consts}")
     if wide.TensorDescriptor is not None:
-        for kind in ("fwd", "fwd_z", "gated", "gated_gu"):
+        for kind in ("fwd", "fwd_z", "gated", "gated_gu", "dx", "gated_bwd"):
             try:
                 tile, smem, mma, tma, info = compile_tma(kind, args.arch)
                 over = "  OVER 227 KB" if smem > 227 * 1024 else ""
-                print(f"{kind + '_tma':<13}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
+                print(f"{kind + '_tma':<14}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
                       f"{info}{over}")
                 failed += bool(over)
             except Exception as e:  # report every failure, then fail the run

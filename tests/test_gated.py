@@ -131,8 +131,9 @@ def test_whole_blocks(impl, dtype):
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
 def test_gated_tma_train_step(impl, monkeypatch, recompute):
-    """A train step whose gated GEMM takes the one-GEMM TMA kernel (Hopper-class GPUs, or
-    the interpreter with the row threshold lowered); bf16, every gradient checked."""
+    """A train step whose gated GEMM takes the one-GEMM TMA kernel and whose dh GEMM the
+    TMA backward kernel (Hopper-class GPUs, or the interpreter with the row threshold
+    lowered); bf16, every gradient checked."""
     name, dev = impl
     if name != "triton" or dev.type == "xpu" or (
             dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9):
@@ -149,7 +150,7 @@ def test_gated_tma_train_step(impl, monkeypatch, recompute):
     else:
         lead, dims = (wide.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264)
     run(impl, "silu", torch.bfloat16, lead=lead, dims=dims, recompute=recompute)
-    assert wide._gated_fwd_tma_kernel in ran
+    assert wide._gated_fwd_tma_kernel in ran and wide._gated_bwd_tma_kernel in ran
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])

@@ -203,7 +203,7 @@ def test_kernels_compile_for_hopper():
     out = run_aot_compile("aot_wide.py")
     assert out.count("wgmma") >= len(wide._KERNELS), out  # tensor cores, Hopper MMA
     if wide.TensorDescriptor is not None:  # the TMA forward: tensor cores fed by TMA copies
-        assert out.count("wgmma tma ") == 4, out  # linear, linear + z, gated, gated + g, u
+        assert out.count("wgmma tma ") == 6, out  # fwd, fwd + z, gated, + g, u, dx, gated dh
 
 
 @pytest.mark.gpu
@@ -259,12 +259,14 @@ def test_tma_forward(device, monkeypatch, dtype, save):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_tma_train_step(device, monkeypatch, dtype):
     """A two-layer train step whose forward GEMMs both take the TMA kernel, storing z for
-    the backward (the pointer kernels), against the float64 reference."""
+    the backward, and whose hidden layer's input gradient (gelu' epilogue, h stored) takes
+    the TMA dx kernel, against the float64 reference."""
     _needs_tma(device)
     ran = _tma_spy(monkeypatch)
     widths, m = ((40, 56, 48), 130) if device.type == "cpu" else ((1032, 2296, 2056), 2133)
     check(device, widths, dtype, "gelu_tanh", "none", m=m, strided=False)
-    assert ran == ["_linear_fwd_tma_kernel"] * 2
+    assert ran[:2] == ["_linear_fwd_tma_kernel"] * 2
+    assert ran[2:] and set(ran[2:]) == {"_dx_tma_kernel"}  # one per column chunk
 
 
 def _gated_tma_shape(device, monkeypatch):

@@ -11,6 +11,9 @@ Kernels (each C = A @ B^T with A: [M, K], B: [N, K], any strides, fp32 accumulat
     _gated_fwd_kernel     h = act(x Wg^T + bg) * (x Wu^T + bu): two accumulators, one x tile
     _gated_fwd_tma_kernel the same as one GEMM over [Wg; Wu] interleaved by rows, through
                           TMA descriptors, persistent (Hopper+, 16-bit operands, large M)
+    _dx_tma_kernel        _linear_dx_kernel's activation case, persistent, every tile
+                          (operands and epilogue) through TMA descriptors
+    _gated_bwd_tma_kernel _gated_bwd_kernel likewise
     _gated_bwd_kernel     dh = dy Wd; epilogue: dg = dh u act'(g), du = dh act(g)
 
 g' is g times the output activation's derivative, applied in the prologue when a layer
@@ -273,7 +276,7 @@ def _gated_bwd_kernel(
 # hidden 14336); as ONE GEMM over the interleaved weights (_gated_fwd_tma_kernel) 2.79.
 @triton.jit
 def _linear_fwd_tma_kernel(
-    x_desc, w_desc, y_desc, b_ptr, z_ptr, M, N, K, s_zm, s_zn,
+    x_desc, w_desc, y_desc, z_desc, b_ptr, M, N, K,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -292,14 +295,14 @@ def _linear_fwd_tma_kernel(
         cols = off_n + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if STORE_Z:  # training only: a plain store (the config leaves room for it)
-            _store(z_ptr, off_m + tl.arange(0, BLOCK_M), cols, s_zm, s_zn, acc, M, N)
+        if STORE_Z:  # training only
+            z_desc.store([off_m, off_n], acc.to(z_desc.dtype))
         y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
 
 
 @triton.jit
 def _gated_fwd_tma_kernel(
-    x_desc, w_desc, h_desc, b_ptr, g_ptr, u_ptr, M, N, K, s_gm, s_gn, s_um, s_un,
+    x_desc, w_desc, h_desc, g_desc, u_desc, b_ptr, M, N, K,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -322,12 +325,58 @@ def _gated_fwd_tma_kernel(
             cols2 = 2 * off_n + tl.arange(0, 2 * BLOCK_N)
             acc += tl.load(b_ptr + cols2, mask=cols2 < 2 * N, other=0.0).to(tl.float32)[None, :]
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
-        if STORE_GU:  # training only: plain stores
-            rows = off_m + tl.arange(0, BLOCK_M)
-            cols = off_n + tl.arange(0, BLOCK_N)
-            _store(g_ptr, rows, cols, s_gm, s_gn, g, M, N)
-            _store(u_ptr, rows, cols, s_um, s_un, u, M, N)
+        if STORE_GU:  # training only
+            g_desc.store([off_m, off_n], g.to(g_desc.dtype))
+            u_desc.store([off_m, off_n], u.to(u_desc.dtype))
         h_desc.store([off_m, off_n], (_act(g, ACT) * u).to(h_desc.dtype))
+
+
+@triton.jit
+def _dx_tma_kernel(
+    g_desc, w_desc, z_desc, out_desc, h_desc, M, N, K,
+    ACT: tl.constexpr, STORE_H: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """out = (g @ W) * act'(z) (h = act(z) too with STORE_H), persistent; W read as
+    [K = out, N = in] tiles. Every epilogue tile moves through a descriptor: no pointer
+    tensors in registers."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = _dot(g_desc.load([off_m, k]), w_desc.load([k, off_n]), acc, UPCAST, PRECISION)
+        z = z_desc.load([off_m, off_n]).to(tl.float32)
+        out_desc.store([off_m, off_n], (acc * _act_grad(z, ACT)).to(out_desc.dtype))
+        if STORE_H:
+            h_desc.store([off_m, off_n], _act(z, ACT).to(h_desc.dtype))
+
+
+@triton.jit
+def _gated_bwd_tma_kernel(
+    dy_desc, wd_desc, g_desc, u_desc, dg_desc, du_desc, M, N, K,
+    ACT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
+    """_gated_bwd_kernel persistent through descriptors: dh = dy @ Wd (Wd read as
+    [K = out, N = hidden] tiles); dg = dh u act'(g), du = dh act(g)."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = _dot(dy_desc.load([off_m, k]), wd_desc.load([k, off_n]), acc, UPCAST,
+                       PRECISION)
+        g = g_desc.load([off_m, off_n]).to(tl.float32)
+        u = u_desc.load([off_m, off_n]).to(tl.float32)
+        dg_desc.store([off_m, off_n], (acc * u * _act_grad(g, ACT)).to(dg_desc.dtype))
+        du_desc.store([off_m, off_n], (acc * _act(g, ACT)).to(du_desc.dtype))
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -344,9 +393,13 @@ def _configs_nvidia(dual: bool) -> list[triton.Config]:
     epilogue): half the tile width keeps them in registers. The lists are the search space;
     the autotuner picks per shape on first use. On the H200 (Triton 3.6, bf16, M 8192) the
     3-stage lists' picks ran at 545-560 TFLOP/s against cuBLAS's ~695 (wide-gelu/-swiglu
-    inference): the 4-stage large tiles were added after that run."""
+    inference): the 4-stage large tiles were added after that run. 16 warps halve the
+    accumulator a thread holds: the input gradient with the gelu' epilogue and h stored
+    (M 8192, 4096 -> 16384) spilled registers at 128x256 / 8 warps (ncu) and ran 2.22 ms
+    there, 2.14 ms at 128x256 / 16 warps (h200-probe-epilogue-20261130b.json)."""
     big = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
-           (128, 256, 64, 8, 4), (256, 128, 64, 8, 4)]  # 4 stages: 192 KB
+           (128, 256, 64, 8, 4), (256, 128, 64, 8, 4),  # 4 stages: 192 KB
+           (128, 256, 64, 16, 3)]
     small = [(16, 64, 256, 4, 4), (32, 64, 128, 4, 5), (64, 64, 128, 4, 4), (16, 32, 256, 4, 5)]
     if dual:  # two B tiles a stage: smem = stages x (BM + 2 BN) x BK x 2 B stays <= 196 KB
         big = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4)]
@@ -539,25 +592,34 @@ except ImportError:  # an older Triton: the pointer kernels only
 
 
 def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA forward kernel on Hopper, for
-    inference ("fwd") or for training ("fwd_z": z is stored too).
-    Probed three times on the H200 (Triton 3.6, bf16, M 8192, persistent with the tile
-    loop flattened; h200-probe-tma-gemm-20261130{,b,c}.json), inference: 128x256x64 / 8
-    warps / 3 stages ran 1.65-1.70 ms (N 16384, K 4096) and 1.61-1.68 ms (N 4096, K 16384),
-    cuBLAS 1.53-1.62 without an epilogue; 256x128 1.75-1.82, 128x128 / 4 stages 1.80-1.85;
-    4 stages of 128x256 do not fit (256 KB). Storing z too, 128x256 fits only 2 stages and
-    ran 2.15-2.42 ms, 128x128x64 / 4 stages 1.81-1.88 (the pointer kernel 1.94-2.15). The
-    backward GEMMs through TMA at 128x128x64 / 4 stages (-c) were slower than the pointer
-    kernels (1.85-2.26 against 1.62-2.21 ms) and were not kept.
-    The gated GEMM ("gated", "gated_gu" storing g and u; BLOCK_N counts h's columns, the
-    interleaved weight tile has twice as many rows), probed once (x 8192 x 4096, hidden
-    14336; h200-probe-gated-tma-20261130.json): 128x128x64 / 8 warps / 3 stages 2.79 ms
-    inference, 2.91 ms storing g and u (4 stages 2.90; 128x64 / 4 stages 2.95 / 3.06;
-    256x64 / 3 stages 2.76; 2 stages 3.91), cuBLAS over [Wg; Wu] 2.76 ms, the pointer
-    kernel 3.39 / 3.47."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA kernels on Hopper: the forward
+    for inference ("fwd") or training ("fwd_z": z is stored too), the gated GEMM ("gated",
+    "gated_gu": g and u stored too; BLOCK_N counts h's columns, the interleaved weight
+    tile has twice as many rows), the input gradient with an activation epilogue ("dx")
+    and the gated backward's dh GEMM ("gated_bwd"). H200, Triton 3.6, bf16, M 8192:
+    - fwd (three probes, h200-probe-tma-gemm-20261130{,b,c}.json): 128x256x64 / 8 warps /
+      3 stages 1.65-1.70 ms (N 16384, K 4096) and 1.61-1.68 ms (N 4096, K 16384), cuBLAS
+      1.53-1.62 without an epilogue; 256x128 1.75-1.82, 128x128 / 4 stages 1.80-1.85.
+    - fwd_z: with z stored from registers through pointers, 128x256 fitted 2 stages only
+      and 128x128x64 / 4 stages was the pick at 1.81-1.88 ms. Through a descriptor
+      (h200-probe-epilogue-20261130c.json) 128x256x64 / 3 stages fits and runs 1.70 ms
+      (128x128 / 4 stages 1.87, 2 stages 2.39; cuBLAS 1.62).
+    - gated, gated_gu (h200-probe-gated-tma-20261130.json, x 8192 x 4096, hidden 14336):
+      128x128x64 / 8 warps / 3 stages 2.79 ms, 2.91 storing g and u through pointers
+      (4 stages 2.90; 256x64 / 3 stages 2.76; 2 stages 3.91), cuBLAS over [Wg; Wu] 2.76,
+      the pointer kernel 3.39 / 3.47. g and u through descriptors (-epilogue-20261130c,
+      interleaving copy included): 2.94 at 3 stages, 2.92 at 4.
+    - dx, gated_bwd (-epilogue-20261130c): every epilogue tile through a descriptor,
+      128x128x64 / 8 warps / 4 stages: dx with gelu' and h stored 2.08 ms (3 stages 2.48;
+      the pointer kernel 2.20 at 128x256 / 8 warps, 2.11 at 16 warps; cuBLAS 1.63);
+      gated dh with the dg, du epilogue 1.73 ms (pointer kernel 2.07; cuBLAS 1.37). An
+      earlier TMA backward that moved its epilogue tiles through pointers (-tma-gemm-c)
+      was slower than the pointer kernels."""
     if kind in ("gated", "gated_gu"):
         return (128, 128, 64, 8, 3)
-    return (128, 256, 64, 8, 3) if kind == "fwd" else (128, 128, 64, 8, 4)
+    if kind in ("dx", "gated_bwd"):
+        return (128, 128, 64, 8, 4)
+    return (128, 256, 64, 8, 3)  # fwd, fwd_z
 
 
 def _tma_config(device: torch.device, kind: str) -> tuple[int, int, int, int, int]:
@@ -629,10 +691,31 @@ def _gated_tma(x, w_i, b_i, act, h, g, u, cfg) -> bool:
     gg, uu = (g, u) if g is not None else (h, h)
     return _tma_launch(
         _gated_fwd_tma_kernel, x.device, cfg, M, N,
-        ((x, "m", "k"), (w_i, "2n", "k"), (h, "m", "n")),
-        (b_i if b_i is not None else w_i, gg, uu, M, N, K, gg.stride(0), gg.stride(1),
-         uu.stride(0), uu.stride(1)),
+        ((x, "m", "k"), (w_i, "2n", "k"), (h, "m", "n"), (gg, "m", "n"), (uu, "m", "n")),
+        (b_i if b_i is not None else w_i, M, N, K),
         dict(ACT=_ACT[act], HAS_BIAS=b_i is not None, STORE_GU=g is not None, **_meta(x)))
+
+
+def _dx_tma(g, w, z, out, h, act, cfg) -> bool:
+    """out = (g @ w) * act'(z) (and h = act(z)) through _dx_tma_kernel; False when the
+    device refuses every stage count of ``cfg``."""
+    M, K = g.shape
+    N = w.shape[1]
+    return _tma_launch(
+        _dx_tma_kernel, g.device, cfg, M, N,
+        ((g, "m", "k"), (w, "k", "n"), (z, "m", "n"), (out, "m", "n"),
+         (h if h is not None else out, "m", "n")),
+        (M, N, K), dict(ACT=_ACT[act], STORE_H=h is not None, **_meta(g)))
+
+
+def _gated_bwd_tma(grad_y, w_down, g, u, dg, du, act, cfg) -> bool:
+    """dg, du from _gated_bwd_tma_kernel; False when nothing fits."""
+    M, H = g.shape
+    return _tma_launch(
+        _gated_bwd_tma_kernel, g.device, cfg, M, H,
+        ((grad_y, "m", "k"), (w_down, "k", "n"), (g, "m", "n"), (u, "m", "n"),
+         (dg, "m", "n"), (du, "m", "n")),
+        (M, H, w_down.shape[0]), dict(ACT=_ACT[act], **_meta(g)))
 
 
 def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -717,8 +800,8 @@ class _LinearForward:
                 cfg = self.tma_cfg
                 if _tma_ok(x.device, M, N, cfg, x, w, y) and _tma_launch(
                         _linear_fwd_tma_kernel, x.device, cfg, M, N,
-                        ((x, "m", "k"), (w, "n", "k"), (y, "m", "n")),
-                        (pb, zz, M, N, K, N, 1), self.consts):
+                        ((x, "m", "k"), (w, "n", "k"), (y, "m", "n"), (zz, "m", "n")),
+                        (pb, M, N, K), self.consts):
                     return y, z
         xs0, xs1 = x.stride()
         ws0, ws1 = w.stride()
@@ -746,6 +829,12 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     if M == 0:
         return out, h
     _check_size(g, w, out, g2, w2)
+    if z is not None and act != "none" and g_act == "none" and g2 is None and M > 64:
+        cfg = _tma_config(g.device, "dx")
+        if _tma_ok(g.device, M, N, cfg, g, w, z, out, *([h] if h is not None else [])):
+            with _guard(g):
+                if _dx_tma(g, w, z, out, h, act, cfg):
+                    return out, h
     zg = g_z if g_z is not None else g
     zz = z if z is not None else out
     hh = h if h is not None else out
@@ -1024,7 +1113,13 @@ def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, bi
             del h
     dg = memory.new_empty(M, H, like=g)
     du = memory.new_empty(M, H, like=g)
-    if M > 0:
+    cfg = _tma_config(g.device, "gated_bwd")
+    if M > 64 and _tma_ok(g.device, M, H, cfg, grad_y, w_down, g, u, dg, du):
+        with _guard(g):
+            tma = _gated_bwd_tma(grad_y, w_down, g, u, dg, du, activation, cfg)
+    else:
+        tma = False
+    if M > 0 and not tma:
         with _guard(g):
             _kernel("gated_bwd", g.device).launch(
                 _grid(M, H), (
