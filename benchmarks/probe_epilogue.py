@@ -18,13 +18,11 @@ the accumulator per thread.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-import triton
 
 from fusedmlp_xpu.backends.triton import wide
-from fusedmlp_xpu.bench import environment
+from probe_common import Probe
 
 F = torch.nn.functional
 DX = [(128, 256, 64, 8, 3), (128, 256, 64, 16, 3)]
@@ -35,10 +33,6 @@ FWD_Z_TMA = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 2)]
 GATED_GU_TMA = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4)]
 
 
-def _time(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -47,22 +41,10 @@ def main():
     # cuda:0, not "cuda": launches read the device index
     dev, dt, m = torch.device("cuda", torch.cuda.current_device()), torch.bfloat16, args.m
     torch.manual_seed(0)
-    rows = []
+    probe = Probe(m=m)
 
     def rec(case, name, fn, ref, flop):
-        try:
-            out = fn()
-            outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
-            err = max(((o.float() - r).abs().max() / r.abs().max()).item()
-                      for o, r in zip(outs, refs))
-            ms = _time(fn)
-        except Exception as e:  # noqa: BLE001 -- out of resources: say so, go on
-            print(f"[{case}] {name}: {type(e).__name__} {str(e)[:100]}", flush=True)
-            return
-        ok = err < 2e-2
-        print(f"[{case}] {name:34s} {ms:.4f} ms {flop / ms / 1e9:6.0f} TFLOP/s err {err:.1e}"
-              f"{'' if ok else ' WRONG'}", flush=True)
-        rows.append(dict(case=case, variant=name, ms=ms, err=err, ok=ok, tflops=flop / ms / 1e9))
+        probe.rec(name, fn, ref, flop, case=case, width=34)
 
     real = wide._configs_nvidia
 
@@ -71,9 +53,7 @@ def main():
         name = "TMA {}x{}x{} w{} st{}".format(*cfg)
         rec(case, name, lambda: call(cfg) or (_ for _ in ()).throw(RuntimeError("no fit")),
             ref, flop)
-        if wide._TMA_FIT and rows and rows[-1]["variant"] == name:
-            rows[-1]["stages_that_fit"] = min(wide._TMA_FIT.values())
-            print(f"    (ran with {min(wide._TMA_FIT.values())} stages)", flush=True)
+        probe.note_fit(name)
 
     def forced(kernel, cfg):
         wide._configs_nvidia = lambda dual: [wide._cfg(*cfg)]
@@ -98,7 +78,6 @@ def main():
     for cfg in DX_TMA:
         tma(case, cfg, lambda c: wide._dx_tma(g2, w2, z1, out, h, "gelu_tanh", c) and (out, h),
             ref, flop)
-    del g2, w2, z1, zf, dgelu, ref, out, h
 
     d, hid = 4096, 14336
     gy = torch.randn(m, d, device=dev, dtype=dt)
@@ -130,7 +109,6 @@ def main():
         tma(case, cfg, lambda c: wide._gated_bwd_tma(gy, wd, g, u, dg, du, "silu", c)
             and (dg, du), ref, flop)
     wide._configs_nvidia = real
-    del gy, wd, g, u, dg, du, dh, gf, sg, ref
 
     # the training forwards (epilogues that store z, or g and u, through descriptors)
     d, hid = 4096, 16384
@@ -146,7 +124,6 @@ def main():
         wide._tma_config_nvidia = lambda kind, cfg=cfg: cfg
         wide._linear_plan.cache_clear()
         tma(case, cfg, lambda c: wide.linear(x, w, b, "gelu_tanh", True), ref, flop)
-    del w, b, z, ref
     hid = 14336
     wg = torch.randn(hid, d, device=dev, dtype=dt) / d ** 0.5
     wu = torch.randn(hid, d, device=dev, dtype=dt) / d ** 0.5
@@ -160,9 +137,7 @@ def main():
         tma(case, cfg, lambda c: (lambda r: (r[0], *r[1]))(
             wide.gated_hidden(x, wg, wu, "silu", True)), ref, flop)
     wide._tma_config_nvidia = real_cfg
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
+    probe.write(args.out, dev)
 
 
 if __name__ == "__main__":

@@ -13,23 +13,17 @@ Every result is checked against torch in fp32 before it is timed; the interleavi
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-import triton
 
 from fusedmlp_xpu.backends.triton import wide
-from fusedmlp_xpu.bench import environment
+from probe_common import Probe
 
 F = torch.nn.functional
 TILES = {False: [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 8, 4),
                  (256, 64, 64, 8, 3)],
          True: [(128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 8, 2),
                 (128, 64, 64, 8, 3)]}
-
-
-def _time(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def main():
@@ -52,24 +46,10 @@ def main():
     gf, uf = x.float() @ wg.float().t(), x.float() @ wu.float().t()
     ref = F.silu(gf) * uf
     flop = 4 * M * H * K
-    rows = []
+    probe = Probe(m=M, k=K, hidden=H)
 
     def rec(name, fn, want=ref):
-        try:
-            out = fn()
-            outs = out if isinstance(out, tuple) else (out,)
-            wants = want if isinstance(want, tuple) else (want,)
-            err = max(((o.float() - w).abs().max() / w.abs().max()).item()
-                      for o, w in zip(outs, wants))
-            ms = _time(fn)
-        except Exception as e:  # noqa: BLE001 -- out of resources: say so, go on
-            print(f"{name}: {type(e).__name__} {str(e)[:100]}", flush=True)
-            return
-        ok = err < 2e-2
-        print(f"{name:44s} {ms:.4f} ms {flop / ms / 1e9:6.0f} TFLOP/s err {err:.1e}"
-              f"{'' if ok else ' WRONG'}", flush=True)
-        rows.append(dict(m=M, k=K, hidden=H, variant=name, ms=ms, err=err, ok=ok,
-                         tflops=flop / ms / 1e9))
+        probe.rec(name, fn, want, flop)
 
     rec("cuBLAS x Wg^T (one of the two bare GEMMs)", lambda: x @ wg.t(), gf)
     rec("cuBLAS x [Wg; Wu]^T", lambda: (x @ wcat.t())[:, :H], gf)
@@ -98,14 +78,10 @@ def main():
             wide._TMA_FIT.clear()
             name = "tma {}x{}x{} w{} st{}".format(*cfg) + (" +g,u" if save else "")
             rec(name, tma(cfg, save), (ref, gf, uf) if save else ref)
-            if wide._TMA_FIT and rows and rows[-1]["variant"] == name:
-                rows[-1]["stages_that_fit"] = min(wide._TMA_FIT.values())
-                print(f"    (ran with {min(wide._TMA_FIT.values())} stages)")
+            probe.note_fit(name)
     gb, ub = gf + bg.float(), uf + bu.float()
     rec("tma 128x128x64 w8 st3, biases", tma(TILES[False][0], False, True), F.silu(gb) * ub)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
+    probe.write(args.out, dev)
 
 
 if __name__ == "__main__":

@@ -13,22 +13,16 @@ checked against torch in fp32 before it is timed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
-import triton
 
 from fusedmlp_xpu.backends.triton import wide
-from fusedmlp_xpu.bench import environment
+from probe_common import Probe
 
 F = torch.nn.functional
 TILES = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4),
          (128, 128, 128, 8, 3)]
-
-
-def _time(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def main():
@@ -40,21 +34,11 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
-    rows = []
+    probe = Probe(m=args.m)
     tuned = wide._tma_config_nvidia
 
     def rec(shape, flop, ref, name, fn):
-        try:
-            err = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
-            ms = _time(fn)
-        except Exception as e:  # noqa: BLE001 -- out of resources: say so, go on
-            print(f"[{shape}] {name}: {type(e).__name__} {str(e)[:100]}", flush=True)
-            return
-        ok = err < 2e-2
-        print(f"[{shape}] {name:40s} {ms:.4f} ms {flop / ms / 1e9:6.0f} TFLOP/s "
-              f"err {err:.1e}{'' if ok else ' WRONG'}", flush=True)
-        rows.append(dict(shape=shape, m=args.m, variant=name, ms=ms, err=err, ok=ok,
-                         tflops=flop / ms / 1e9))
+        probe.rec(name, fn, ref, flop, case=shape, width=40)
 
     def variants(shape, flop, ref, call, save):
         tag = " +z" if save else ""
@@ -64,13 +48,13 @@ def main():
         mine = tuned("fwd_z" if save else "fwd")
         for t in [mine] + [t for t in TILES if t != mine]:
             wide._tma_config_nvidia = lambda kind, t=t: t
+            wide._linear_plan.cache_clear()  # the plans read the tiles when made
             wide._TMA_FIT.clear()
             name = "tma {}x{}x{} w{} st{}".format(*t) + tag
             rec(shape, flop, ref, name, call)
-            if wide._TMA_FIT and rows[-1]["variant"] == name:
-                rows[-1]["stages_that_fit"] = min(wide._TMA_FIT.values())
-                print(f"    (ran with {min(wide._TMA_FIT.values())} stages)")
+            probe.note_fit(name)
         wide._tma_config_nvidia = tuned
+        wide._linear_plan.cache_clear()
 
     torch.manual_seed(0)
     for n, k in ((16384, 4096), (4096, 16384)) if args.part != "backward" else ():
@@ -118,9 +102,7 @@ def main():
             rec(shape, flop, ref, "cuBLAS (bare, no epilogue)", bare)
             for tag, call in calls:
                 rec(shape, flop, ref, "pointer kernel (autotuned)" + tag, call)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
+    probe.write(args.out, dev)
 
 
 if __name__ == "__main__":

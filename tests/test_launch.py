@@ -239,6 +239,23 @@ def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
     assert (k.compiles, len(k.direct)) == (before[0] + 1, before[1] + 1)
 
 
+def _tuned_fake(wide, fn, block_n):
+    """A TunedLauncher over a stand-in autotuner that "picks" BLOCK_N = block_n(args) and
+    launches the recording kernel ``fn``."""
+    class Tuner:
+        best_config = None
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                self.best_config = types.SimpleNamespace(kwargs={
+                    "BLOCK_M": 16, "BLOCK_N": block_n(args), "BLOCK_K": 32}, pre_hook=None)
+                return fn[grid](*args, **kwargs)
+            return run
+
+    return launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide._even_k},
+                                tune=("M_BUCKET", "N", "K", "K2"))
+
+
 def test_wide_linear_plan_reuses_a_kernel_only_for_the_same_specialization(
         fake_cuda, monkeypatch):
     """The wide forward GEMM's plan (wide._LinearForward) launches the autotuned config's
@@ -251,19 +268,8 @@ def test_wide_linear_plan_reuses_a_kernel_only_for_the_same_specialization(
     fn = _RecordingKernel()
     fn.params = [_Param(n, False) for n in names]
 
-    class Tuner:  # "tunes" BLOCK_N by the row bucket, like an autotuner would by timing
-        best_config = None
-
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                self.best_config = types.SimpleNamespace(kwargs={
-                    "BLOCK_M": 16, "BLOCK_N": 32 if args[8] <= 16 else 64, "BLOCK_K": 32},
-                    pre_hook=None)
-                return fn[grid](*args, **kwargs)
-            return run
-
-    kernel = launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide._even_k},
-                                  tune=("M_BUCKET", "N", "K", "K2"))
+    # "tunes" BLOCK_N by the row bucket, like an autotuner would by timing
+    kernel = _tuned_fake(wide, fn, lambda args: 32 if args[8] <= 16 else 64)
     monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     N, K = 200, 96
@@ -314,18 +320,7 @@ def test_wide_gated_plan_reuses_a_kernel_only_for_the_same_specialization(
     fn = _RecordingKernel()
     fn.params = [_Param(n, False) for n in names]
 
-    class Tuner:
-        best_config = None
-
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                self.best_config = types.SimpleNamespace(kwargs={
-                    "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}, pre_hook=None)
-                return fn[grid](*args, **kwargs)
-            return run
-
-    kernel = launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide._even_k},
-                                  tune=("M_BUCKET", "N", "K", "K2"))
+    kernel = _tuned_fake(wide, fn, lambda args: 32)
     monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     H, K = 100, 48

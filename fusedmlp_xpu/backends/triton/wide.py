@@ -275,6 +275,24 @@ def _gated_bwd_kernel(
 # and two weight descriptors ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
 # hidden 14336); as ONE GEMM over the interleaved weights (_gated_fwd_tma_kernel) 2.79.
 @triton.jit
+def _tma_acc(a_desc, b_desc, off_m, off_b, K, B_NK: tl.constexpr, BLOCK_M: tl.constexpr,
+             ACC_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """The [BLOCK_M, ACC_N] fp32 tile A[off_m:, :K] @ B from descriptor tiles: A's are
+    [BLOCK_M, BLOCK_K] at [off_m, k]; B's are [ACC_N, BLOCK_K] at [off_b, k], used
+    transposed (B_NK: a weight in nn.Linear layout), or [BLOCK_K, ACC_N] at [k, off_b]."""
+    acc = tl.zeros((BLOCK_M, ACC_N), tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = a_desc.load([off_m, k])
+        if B_NK:
+            b = b_desc.load([off_b, k]).T
+        else:
+            b = b_desc.load([k, off_b])
+        acc = _dot(a, b, acc, UPCAST, PRECISION)
+    return acc
+
+
+@triton.jit
 def _linear_fwd_tma_kernel(
     x_desc, w_desc, y_desc, z_desc, b_ptr, M, N, K,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
@@ -288,9 +306,7 @@ def _linear_fwd_tma_kernel(
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = _dot(x_desc.load([off_m, k]), w_desc.load([off_n, k]).T, acc,
+        acc = _tma_acc(x_desc, w_desc, off_m, off_n, K, True, BLOCK_M, BLOCK_N, BLOCK_K,
                        UPCAST, PRECISION)
         cols = off_n + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
@@ -317,10 +333,8 @@ def _gated_fwd_tma_kernel(
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = _dot(x_desc.load([off_m, k]), w_desc.load([2 * off_n, k]).T, acc,
-                       UPCAST, PRECISION)
+        acc = _tma_acc(x_desc, w_desc, off_m, 2 * off_n, K, True, BLOCK_M, 2 * BLOCK_N,
+                       BLOCK_K, UPCAST, PRECISION)
         if HAS_BIAS:
             cols2 = 2 * off_n + tl.arange(0, 2 * BLOCK_N)
             acc += tl.load(b_ptr + cols2, mask=cols2 < 2 * N, other=0.0).to(tl.float32)[None, :]
@@ -346,9 +360,8 @@ def _dx_tma_kernel(
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = _dot(g_desc.load([off_m, k]), w_desc.load([k, off_n]), acc, UPCAST, PRECISION)
+        acc = _tma_acc(g_desc, w_desc, off_m, off_n, K, False, BLOCK_M, BLOCK_N, BLOCK_K,
+                       UPCAST, PRECISION)
         z = z_desc.load([off_m, off_n]).to(tl.float32)
         out_desc.store([off_m, off_n], (acc * _act_grad(z, ACT)).to(out_desc.dtype))
         if STORE_H:
@@ -369,10 +382,8 @@ def _gated_bwd_tma_kernel(
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            acc = _dot(dy_desc.load([off_m, k]), wd_desc.load([k, off_n]), acc, UPCAST,
-                       PRECISION)
+        acc = _tma_acc(dy_desc, wd_desc, off_m, off_n, K, False, BLOCK_M, BLOCK_N, BLOCK_K,
+                       UPCAST, PRECISION)
         g = g_desc.load([off_m, off_n]).to(tl.float32)
         u = u_desc.load([off_m, off_n]).to(tl.float32)
         dg_desc.store([off_m, off_n], (acc * u * _act_grad(g, ACT)).to(dg_desc.dtype))
