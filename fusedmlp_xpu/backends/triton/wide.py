@@ -264,7 +264,7 @@ def _gated_bwd_kernel(
     _store(du_ptr, rows, cols, s_dum, s_dun, acc * a, M, N)
 
 
-# ------------------------------------------------ TMA forward kernel (Hopper+) ---
+# ------------------------------------------------------ TMA kernels (Hopper+) ---
 # The forward GEMM of large-M inputs reads A and B through tensor descriptors (the TMA
 # engine copies whole tiles into shared memory, zero-filling past the edges, so no masks
 # and no address math in the K loop) and runs persistent: one program per SM walks the
@@ -594,7 +594,7 @@ def supports_device(device: torch.device) -> bool:
 
 
 # ---------------------------------------------------------------- TMA path ---
-#: FUSEDMLP_WIDE_TMA=0 keeps every forward GEMM on the pointer kernels
+#: FUSEDMLP_WIDE_TMA=0 keeps every GEMM on the pointer kernels
 TMA_ENV = "FUSEDMLP_WIDE_TMA"
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
