@@ -13,9 +13,10 @@ for s in $steps; do
            echo "passed $(grep -c ' PASSED ' "$OUT/tests.log"), failed $(grep -c ' FAILED ' "$OUT/tests.log")"
            grep -E " FAILED | ERROR " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) //' | sort -u | head -30; tail -1 "$OUT/tests.log" ;;
     # memcheck (SAN_TOOL) over the Triton cases, one process by default (twice, 8 sanitized xdist
-    # workers printed nothing in 140-170 s on the H200); SAN_N workers, -k narrows it
+    # workers printed nothing in 140-170 s on the H200); SAN_N workers; SAN_FILES and SAN_K
+    # (-k) narrow it: -k matches more than test names (-k "tma and cuda" took narrow cases)
     # without PyTorch's caching allocator (its pools hide out-of-bounds reads from memcheck)
-    sanitize) PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-300} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --target-processes all python3 -m pytest -q -n ${SAN_N:-0} -p no:cacheprovider tests/test_correctness.py tests/test_launch.py tests/test_wide.py tests/test_gated.py -k "${SAN_K:-triton and cuda}" > "$OUT/sanitizer.log" 2>&1
+    sanitize) PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_S:-300} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --target-processes all python3 -m pytest -q -n ${SAN_N:-0} -p no:cacheprovider ${SAN_FILES:-tests/test_correctness.py tests/test_launch.py tests/test_wide.py tests/test_gated.py} -k "${SAN_K:-triton and cuda}" > "$OUT/sanitizer.log" 2>&1
               grep -E "ERROR SUMMARY|Program hit|Invalid" "$OUT/sanitizer.log" | sort | uniq -c | head; tail -2 "$OUT/sanitizer.log" ;;
     split) timeout ${SPLIT_S:-240} python3 benchmarks/sweep_narrow.py --split --out "$OUT/sweep-split.json" 2>&1 | tee "$OUT/sweep-split.log" | grep -E "BEST|WRONG|Error| us  |cuBLAS|kernel by kernel" ;;
     stages) timeout ${STAGES_S:-240} python3 benchmarks/sweep_narrow.py --stages --out "$OUT/sweep-stages.json" 2>&1 | tee "$OUT/sweep-stages.log" | grep -E "BEST|WRONG|Error" ;;
