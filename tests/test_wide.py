@@ -308,20 +308,28 @@ def test_gated_tma_forward(device, monkeypatch, dtype, save, bias):
 
 
 def test_gated_tma_only_where_it_applies(device, monkeypatch):
-    """Fewer rows than GATED_TMA_MIN_ROWS, fp32, or FUSEDMLP_WIDE_TMA=0 keep the
+    """Fewer rows than GATED_TMA_MIN_ROWS, fp32, a d whose interleaved weight rows are not
+    whole 16 bytes (x a column slice with aligned rows), or FUSEDMLP_WIDE_TMA=0 keep the
     two-accumulator pointer kernel -- which computes the same."""
     if device.type != "cpu":
         pytest.skip("the rule is the same everywhere; checked once, in the interpreter")
     M, H, K = _gated_tma_shape(device, monkeypatch)
     ran = _tma_spy(monkeypatch)
-    wg, wu = (torch.randn(H, K) / K ** 0.5 for _ in range(2))
-    for x in (torch.randn(64, K, dtype=torch.float16), torch.randn(M, K)):
+    for x in (torch.randn(64, K, dtype=torch.float16), torch.randn(M, K),
+              torch.randn(M, K + 8, dtype=torch.float16)[:, :K - 4]):
+        k = x.shape[1]
+        wg, wu = (torch.randn(H, k) / k ** 0.5 for _ in range(2))
         h, _ = wide.gated_hidden(x, wg.to(x.dtype), wu.to(x.dtype), "silu", False)
         ref = torch.nn.functional.silu(x.double() @ wg.double().t()) * (x.double() @ wu.double().t())
         assert_close(h, ref, TOLERANCE[x.dtype])
-    monkeypatch.setenv(wide.TMA_ENV, "0")
-    wide.gated_hidden(torch.randn(M, K, dtype=torch.float16), wg.half(), wu.half(), "silu", False)
     assert ran == []
+    wg, wu = (torch.randn(H, K, dtype=torch.float16) for _ in range(2))
+    monkeypatch.setenv(wide.TMA_ENV, "0")
+    wide.gated_hidden(torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False)
+    assert ran == []
+    monkeypatch.setenv(wide.TMA_ENV, "1")
+    wide.gated_hidden(torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False)
+    assert ran == ["_gated_fwd_tma_kernel"]
 
 
 def test_interleave():

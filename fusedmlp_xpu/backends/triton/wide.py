@@ -1057,8 +1057,10 @@ class _GatedForward:
             return h, saved
         if M * max(H, K) > _MAX_ELEMENTS or H * K > _MAX_ELEMENTS:
             _check_size(x, w_gate, h)
-        if M >= GATED_TMA_MIN_ROWS and _tma_ok(x.device, M, H, self.tma_cfg, x, h):
-            # (the interleaved copies are contiguous and new)
+        # the interleaved weight is a new contiguous [2H, K]: its rows need K x esize
+        # to be whole 16 bytes, which x's row stride need not show (a column slice)
+        if (M >= GATED_TMA_MIN_ROWS and K * x.element_size() % 16 == 0
+                and _tma_ok(x.device, M, H, self.tma_cfg, x, h)):
             with _guard(x):
                 if _gated_tma(x, interleave(w_gate, w_up),
                               None if b_gate is None else interleave(b_gate, b_up),
