@@ -34,6 +34,8 @@ def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
             if t.dtype is not dt or t.device != dev:
                 _same(t, x, f"{name}[{i}]")
     widths = (x.shape[-1],) + tuple(w.shape[0] for w in weights)
+    # not spec._spec's cache: under fake tensors (opcheck, compile) widths are SymInts,
+    # which do not hash
     return MLPSpec(widths, activation, output_activation, biases is not None, x.dtype)
 
 

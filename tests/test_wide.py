@@ -324,12 +324,8 @@ def test_gated_tma_only_where_it_applies(device, monkeypatch):
         assert_close(h, ref, TOLERANCE[x.dtype])
     assert ran == []
     wg, wu = (torch.randn(H, K, dtype=torch.float16) for _ in range(2))
-    monkeypatch.setenv(wide.TMA_ENV, "0")
-    wide.gated_hidden(torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False)
-    assert ran == []
-    monkeypatch.setenv(wide.TMA_ENV, "1")
-    wide.gated_hidden(torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False)
-    assert ran == ["_gated_fwd_tma_kernel"]
+    _tma_env_switch(monkeypatch, ran, "_gated_fwd_tma_kernel", lambda: wide.gated_hidden(
+        torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False))
 
 
 def test_interleave():
@@ -393,12 +389,20 @@ def test_tma_path_is_taken_only_where_it_applies(device, monkeypatch):
     for x in cases:
         y, _ = wide.linear(x, w.to(x.dtype), None, "relu", False)
         assert_close(y, torch.relu(x.double() @ w.double().t()), TOLERANCE[x.dtype])
+    _tma_env_switch(monkeypatch, ran, "_linear_fwd_tma_kernel", lambda: wide.linear(
+        torch.randn(M, K, dtype=torch.float16), w, None, "relu", False))
+
+
+def _tma_env_switch(monkeypatch, ran, kernel, call):
+    """With nothing launched through TMA so far (``ran`` empty): FUSEDMLP_WIDE_TMA=0
+    keeps ``call`` off the TMA kernels, =1 puts it on ``kernel``."""
+    assert ran == []
     monkeypatch.setenv(wide.TMA_ENV, "0")
-    wide.linear(torch.randn(M, K, dtype=torch.float16), w, None, "relu", False)
+    call()
     assert ran == []
     monkeypatch.setenv(wide.TMA_ENV, "1")
-    wide.linear(torch.randn(M, K, dtype=torch.float16), w, None, "relu", False)
-    assert ran == ["_linear_fwd_tma_kernel"]
+    call()
+    assert ran == [kernel]
 
 
 def test_tma_rule_on_cuda_devices(monkeypatch):

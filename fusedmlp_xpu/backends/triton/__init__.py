@@ -419,7 +419,7 @@ class _NarrowForward:
                        | bl.data_ptr() | y.data_ptr() | z.data_ptr()) & _ALIGN
         key = int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
         hit = self._entries.get(key) if aligned else None
-        if hit is None or launch._hooked() or torch.cuda.current_device() != self.device.index:
+        if hit is None or not launch.direct_ok(self.device.index):
             hit = self._launch(x, ptrs, M, strides)
             if aligned and hit is not None:
                 self._entries[key] = hit  # kept only for an all-aligned specialization

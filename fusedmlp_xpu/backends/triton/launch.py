@@ -42,6 +42,12 @@ def _hooked() -> bool:
                 or (leave is not None and getattr(leave, "calls", True)))
 
 
+def direct_ok(device_index: int) -> bool:
+    """Whether a plan may launch a kept entry directly now: no launch hook installed and
+    the entry's device current (the launcher takes the current stream of that index)."""
+    return not _hooked() and torch.cuda.current_device() == device_index
+
+
 def enabled(device: torch.device) -> bool:
     return (device.type == "cuda" and os.environ.get(FAST_ENV, "1") != "0"
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))

@@ -562,10 +562,15 @@ def _bucket(m: int) -> int:
 
 
 def _meta(t: torch.Tensor) -> dict:
-    up = t.device.type == "cpu" and t.dtype == torch.bfloat16 and interpreting()
+    return _meta_for(t.device, t.dtype)
+
+
+def _meta_for(device: torch.device, dtype: torch.dtype) -> dict:
+    """UPCAST and PRECISION for operands of ``dtype`` on ``device``."""
+    up = device.type == "cpu" and dtype == torch.bfloat16 and interpreting()
     # fp32 operands: full-precision products ("ieee") so fp32 keeps its 1e-5 bound, not
     # the 1e-3 of tf32; 16-bit operands keep Triton's default (tensor cores either way).
-    half = t.dtype in (torch.float16, torch.bfloat16)
+    half = dtype in (torch.float16, torch.bfloat16)
     return dict(UPCAST=up, PRECISION="tf32" if half else "ieee")
 
 
@@ -762,8 +767,7 @@ class _Direct:
 
     def launch(self, key, M: int, N: int, args: tuple, consts: dict) -> None:
         hit = self.entries.get(key) if key is not None else None
-        if (hit is not None and not launch._hooked()
-                and torch.cuda.current_device() == self.device.index):
+        if hit is not None and launch.direct_ok(self.device.index):
             entry, bm, bn = hit
             self.kernel.launch_entry(entry, (triton_cdiv(M, bm) * triton_cdiv(N, bn),), args,
                                      self.device.index)
@@ -785,11 +789,8 @@ class _LinearForward:
 
     def __init__(self, device, dtype, N, K, act, has_b, save_z):
         self.device, self.N, self.K, self.save_z = device, N, K, save_z
-        up = device.type == "cpu" and dtype == torch.bfloat16 and interpreting()
-        half = dtype in (torch.float16, torch.bfloat16)
-        # _meta's values (without a tensor at hand)
-        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_Z=save_z, UPCAST=up,
-                           PRECISION="tf32" if half else "ieee")
+        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_Z=save_z,
+                           **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
         self.lean = launch.enabled(device)
         self._direct = _Direct(_kernel("fwd", device), device)  # looked up once
@@ -1039,10 +1040,8 @@ class _GatedForward:
 
     def __init__(self, device, dtype, H, K, act, has_b, save):
         self.device, self.H, self.K, self.act, self.save = device, H, K, act, save
-        up = device.type == "cpu" and dtype == torch.bfloat16 and interpreting()
-        half = dtype in (torch.float16, torch.bfloat16)
-        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_GU=save, UPCAST=up,
-                           PRECISION="tf32" if half else "ieee")
+        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_GU=save,
+                           **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "gated_gu" if save else "gated")
         self.lean = launch.enabled(device)
         self._direct = _Direct(_kernel("gated_fwd", device), device)
