@@ -1,5 +1,6 @@
 """Probe: the gated GEMM h = act(x Wg^T) * (x Wu^T) as ONE TMA GEMM over the interleaved
-weight (wide._gated_fwd_tma_kernel) against the package's current gated kernel (two
+weights, read in place through one pair descriptor (wide._gated_fwd_tma_kernel,
+wide.weight_pair) or from an interleaved copy, against the package's current gated kernel (two
 accumulators, pointer loads, autotuned) and cuBLAS, for inference and for the training
 forward (which also stores g and u).
 
@@ -13,6 +14,7 @@ Every result is checked against torch in fp32 before it is timed; the interleavi
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -56,20 +58,37 @@ def main():
     rec("eager silu(x Wg^T) * x Wu^T", lambda: F.silu(x @ wg.t()) * (x @ wu.t()))
     rec("interleave copy (not a GEMM)", lambda: wide.interleave(wg, wu),
         wi.float())
-    rec("pointer kernel (autotuned)", lambda: wide.gated_hidden(x, wg, wu, "silu", False)[0])
-    rec("pointer kernel (autotuned) +g,u",
-        lambda: (lambda r: (r[0], *r[1]))(wide.gated_hidden(x, wg, wu, "silu", True)),
-        (ref, gf, uf))
+    def pointer(save):
+        """gated_hidden with the TMA path switched off: the two-accumulator kernel."""
+        def call():
+            os.environ[wide.TMA_ENV] = "0"
+            try:
+                h, gu = wide.gated_hidden(x, wg, wu, "silu", save)
+            finally:
+                del os.environ[wide.TMA_ENV]
+            return (h, *gu) if save else h
+        return call
 
-    def tma(cfg, save, bias=False):
+    rec("pointer kernel (autotuned)", pointer(False))
+    rec("pointer kernel (autotuned) +g,u", pointer(True), (ref, gf, uf))
+
+    real_pair = wide.weight_pair
+
+    def tma(cfg, save, bias=False, in_place=True):
+        """The kernel reading Wg, Wu in place (one pair descriptor), or with in_place
+        False from their interleaved copy made in the call (the fallback)."""
         h = torch.empty(M, H, device=dev, dtype=dt)
         g = torch.empty(M, H, device=dev, dtype=dt) if save else None
         u = torch.empty(M, H, device=dev, dtype=dt) if save else None
-        bi = wide.interleave(bg, bu) if bias else None
 
         def call():
-            if not wide._gated_tma(x, wi, bi, "silu", h, g, u, cfg):
-                raise RuntimeError("no stage count fits")
+            wide.weight_pair = real_pair if in_place else (lambda a, b: None)
+            try:
+                if not wide._gated_tma(x, wg, wu, bg if bias else None, bu if bias else None,
+                                       "silu", h, g, u, cfg):
+                    raise RuntimeError("no stage count fits")
+            finally:
+                wide.weight_pair = real_pair
             return (h, g, u) if save else h
         return call
 
@@ -79,6 +98,11 @@ def main():
             name = "tma {}x{}x{} w{} st{}".format(*cfg) + (" +g,u" if save else "")
             rec(name, tma(cfg, save), (ref, gf, uf) if save else ref)
             probe.note_fit(name)
+    for save in (False, True):
+        cfg = TILES[save][1 if save else 0]
+        name = "tma {}x{}x{} w{} st{}".format(*cfg) + (" +g,u" if save else "")
+        rec(name + ", interleaved copy in the call", tma(cfg, save, in_place=False),
+            (ref, gf, uf) if save else ref)
     gb, ub = gf + bg.float(), uf + bu.float()
     rec("tma 128x128x64 w8 st3, biases", tma(TILES[False][0], False, True), F.silu(gb) * ub)
     probe.write(args.out, dev)

@@ -83,21 +83,22 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
     mn, mk, kn = [bm, bn], [bm, bk], [bk, bn]
     fn, blocks = {
         "fwd": (wide._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn)),
-        "gated": (wide._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[2 * bn, bk], h_desc=mn,
+        "gated": (wide._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, 2, bk], h_desc=mn,
                                                    g_desc=mn, u_desc=mn)),
         "dx": (wide._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=mn, out_desc=mn, h_desc=mn)),
         "gated_bwd": (wide._gated_bwd_tma_kernel, dict(dy_desc=mk, wd_desc=kn, g_desc=mn,
                                                        u_desc=mn, dg_desc=mn, du_desc=mn)),
     }[{"fwd_z": "fwd", "gated_gu": "gated"}.get(kind, kind)]
-    t = torch.empty(1024, 1024, dtype=dtype)
+    t = {2: torch.empty(1024, 1024, dtype=dtype), 3: torch.empty(1024, 2, 1024, dtype=dtype)}
     values = {"ACT": 5 if kind.startswith("gated") else 4, "HAS_BIAS": kind.startswith("fwd"),
               "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu", "STORE_H": True,
+              "SWAP": False,
               "UPCAST": False, "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
               "GROUP_M": 8, "PROGRAMS": 132}
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in blocks:
-            sig[n] = mangle_type(wide.TensorDescriptor.from_tensor(t, blocks[n]))
+            sig[n] = mangle_type(wide.TensorDescriptor.from_tensor(t[len(blocks[n])], blocks[n]))
         elif n in values:
             sig[n], cx[n] = "constexpr", values[n]
         else:

@@ -284,8 +284,9 @@ def _gated_tma_shape(device, monkeypatch):
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias-strided"])
 def test_gated_tma_forward(device, monkeypatch, dtype, save, bias):
     """The gated GEMM as one TMA GEMM over the interleaved weights, against the float64
-    reference: h, and g and u when saved; with biases the weights are transposed views
-    and the biases strided (the interleaved copies are what the kernel reads)."""
+    reference: h, and g and u when saved. Without biases the kernel reads the two
+    weights in place (wide.weight_pair); with biases the weights are transposed views,
+    so it reads their interleaved copy, and the biases are strided."""
     _needs_tma(device)
     M, H, K = _gated_tma_shape(device, monkeypatch)
     ran = _tma_spy(monkeypatch)
@@ -326,6 +327,68 @@ def test_gated_tma_only_where_it_applies(device, monkeypatch):
     wg, wu = (torch.randn(H, K, dtype=torch.float16) for _ in range(2))
     _tma_env_switch(monkeypatch, ran, "_gated_fwd_tma_kernel", lambda: wide.gated_hidden(
         torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False))
+
+
+def _pair_layouts(H, K, dtype, device):
+    """(name, w_gate, w_up, read in place?) for the layouts weight_pair handles."""
+    w = (torch.randn(2 * H, K, device=device) / K ** 0.5).to(dtype)
+    a, b = w[:H].clone(), w[H:].clone()
+    return [("separate", a, b, True),
+            ("up-below-gate", w[H:], w[:H], True),  # swap: the base is w_up
+            ("interleaved-storage", w[0::2], w[1::2], True),
+            ("concatenated", w[:H], w[H:], True),
+            ("different-strides", a, w[H:].t().contiguous().t(), False)]
+
+
+@pytest.mark.parametrize("layout", range(5), ids=["separate", "up-below-gate",
+                                                   "interleaved-storage", "concatenated",
+                                                   "different-strides"])
+def test_gated_tma_weight_pair(device, monkeypatch, layout):
+    """The gated TMA kernel reads the two weights in place through one pair descriptor
+    whatever their order in memory (a swapped pair must still give g from w_gate), and
+    copies them interleaved only where no such descriptor exists; biases follow the
+    weights' order. Against the float64 reference, g and u saved."""
+    _needs_tma(device)
+    M, H, K = _gated_tma_shape(device, monkeypatch)
+    ran = _tma_spy(monkeypatch)
+    copies = []
+    real = wide.interleave
+    monkeypatch.setattr(wide, "interleave", lambda a, b: copies.append(a.dim()) or real(a, b))
+    name, wg, wu, in_place = _pair_layouts(H, K, torch.bfloat16, device)[layout]
+    assert (wide.weight_pair(wg, wu) is not None) == in_place
+    x = torch.randn(M, K, device=device).to(torch.bfloat16)
+    bg, bu = (torch.randn(H, device=device).to(torch.bfloat16) for _ in range(2))
+    h, (g, u) = wide.gated_hidden(x, wg, wu, "gelu_tanh", True, bg, bu)
+    x64, f64 = x.double().cpu(), lambda t: t.double().cpu()
+    g_ref, u_ref = x64 @ f64(wg).t() + f64(bg), x64 @ f64(wu).t() + f64(bu)
+    tol = TOLERANCE[torch.bfloat16]
+    assert_close(g, g_ref, tol, "g")
+    assert_close(u, u_ref, tol, "u")
+    assert_close(h, torch.nn.functional.gelu(g_ref, approximate="tanh") * u_ref, tol)
+    assert ran == ["_gated_fwd_tma_kernel"]
+    assert copies == ([1] if in_place else [2, 1]), name  # the biases are always interleaved
+
+
+def test_weight_pair_rules():
+    """weight_pair's view where it exists (strides, base, swap) and None where it does not."""
+    w = torch.randn(8, 16, dtype=torch.float16)
+    base, strides, swap = wide.weight_pair(w[:4], w[4:])
+    assert base.data_ptr() == w.data_ptr() and strides == (16, 64, 1) and not swap
+    base, strides, swap = wide.weight_pair(w[4:], w[:4])
+    assert base.data_ptr() == w.data_ptr() and strides == (16, 64, 1) and swap
+    assert wide.weight_pair(w[0::2], w[1::2])[1:] == ((32, 16, 1), False)
+    a, b = torch.randn(4, 16).half(), torch.randn(4, 16).half()  # separate storages
+    assert wide.weight_pair(a, b) is not None
+    flat = w.view(-1)
+    for why, a, b in (("one tensor twice", w[:4], w[:4]),
+                      ("shapes differ", w[:4], w[4:8, :8]),
+                      ("dtypes differ", w[:4], w[4:].float()),
+                      ("b 130 bytes from a", w[:4, :8], w[4:, 1:9]),
+                      ("column stride 16", w[:4].t(), w[4:].t()),
+                      ("30-byte rows", flat[:60].view(4, 15), flat[64:124].view(4, 15)),
+                      ("overlapping rows", flat.as_strided((4, 16), (8, 1)),
+                       flat.as_strided((4, 16), (8, 1), 64))):
+        assert wide.weight_pair(a, b) is None, why
 
 
 def test_interleave():

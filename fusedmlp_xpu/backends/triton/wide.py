@@ -277,14 +277,20 @@ def _gated_bwd_kernel(
 @triton.jit
 def _tma_acc(a_desc, b_desc, off_m, off_b, K, B_NK: tl.constexpr, BLOCK_M: tl.constexpr,
              ACC_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-             PRECISION: tl.constexpr):
+             PRECISION: tl.constexpr, B_PAIR: tl.constexpr = False):
     """The [BLOCK_M, ACC_N] fp32 tile A[off_m:, :K] @ B from descriptor tiles: A's are
     [BLOCK_M, BLOCK_K] at [off_m, k]; B's are [ACC_N, BLOCK_K] at [off_b, k], used
-    transposed (B_NK: a weight in nn.Linear layout), or [BLOCK_K, ACC_N] at [k, off_b]."""
+    transposed (B_NK: a weight in nn.Linear layout), or [BLOCK_K, ACC_N] at [k, off_b].
+    B_PAIR (with B_NK): B is a [rows, 2, K] descriptor (two weights' rows side by side,
+    see _pair_desc) read as [ACC_N / 2, 2, BLOCK_K] tiles at [off_b, 0, k], whose rows
+    alternate between the two weights; in shared memory that tile is laid out as the
+    [ACC_N, BLOCK_K] tile of the interleaved weight would be."""
     acc = tl.zeros((BLOCK_M, ACC_N), tl.float32)
     for k in range(0, K, BLOCK_K):
         a = a_desc.load([off_m, k])
-        if B_NK:
+        if B_PAIR:
+            b = tl.reshape(b_desc.load([off_b, 0, k]), (ACC_N, BLOCK_K)).T
+        elif B_NK:
             b = b_desc.load([off_b, k]).T
         else:
             b = b_desc.load([k, off_b])
@@ -319,26 +325,29 @@ def _linear_fwd_tma_kernel(
 @triton.jit
 def _gated_fwd_tma_kernel(
     x_desc, w_desc, h_desc, g_desc, u_desc, b_ptr, M, N, K,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_GU: tl.constexpr, SWAP: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PROGRAMS: tl.constexpr,
 ):
     """h = act(x Wg^T + bg) * (x Wu^T + bu) as ONE GEMM, persistent over the tiles: w_desc
-    is [Wg; Wu] interleaved by rows (row 2j = Wg[j], row 2j + 1 = Wu[j]; b_ptr likewise),
-    so a [BLOCK_M, 2 BLOCK_N] accumulator holds g and u in alternating columns, and the
-    epilogue splits them apart (N = hidden width)."""
+    is the [H, 2, K] pair descriptor of (Wg, Wu) (of (Wu, Wg) with SWAP; _pair_desc), so
+    each B tile holds Wg's and Wu's rows alternating, a [BLOCK_M, 2 BLOCK_N] accumulator
+    holds g and u in alternating columns, and the epilogue splits them apart (N = hidden
+    width). b_ptr: the biases interleaved in the same order."""
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = _tma_acc(x_desc, w_desc, off_m, 2 * off_n, K, True, BLOCK_M, 2 * BLOCK_N,
-                       BLOCK_K, UPCAST, PRECISION)
+        acc = _tma_acc(x_desc, w_desc, off_m, off_n, K, True, BLOCK_M, 2 * BLOCK_N,
+                       BLOCK_K, UPCAST, PRECISION, True)
         if HAS_BIAS:
             cols2 = 2 * off_n + tl.arange(0, 2 * BLOCK_N)
             acc += tl.load(b_ptr + cols2, mask=cols2 < 2 * N, other=0.0).to(tl.float32)[None, :]
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        if SWAP:
+            g, u = u, g
         if STORE_GU:  # training only
             g_desc.store([off_m, off_n], g.to(g_desc.dtype))
             u_desc.store([off_m, off_n], u.to(u_desc.dtype))
@@ -685,12 +694,14 @@ _TMA_FIT: dict = {}
 
 def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
     """Launch a TMA forward kernel persistent: ``descs`` are (tensor, block rows, block
-    cols as "m"/"n"/"k") turned into descriptors for this config, ``args`` the rest.
+    cols as "m"/"n"/"k") or (base tensor, shape, strides, block dims as "m"/"n"/"k"/2)
+    turned into descriptors for this config, ``args`` the rest.
     A config whose shared memory the device refuses steps its stages down (launch.fitting);
     False when not even one fits (the caller takes the pointer kernels)."""
     bm, bn, bk, warps, stages = cfg
-    size = {"m": bm, "n": bn, "k": bk, "2n": 2 * bn}
-    ds = [TensorDescriptor.from_tensor(t, [size[r], size[c]]) for t, r, c in descs]
+    size = {"m": bm, "n": bn, "k": bk, 2: 2}
+    ds = [TensorDescriptor.from_tensor(d[0], [size[r] for r in d[1:]]) if len(d) == 3
+          else TensorDescriptor(d[0], d[1], d[2], [size[r] for r in d[3]]) for d in descs]
     progs = min(_programs(device), triton_cdiv(M, bm) * triton_cdiv(N, bn))
     return fitting(_TMA_FIT, (kernel, device.index, cfg, tuple(consts.items())), stages,
                    lambda s: kernel[(progs,)](
@@ -698,18 +709,52 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
                        PROGRAMS=progs, num_warps=warps, num_stages=s))
 
 
-def _gated_tma(x, w_i, b_i, act, h, g, u, cfg) -> bool:
-    """h (and g, u when given) from the one-GEMM gated TMA kernel; ``w_i``/``b_i`` are
-    the gate and up weights/biases interleaved by rows (``interleave``). False when the
+def _gated_tma(x, w_gate, w_up, b_gate, b_up, act, h, g, u, cfg) -> bool:
+    """h (and g, u when given) from the one-GEMM gated TMA kernel, the weights read in
+    place where weight_pair allows, else from their interleaved copy. False when the
     device refuses every stage count of ``cfg``."""
     M, K = x.shape
     N = h.shape[1]
+    pair = weight_pair(w_gate, w_up)
+    if pair is None:
+        pair = (interleave(w_gate, w_up), (2 * K, K, 1), False)
+    base, strides, swap = pair
+    b_i = None
+    if b_gate is not None:
+        b_i = interleave(b_up, b_gate) if swap else interleave(b_gate, b_up)
     gg, uu = (g, u) if g is not None else (h, h)
     return _tma_launch(
         _gated_fwd_tma_kernel, x.device, cfg, M, N,
-        ((x, "m", "k"), (w_i, "2n", "k"), (h, "m", "n"), (gg, "m", "n"), (uu, "m", "n")),
-        (b_i if b_i is not None else w_i, M, N, K),
-        dict(ACT=_ACT[act], HAS_BIAS=b_i is not None, STORE_GU=g is not None, **_meta(x)))
+        ((x, "m", "k"), (base, (N, 2, K), strides, ("n", 2, "k")), (h, "m", "n"),
+         (gg, "m", "n"), (uu, "m", "n")),
+        (b_i if b_i is not None else base, M, N, K),
+        dict(ACT=_ACT[act], HAS_BIAS=b_i is not None, STORE_GU=g is not None, SWAP=swap,
+             **_meta(x)))
+
+
+#: TMA strides stop short of 2^40 bytes (cuTensorMapEncodeTiled)
+_TMA_STRIDE_BYTES = 2**40
+
+
+def weight_pair(a: torch.Tensor, b: torch.Tensor):
+    """Two [rows, cols] weights of one shape as ONE [rows, 2, cols] TMA view that reads
+    a[j] and b[j] side by side in place: its middle stride is the distance from one
+    weight to the other (the two need not share storage; the engine reads only the
+    rows of the two). Returns (base, strides, swap): base is the lower-addressed of the
+    two, swap True when that is b. None when no such view exists: different strides
+    or dtypes, a column stride other than 1, rows that are not whole 16 bytes or
+    overlap, misaligned or equal addresses, or a distance past what a TMA stride
+    reaches; the caller then copies (interleave)."""
+    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+        return None
+    es = a.element_size()
+    pa, pb = a.data_ptr(), b.data_ptr()
+    if (a.stride(1) != 1 or a.stride(0) < a.shape[1] or a.stride(0) * es % 16
+            or pa % 16 or pb % 16 or pa == pb or abs(pb - pa) >= _TMA_STRIDE_BYTES):
+        return None
+    if pb > pa:
+        return a, (a.stride(0), (pb - pa) // es, 1), False
+    return b, (a.stride(0), (pa - pb) // es, 1), True
 
 
 def _dx_tma(g, w, z, out, h, act, cfg) -> bool:
@@ -1061,9 +1106,8 @@ class _GatedForward:
         if (M >= GATED_TMA_MIN_ROWS and K * x.element_size() % 16 == 0
                 and _tma_ok(x.device, M, H, self.tma_cfg, x, h)):
             with _guard(x):
-                if _gated_tma(x, interleave(w_gate, w_up),
-                              None if b_gate is None else interleave(b_gate, b_up),
-                              self.act, h, g, u, self.tma_cfg):
+                if _gated_tma(x, w_gate, w_up, b_gate, b_up, self.act, h, g, u,
+                              self.tma_cfg):
                     return h, saved
         # the biases are read with unit stride
         b_gate = b_gate if b_gate is None or b_gate.is_contiguous() else b_gate.contiguous()
