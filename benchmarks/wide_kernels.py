@@ -1,0 +1,106 @@
+"""Where the wide train steps spend device time: wide-gelu and wide-swiglu (bf16, M 8192 by
+default) under torch.profiler, kernel by kernel, for ours, eager and the bare matmuls
+(bench_wide.bare_fns), device time per step summed over each kernel name.
+
+    PYTHONPATH=. python3 benchmarks/wide_kernels.py --out wide-kernels.json
+
+The bench says how far a step is from the bare matmuls; this says which kernels make the
+difference. Profiler times include its own overhead per kernel (a few us), the same for
+every backend; steps are run back to back after a warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fusedmlp_xpu import bench_wide
+from fusedmlp_xpu.bench import environment
+
+STEPS = 5
+
+
+def _short(name: str) -> str:
+    for cut in ("(", "<"):
+        name = name.split(cut)[0]
+    return name[:70]
+
+
+def kernel_ms(fn, device) -> dict[str, float]:
+    """Device ms per step of each kernel name fn() launches (STEPS steps profiled; on a
+    CPU, for a smoke run, the self time of each op)."""
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(STEPS):
+            fn()
+        sync()
+    out: dict[str, float] = collections.defaultdict(float)
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            out[_short(e.name)] += e.device_time / 1e3 / STEPS
+        elif not cuda and e.self_cpu_time_total > 0:
+            out[_short(e.name)] += e.self_cpu_time_total / 1e3 / STEPS
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--m", type=int, default=8192)
+    ap.add_argument("--configs", default="wide-gelu,wide-swiglu")
+    ap.add_argument("--inference", action="store_true", help="forward only")
+    ap.add_argument("--tiny", action="store_true",
+                    help="bench_wide.TINY shapes on the CPU (TRITON_INTERPRET=1): a smoke run")
+    args = ap.parse_args()
+    dev = torch.device("cpu" if args.tiny else "cuda")
+    dt = torch.float16 if args.tiny else torch.bfloat16
+    rows = []
+    for config in args.configs.split(","):
+        dims = (bench_wide.TINY if args.tiny else bench_wide.CONFIGS)[config]
+        torch.manual_seed(0)
+        eager = bench_wide.eager_model(config, dims, dev, dt)
+        ours, _ = bench_wide.ours_model(eager, dims[3], dev, [])
+        infer, train = bench_wide.bare_fns(eager, dims[3])
+        x = torch.randn(args.m, dims[0], device=dev, dtype=dt, requires_grad=True)
+        gy = torch.randn(args.m, dims[0], device=dev, dtype=dt)
+
+        def step(model):
+            def run():
+                if args.inference:
+                    with torch.no_grad():
+                        model(x)
+                    return
+                x.grad = None
+                for p in eager.parameters():
+                    p.grad = None
+                model(x).backward(gy)
+            return run
+
+        fns = {"ours": step(ours), "eager": step(eager),
+               "bare": (lambda: infer(x.detach())) if args.inference
+               else (lambda: train(x.detach(), gy))}
+        for backend, fn in fns.items():
+            ks = kernel_ms(fn, dev)
+            total = sum(ks.values())
+            print(f"\n{config} M {args.m} {'inference' if args.inference else 'train'} "
+                  f"{backend}: {total:.3f} ms of kernels a step")
+            for k, ms in ks.items():
+                print(f"  {ms:8.3f}  {k}")
+            rows.append(dict(config=config, m=args.m, backend=backend, total_ms=total,
+                             inference=args.inference, kernels_ms=ks))
+        del eager, ours, x, gy
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
