@@ -4,14 +4,15 @@ against the persistent TMA kernels whose epilogue tiles move through descriptors
 - wide-gelu's hidden-layer input gradient: (g2 W2) * gelu'(z1), h1 = gelu(z1) stored
   (wide.grad_input with store_h; M 8192, 4096 -> 16384);
 - wide-swiglu's dh GEMM with the gate epilogue: dg = dh u act'(g), du = dh act(g)
-  (the gated_bwd kernel through wide.gated_backward's launch; M 8192, 4096 -> 14336);
+  (the gated_bwd kernel through wide.gated_backward's launch; M 8192, 4096 -> 14336),
+  and the TMA kernel also storing h = act(g) u, against torch rebuilding h on its own;
 - the training forwards: wide-gelu's first layer storing z (wide.linear, save_z) and
   wide-swiglu's gated GEMM storing g and u (wide.gated_hidden, save).
 
 Each config is forced (the autotuner sees a list of one), checked against torch in fp32,
 and timed (triton.testing.do_bench, median). ncu showed the 128x256 / 8-warp pick of the
 first spilling registers in its epilogue (h200-ncu-wide-dx-20261130.txt): 16 warps halve
-the accumulator per thread.
+the accumulator per thread; a subtiled epilogue ("sub") takes the tile in two halves.
 
     PYTHONPATH=. python3 benchmarks/probe_epilogue.py --out probe-epilogue.json
 """
@@ -26,9 +27,13 @@ from probe_common import Probe
 
 F = torch.nn.functional
 DX = [(128, 256, 64, 8, 3), (128, 256, 64, 16, 3)]
-DX_TMA = [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 256, 64, 16, 3)]
+# TMA kernels with a SUBTILE epilogue: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, subtile)
+DX_TMA = [(128, 128, 64, 8, 4, False), (128, 128, 64, 8, 4, True), (128, 128, 64, 16, 4, False),
+          (128, 128, 64, 16, 4, True), (128, 256, 64, 16, 3, True)]
 GATED = [(128, 128, 64, 8, 4)]
-GATED_TMA = [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4)]
+GATED_TMA = [(128, 128, 64, 8, 4, False), (128, 128, 64, 8, 4, True),
+             (128, 128, 64, 8, 3, True), (128, 128, 64, 16, 4, False),
+             (128, 128, 64, 16, 4, True), (128, 256, 64, 16, 3, True)]
 FWD_Z_TMA = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 2)]
 GATED_GU_TMA = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4)]
 
@@ -50,7 +55,7 @@ def main():
 
     def tma(case, cfg, call, ref, flop):
         wide._TMA_FIT.clear()
-        name = "TMA {}x{}x{} w{} st{}".format(*cfg)
+        name = "TMA {}x{}x{} w{} st{}".format(*cfg) + (" sub" if cfg[5:] == (True,) else "")
         rec(case, name, lambda: call(cfg) or (_ for _ in ()).throw(RuntimeError("no fit")),
             ref, flop)
         probe.note_fit(name)
@@ -105,9 +110,16 @@ def main():
     for cfg in GATED:
         forced("gated_bwd", cfg)
         rec(case, "{}x{}x{} w{} st{}".format(*cfg), gated_bwd, ref, flop)
-    for cfg in GATED_TMA:
+    for cfg in GATED_TMA[:1]:
         tma(case, cfg, lambda c: wide._gated_bwd_tma(gy, wd, g, u, dg, du, "silu", c)
             and (dg, du), ref, flop)
+    case = "gated dh = gy Wd; dg, du epilogue, h = silu(g) u stored"
+    h = torch.empty_like(g)
+    for cfg in GATED_TMA:
+        tma(case, cfg, lambda c: wide._gated_bwd_tma(gy, wd, g, u, dg, du, "silu", c, h)
+            and (dg, du, h), (*ref, F.silu(gf) * u.float()), flop)
+    rec(case, "torch silu(g) * u alone (not a GEMM)", lambda: F.silu(g) * u,
+        F.silu(gf) * u.float(), flop)
     wide._configs_nvidia = real
 
     # the training forwards (epilogues that store z, or g and u, through descriptors)

@@ -79,19 +79,23 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
     "gated", "gated_gu": g and u stored too; "dx": the input gradient with the gelu'
     epilogue and h; "gated_bwd"), with descriptor arguments typed as Triton types them at
     launch."""
-    bm, bn, bk, warps, stages = cfg or wide._tma_config_nvidia(kind)
+    cfg = cfg or wide._tma_config_nvidia(kind)
+    bm, bn, bk, warps, stages = cfg[:5]
+    sub = len(cfg) > 5 and cfg[5]
     mn, mk, kn = [bm, bn], [bm, bk], [bk, bn]
+    me = [bm, bn // 2] if sub else mn  # epilogue tiles of the SUBTILE kernels
     fn, blocks = {
         "fwd": (wide._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn)),
         "gated": (wide._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, 2, bk], h_desc=mn,
                                                    g_desc=mn, u_desc=mn)),
-        "dx": (wide._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=mn, out_desc=mn, h_desc=mn)),
-        "gated_bwd": (wide._gated_bwd_tma_kernel, dict(dy_desc=mk, wd_desc=kn, g_desc=mn,
-                                                       u_desc=mn, dg_desc=mn, du_desc=mn)),
+        "dx": (wide._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=me, out_desc=me, h_desc=me)),
+        "gated_bwd": (wide._gated_bwd_tma_kernel, dict(dy_desc=mk, wd_desc=kn, g_desc=me,
+                                                       u_desc=me, dg_desc=me, du_desc=me, h_desc=me)),
     }[{"fwd_z": "fwd", "gated_gu": "gated"}.get(kind, kind)]
     t = {2: torch.empty(1024, 1024, dtype=dtype), 3: torch.empty(1024, 2, 1024, dtype=dtype)}
     values = {"ACT": 5 if kind.startswith("gated") else 4, "HAS_BIAS": kind.startswith("fwd"),
-              "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu", "STORE_H": True,
+              "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu",
+              "STORE_H": True, "SUBTILE": sub,
               "SWAP": False,
               "UPCAST": False, "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
               "GROUP_M": 8, "PROGRAMS": 132}
@@ -105,7 +109,8 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
             sig[n] = "*bf16" if n.endswith("_ptr") else "i32"
     smem, mma, ptx = _compile(ASTSource(fn, sig, cx), arch, warps, stages)
     tma = "tma" if "cp.async.bulk.tensor" in ptx else "no-tma"
-    return f"{bm}x{bn}x{bk} w{warps} s{stages}", smem, mma, tma, _ptxas_info(ptx)
+    return (f"{bm}x{bn}x{bk} w{warps} s{stages}{' sub' if sub else ''}", smem, mma, tma,
+            _ptxas_info(ptx))
 
 
 def _ptxas_info(ptx: str) -> str:

@@ -132,8 +132,9 @@ def test_whole_blocks(impl, dtype):
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
 def test_gated_tma_train_step(impl, monkeypatch, recompute):
     """A train step whose gated GEMM takes the one-GEMM TMA kernel and whose dh GEMM the
-    TMA backward kernel (Hopper-class GPUs, or the interpreter with the row threshold
-    lowered); bf16, every gradient checked."""
+    TMA backward kernel, in column chunks that each store their h for the down
+    projection's weight gradient (Hopper-class GPUs, or the interpreter with the row
+    threshold lowered); bf16, every gradient checked."""
     name, dev = impl
     if name != "triton" or dev.type == "xpu" or (
             dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9):
@@ -146,11 +147,17 @@ def test_gated_tma_train_step(impl, monkeypatch, recompute):
     monkeypatch.setattr(wide, "_tma_launch", lambda k, *a, **kw: ran.append(k) or real(k, *a, **kw))
     if dev.type == "cpu":
         monkeypatch.setattr(wide, "GATED_TMA_MIN_ROWS", 65)
-        lead, dims = (85,), (40, 56, 24)
+        monkeypatch.setattr(wide, "CHUNK_ALIGN", 16)
+        lead, dims, cols = (85,), (40, 56, 24), 16
     else:
-        lead, dims = (wide.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264)
+        lead, dims, cols = (wide.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264), 256
+    # h's chunks of `cols` columns, the last one narrower (56 = 3 x 16 + 8, 1144 = 4 x 256 + 120)
+    monkeypatch.setattr(wide, "GATED_H_CHUNK_BYTES", lead[0] * cols * 2)
+    chunks = wide._col_chunks(lead[0], dims[1], 2, wide.GATED_H_CHUNK_BYTES)
+    assert len(chunks) == (4 if dev.type == "cpu" else 5) and chunks[-1][1] == dims[1]
     run(impl, "silu", torch.bfloat16, lead=lead, dims=dims, recompute=recompute)
-    assert wide._gated_fwd_tma_kernel in ran and wide._gated_bwd_tma_kernel in ran
+    assert wide._gated_fwd_tma_kernel in ran
+    assert ran.count(wide._gated_bwd_tma_kernel) == len(chunks)  # each chunk stored its h
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])

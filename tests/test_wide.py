@@ -398,6 +398,40 @@ def test_interleave():
     assert torch.equal(wide.interleave(a[:, 0], b[:, 0]), torch.stack((a[:, 0], b[:, 0]), 1).flatten())
 
 
+@pytest.mark.parametrize("subtile", [False, True], ids=["whole", "subtile"])
+@pytest.mark.parametrize("kind", ["dx", "gated_bwd"])
+def test_tma_epilogue_halves(device, kind, subtile):
+    """The TMA kernels with heavy epilogues, their epilogue taken whole or in two halves
+    of the tile (SUBTILE): the input gradient with gelu' and h = gelu(z) stored, and the
+    gated dh GEMM with dg, du and h = silu(g) u stored. Against the float64 reference,
+    every output NaN-poisoned, partial tiles at the edges."""
+    _needs_tma(device)
+    if wide.TensorDescriptor is None:
+        pytest.skip("this Triton has no host tensor descriptors")
+    cfg = wide._tma_config(device, kind)[:5] + (subtile,)
+    M, N, K = _tma_shape(device)
+    dt = torch.bfloat16
+    a = torch.randn(M, K, device=device).to(dt)
+    w = (torch.randn(K, N, device=device) / K ** 0.5).to(dt)  # [out, in]: read as [K, N]
+    z = torch.randn(M, N, device=device).to(dt)
+    u = torch.randn(M, N, device=device).to(dt)
+    outs = [torch.full((M, N), float("nan"), device=device, dtype=dt) for _ in range(3)]
+    acc = a.double().cpu() @ w.double().cpu()
+    z64 = z.double().cpu().requires_grad_()
+    if kind == "dx":
+        act = torch.nn.functional.gelu(z64, approximate="tanh")
+        refs = [acc * torch.autograd.grad(act.sum(), z64)[0], act.detach()]
+        assert wide._dx_tma(a, w, z, outs[0], outs[1], "gelu_tanh", cfg)
+    else:
+        u64 = u.double().cpu()
+        act = torch.nn.functional.silu(z64)
+        refs = [acc * u64 * torch.autograd.grad(act.sum(), z64)[0], acc * act.detach(),
+                act.detach() * u64]
+        assert wide._gated_bwd_tma(a, w, z, u, outs[0], outs[1], "silu", cfg, outs[2])
+    for what, out, ref in zip(("out/dg", "h/du", "h"), outs, refs):
+        assert_close(out, ref, TOLERANCE[dt], what)
+
+
 def _needs_tma(device):
     if device.type == "xpu":
         pytest.skip("the TMA path is CUDA (Hopper+) and interpreter only")

@@ -355,15 +355,35 @@ def _gated_fwd_tma_kernel(
 
 
 @triton.jit
+def _subtiles(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [BLOCK_M, BLOCK_N] accumulator as its left and right [BLOCK_M, BLOCK_N / 2]
+    halves (the register layout of tensor-core results splits along N in place): an
+    epilogue that takes the halves one after the other holds half as many of its
+    operand tiles in registers at a time."""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _dx_epilogue(acc, z_desc, out_desc, h_desc, off_m, off_n, ACT: tl.constexpr,
+                 STORE_H: tl.constexpr):
+    z = z_desc.load([off_m, off_n]).to(tl.float32)
+    out_desc.store([off_m, off_n], (acc * _act_grad(z, ACT)).to(out_desc.dtype))
+    if STORE_H:
+        h_desc.store([off_m, off_n], _act(z, ACT).to(h_desc.dtype))
+
+
+@triton.jit
 def _dx_tma_kernel(
     g_desc, w_desc, z_desc, out_desc, h_desc, M, N, K,
-    ACT: tl.constexpr, STORE_H: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    ACT: tl.constexpr, STORE_H: tl.constexpr, SUBTILE: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PROGRAMS: tl.constexpr,
 ):
     """out = (g @ W) * act'(z) (h = act(z) too with STORE_H), persistent; W read as
     [K = out, N = in] tiles. Every epilogue tile moves through a descriptor: no pointer
-    tensors in registers."""
+    tensors in registers. SUBTILE: the epilogue in two halves of the tile (its
+    descriptors' blocks are [BLOCK_M, BLOCK_N / 2])."""
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -371,21 +391,38 @@ def _dx_tma_kernel(
         off_n = pid_n * BLOCK_N
         acc = _tma_acc(g_desc, w_desc, off_m, off_n, K, False, BLOCK_M, BLOCK_N, BLOCK_K,
                        UPCAST, PRECISION)
-        z = z_desc.load([off_m, off_n]).to(tl.float32)
-        out_desc.store([off_m, off_n], (acc * _act_grad(z, ACT)).to(out_desc.dtype))
-        if STORE_H:
-            h_desc.store([off_m, off_n], _act(z, ACT).to(h_desc.dtype))
+        if SUBTILE:
+            acc0, acc1 = _subtiles(acc, BLOCK_M, BLOCK_N)
+            _dx_epilogue(acc0, z_desc, out_desc, h_desc, off_m, off_n, ACT, STORE_H)
+            _dx_epilogue(acc1, z_desc, out_desc, h_desc, off_m, off_n + BLOCK_N // 2, ACT,
+                         STORE_H)
+        else:
+            _dx_epilogue(acc, z_desc, out_desc, h_desc, off_m, off_n, ACT, STORE_H)
+
+
+@triton.jit
+def _gated_bwd_epilogue(acc, g_desc, u_desc, dg_desc, du_desc, h_desc, off_m, off_n,
+                        ACT: tl.constexpr, STORE_H: tl.constexpr):
+    g = g_desc.load([off_m, off_n]).to(tl.float32)
+    u = u_desc.load([off_m, off_n]).to(tl.float32)
+    dg_desc.store([off_m, off_n], (acc * u * _act_grad(g, ACT)).to(dg_desc.dtype))
+    du_desc.store([off_m, off_n], (acc * _act(g, ACT)).to(du_desc.dtype))
+    if STORE_H:
+        h_desc.store([off_m, off_n], (_act(g, ACT) * u).to(h_desc.dtype))
 
 
 @triton.jit
 def _gated_bwd_tma_kernel(
-    dy_desc, wd_desc, g_desc, u_desc, dg_desc, du_desc, M, N, K,
-    ACT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    dy_desc, wd_desc, g_desc, u_desc, dg_desc, du_desc, h_desc, M, N, K,
+    ACT: tl.constexpr, STORE_H: tl.constexpr, SUBTILE: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PROGRAMS: tl.constexpr,
 ):
     """_gated_bwd_kernel persistent through descriptors: dh = dy @ Wd (Wd read as
-    [K = out, N = hidden] tiles); dg = dh u act'(g), du = dh act(g)."""
+    [K = out, N = hidden] tiles); dg = dh u act'(g), du = dh act(g); with STORE_H also
+    h = act(g) u, the down projection's input, for its weight gradient. SUBTILE as in
+    _dx_tma_kernel."""
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -393,10 +430,15 @@ def _gated_bwd_tma_kernel(
         off_n = pid_n * BLOCK_N
         acc = _tma_acc(dy_desc, wd_desc, off_m, off_n, K, False, BLOCK_M, BLOCK_N, BLOCK_K,
                        UPCAST, PRECISION)
-        g = g_desc.load([off_m, off_n]).to(tl.float32)
-        u = u_desc.load([off_m, off_n]).to(tl.float32)
-        dg_desc.store([off_m, off_n], (acc * u * _act_grad(g, ACT)).to(dg_desc.dtype))
-        du_desc.store([off_m, off_n], (acc * _act(g, ACT)).to(du_desc.dtype))
+        if SUBTILE:
+            acc0, acc1 = _subtiles(acc, BLOCK_M, BLOCK_N)
+            _gated_bwd_epilogue(acc0, g_desc, u_desc, dg_desc, du_desc, h_desc, off_m, off_n,
+                                ACT, STORE_H)
+            _gated_bwd_epilogue(acc1, g_desc, u_desc, dg_desc, du_desc, h_desc, off_m,
+                                off_n + BLOCK_N // 2, ACT, STORE_H)
+        else:
+            _gated_bwd_epilogue(acc, g_desc, u_desc, dg_desc, du_desc, h_desc, off_m, off_n,
+                                ACT, STORE_H)
 
 
 # ---------------------------------------------------------------- tuning ---
@@ -616,8 +658,9 @@ except ImportError:  # an older Triton: the pointer kernels only
     TensorDescriptor = None
 
 
-def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the TMA kernels on Hopper: the forward
+def _tma_config_nvidia(kind: str) -> tuple:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, subtile]) of the TMA kernels on Hopper
+    (subtile: the epilogue in two halves of the tile, for SUBTILE_KINDS): the forward
     for inference ("fwd") or training ("fwd_z": z is stored too), the gated GEMM ("gated",
     "gated_gu": g and u stored too; BLOCK_N counts h's columns, the interleaved weight
     tile has twice as many rows), the input gradient with an activation epilogue ("dx")
@@ -642,14 +685,20 @@ def _tma_config_nvidia(kind: str) -> tuple[int, int, int, int, int]:
       was slower than the pointer kernels."""
     if kind in ("gated", "gated_gu"):
         return (128, 128, 64, 8, 3)
-    if kind in ("dx", "gated_bwd"):
-        return (128, 128, 64, 8, 4)
+    if kind == "dx":
+        return (128, 128, 64, 8, 4, False)
+    if kind == "gated_bwd":
+        return (128, 128, 64, 8, 4, True)
     return (128, 256, 64, 8, 3)  # fwd, fwd_z
 
 
-def _tma_config(device: torch.device, kind: str) -> tuple[int, int, int, int, int]:
+#: the kinds whose kernels have a SUBTILE epilogue: their configs have a 6th element
+SUBTILE_KINDS = ("dx", "gated_bwd")
+
+
+def _tma_config(device: torch.device, kind: str) -> tuple:
     if device.type == "cpu":  # the interpreter: tl.dot's smallest tile, no pipelining
-        return (16, 16, 16, 1, 1)
+        return (16, 16, 16, 1, 1) + ((True,) if kind in SUBTILE_KINDS else ())
     return _tma_config_nvidia(kind)
 
 
@@ -693,13 +742,17 @@ _TMA_FIT: dict = {}
 
 
 def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
-    """Launch a TMA forward kernel persistent: ``descs`` are (tensor, block rows, block
-    cols as "m"/"n"/"k") or (base tensor, shape, strides, block dims as "m"/"n"/"k"/2)
-    turned into descriptors for this config, ``args`` the rest.
+    """Launch a TMA kernel persistent: ``descs`` are (tensor, block rows, block cols) or
+    (base tensor, shape, strides, block dims), the blocks named "m"/"n"/"k" (this
+    config's tiles), 2, or "e" (an epilogue tile's columns: half of "n" when cfg[5], the
+    SUBTILE flag of the kernels that have one, is true), turned into descriptors for
+    this config; ``args`` the rest.
     A config whose shared memory the device refuses steps its stages down (launch.fitting);
     False when not even one fits (the caller takes the pointer kernels)."""
-    bm, bn, bk, warps, stages = cfg
-    size = {"m": bm, "n": bn, "k": bk, 2: 2}
+    bm, bn, bk, warps, stages = cfg[:5]
+    if len(cfg) > 5:  # the kernels with a SUBTILE epilogue: its tiles are "e" wide
+        consts = dict(consts, SUBTILE=cfg[5])
+    size = {"m": bm, "n": bn, "k": bk, 2: 2, "e": bn // 2 if consts.get("SUBTILE") else bn}
     ds = [TensorDescriptor.from_tensor(d[0], [size[r] for r in d[1:]]) if len(d) == 3
           else TensorDescriptor(d[0], d[1], d[2], [size[r] for r in d[3]]) for d in descs]
     progs = min(_programs(device), triton_cdiv(M, bm) * triton_cdiv(N, bn))
@@ -764,19 +817,20 @@ def _dx_tma(g, w, z, out, h, act, cfg) -> bool:
     N = w.shape[1]
     return _tma_launch(
         _dx_tma_kernel, g.device, cfg, M, N,
-        ((g, "m", "k"), (w, "k", "n"), (z, "m", "n"), (out, "m", "n"),
-         (h if h is not None else out, "m", "n")),
+        ((g, "m", "k"), (w, "k", "n"), (z, "m", "e"), (out, "m", "e"),
+         (h if h is not None else out, "m", "e")),
         (M, N, K), dict(ACT=_ACT[act], STORE_H=h is not None, **_meta(g)))
 
 
-def _gated_bwd_tma(grad_y, w_down, g, u, dg, du, act, cfg) -> bool:
-    """dg, du from _gated_bwd_tma_kernel; False when nothing fits."""
+def _gated_bwd_tma(grad_y, w_down, g, u, dg, du, act, cfg, h=None) -> bool:
+    """dg, du (and h = act(g) u when given) from _gated_bwd_tma_kernel; False when
+    nothing fits."""
     M, H = g.shape
     return _tma_launch(
         _gated_bwd_tma_kernel, g.device, cfg, M, H,
-        ((grad_y, "m", "k"), (w_down, "k", "n"), (g, "m", "n"), (u, "m", "n"),
-         (dg, "m", "n"), (du, "m", "n")),
-        (M, H, w_down.shape[0]), dict(ACT=_ACT[act], **_meta(g)))
+        ((grad_y, "m", "k"), (w_down, "k", "n"), (g, "m", "e"), (u, "m", "e"),
+         (dg, "m", "e"), (du, "m", "e"), (h if h is not None else dg, "m", "e")),
+        (M, H, w_down.shape[0]), dict(ACT=_ACT[act], STORE_H=h is not None, **_meta(g)))
 
 
 def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -991,8 +1045,11 @@ H_CHUNK_BYTES = 128 * 2**20
 CHUNK_ALIGN = 256
 
 
-def _col_chunks(rows: int, cols: int, esize: int) -> list[tuple[int, int]]:
-    n = max(1, -(-rows * cols * esize // H_CHUNK_BYTES))
+def _col_chunks(rows: int, cols: int, esize: int, budget: int | None = None
+                ) -> list[tuple[int, int]]:
+    """Column ranges of a [rows, cols] tensor, each at most ``budget`` bytes
+    (H_CHUNK_BYTES by default) and starting at a multiple of CHUNK_ALIGN columns."""
+    n = max(1, -(-rows * cols * esize // (budget or H_CHUNK_BYTES)))
     step = -(-cols // n)
     step = -(-step // CHUNK_ALIGN) * CHUNK_ALIGN
     return [(c, min(c + step, cols)) for c in range(0, cols, step)]
@@ -1142,6 +1199,75 @@ def gated_forward(x, w_gate, w_up, w_down, activation, save, biases=None):
     return y, saved
 
 
+#: The gated backward's TMA path stores h = act(g) u in column chunks of at most this
+#: many bytes (one chunk alive at a time, beside g, u, dg and du)
+GATED_H_CHUNK_BYTES = 64 * 2**20
+
+
+def _gated_bwd_chunks(grad_y, w_down, g, u, act, need_w, need_b):
+    """dg, du, dWd, dbd through _gated_bwd_tma_kernel (Hopper-class GPUs), or None where
+    it does not apply. With weight gradients the dh GEMM runs in column chunks, each also
+    storing its chunk of h = act(g) u, which dWd's GEMM takes next: no elementwise pass
+    rebuilds h (on the H200, wide-swiglu at 8192 rows, torch's silu and product over g
+    and u took 0.73 ms of a 13.5 ms step), and only one chunk of h exists at a time."""
+    M, H = g.shape
+    cfg = _tma_config(g.device, "gated_bwd")
+    # the chunks start at multiples of CHUNK_ALIGN columns: aligned where the whole is
+    if M <= 64 or not _tma_ok(g.device, M, H, cfg, grad_y, w_down, g, u):
+        return None
+    chunks = _col_chunks(M, H, g.element_size(), GATED_H_CHUNK_BYTES) if need_w else [(0, H)]
+    dg = memory.new_empty(M, H, like=g)
+    du = memory.new_empty(M, H, like=g)
+    dwd = memory.new_empty(w_down.shape[0], H, like=g) if need_w else None
+    dbd = None
+    for c0, c1 in chunks:
+        h = memory.new_empty(M, c1 - c0, like=g) if need_w else None
+        with _guard(g):
+            if not _gated_bwd_tma(grad_y, w_down[:, c0:c1], g[:, c0:c1], u[:, c0:c1],
+                                  dg[:, c0:c1], du[:, c0:c1], act, cfg, h):
+                return None  # the device refused every stage count: the pointer kernel
+        if need_w:
+            _, db_c = grad_weight(grad_y, h, bias_grad=need_b and dbd is None,
+                                  out=dwd[:, c0:c1])
+            dbd = dbd if dbd is not None else db_c
+        del h
+    return dg, du, dwd, dbd
+
+
+def _gated_bwd_pointer(grad_y, w_down, g, u, act, need_w, need_b):
+    """dg, du, dWd, dbd through _gated_bwd_kernel. The down projection's weight gradient
+    first, from h = act(g) u rebuilt in column chunks: keeping h whole beside dg and du
+    put the train step's peak level with eager's (H200, SwiGLU 1024 -> 4096, 4096 rows);
+    chunked, the peak is g, u, dg, du."""
+    M, H = g.shape
+    dwd = dbd = None
+    if need_w:
+        dwd = memory.new_empty(w_down.shape[0], H, like=g)
+        fn = activations.ACTIVATIONS[act].fn
+        for c0, c1 in _col_chunks(M, H, g.element_size()):
+            h = fn(g[:, c0:c1]) * u[:, c0:c1]
+            _, db_c = grad_weight(grad_y, h, bias_grad=need_b and dbd is None,
+                                  out=dwd[:, c0:c1])
+            dbd = dbd if dbd is not None else db_c
+            del h
+    dg = memory.new_empty(M, H, like=g)
+    du = memory.new_empty(M, H, like=g)
+    if M > 0:
+        with _guard(g):
+            _kernel("gated_bwd", g.device).launch(
+                _grid(M, H), (
+                    grad_y, w_down, g, u, dg, du,
+                    M, H, w_down.shape[0], _bucket(M),
+                    grad_y.stride(0), grad_y.stride(1), w_down.stride(1), w_down.stride(0),
+                    g.stride(0), g.stride(1), u.stride(0), u.stride(1),
+                    dg.stride(0), dg.stride(1), du.stride(0), du.stride(1),
+                ),
+                dict(ACT=_ACT[act], **_meta(g)),
+                g.device,
+            )
+    return dg, du, dwd, dbd
+
+
 def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, biases=None):
     """grad_y: [M, d_out] -> (grad_x | None, [dWg, dWu, dWd] or [], [dbg, dbu, dbd] or []).
 
@@ -1153,41 +1279,11 @@ def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs, bi
         bg, bu = (biases[0], biases[1]) if biases is not None else (None, None)
         _, saved = gated_hidden(x, w_gate, w_up, activation, True, bg, bu)
     g, u = saved
-    M, H = g.shape
-    # The down projection's weight gradient first, from h = act(g) u rebuilt in column
-    # chunks: keeping h whole beside dg and du put the train step's peak level with eager's
-    # (H200, SwiGLU 1024 -> 4096, 4096 rows); chunked, the peak is g, u, dg, du.
-    dwd = dbd = None
-    if need_w:
-        dwd = memory.new_empty(w_down.shape[0], H, like=g)
-        fn = activations.ACTIVATIONS[activation].fn
-        for c0, c1 in _col_chunks(M, H, g.element_size()):
-            h = fn(g[:, c0:c1]) * u[:, c0:c1]
-            _, db_c = grad_weight(grad_y, h, bias_grad=need_b and dbd is None,
-                                  out=dwd[:, c0:c1])
-            dbd = dbd if dbd is not None else db_c
-            del h
-    dg = memory.new_empty(M, H, like=g)
-    du = memory.new_empty(M, H, like=g)
-    cfg = _tma_config(g.device, "gated_bwd")
-    if M > 64 and _tma_ok(g.device, M, H, cfg, grad_y, w_down, g, u, dg, du):
-        with _guard(g):
-            tma = _gated_bwd_tma(grad_y, w_down, g, u, dg, du, activation, cfg)
+    done = _gated_bwd_chunks(grad_y, w_down, g, u, activation, need_w, need_b)
+    if done is not None:
+        dg, du, dwd, dbd = done
     else:
-        tma = False
-    if M > 0 and not tma:
-        with _guard(g):
-            _kernel("gated_bwd", g.device).launch(
-                _grid(M, H), (
-                    grad_y, w_down, g, u, dg, du,
-                    M, H, w_down.shape[0], _bucket(M),
-                    grad_y.stride(0), grad_y.stride(1), w_down.stride(1), w_down.stride(0),
-                    g.stride(0), g.stride(1), u.stride(0), u.stride(1),
-                    dg.stride(0), dg.stride(1), du.stride(0), du.stride(1),
-                ),
-                dict(ACT=_ACT[activation], **_meta(g)),
-                g.device,
-            )
+        dg, du, dwd, dbd = _gated_bwd_pointer(grad_y, w_down, g, u, activation, need_w, need_b)
     grad_x, gw, gb = None, [], []
     if need_x:
         grad_x, _ = grad_input(dg, w_gate, g2=du, w2=w_up)
