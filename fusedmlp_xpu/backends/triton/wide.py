@@ -1200,8 +1200,11 @@ def gated_forward(x, w_gate, w_up, w_down, activation, save, biases=None):
 
 
 #: The gated backward's TMA path stores h = act(g) u in column chunks of at most this
-#: many bytes (one chunk alive at a time, beside g, u, dg and du)
-GATED_H_CHUNK_BYTES = 64 * 2**20
+#: many bytes (one chunk alive at a time, beside g, u, dg and du). H200, wide-swiglu,
+#: 8192 rows (h200-wide-kernels-20261130b.json): at 64 MiB, four chunks of 3584 columns,
+#: the dh launches took 2.16 ms against 1.99 for one launch over all columns, and dWd's
+#: GEMMs over 3584 columns ran in 3.4 waves of 128x256 tiles; 128 MiB makes two chunks.
+GATED_H_CHUNK_BYTES = 128 * 2**20
 
 
 def _gated_bwd_chunks(grad_y, w_down, g, u, act, need_w, need_b):
