@@ -9,8 +9,9 @@ Kernels (each C = A @ B^T with A: [M, K], B: [N, K], any strides, fp32 accumulat
     _linear_fwd_tma_kernel  the forward GEMM through TMA descriptors, persistent (Hopper+,
                           16-bit operands, large M)
     _gated_fwd_kernel     h = act(x Wg^T + bg) * (x Wu^T + bu): two accumulators, one x tile
-    _gated_fwd_tma_kernel the same as one GEMM over [Wg; Wu] interleaved by rows, through
-                          TMA descriptors, persistent (Hopper+, 16-bit operands, large M)
+    _gated_fwd_tma_kernel the same as one GEMM over [Wg; Wu] interleaved by rows (read in
+                          place through one [H, 2, K] descriptor), through TMA
+                          descriptors, persistent (Hopper+, 16-bit operands, large M)
     _dx_tma_kernel        _linear_dx_kernel's activation case, persistent, every tile
                           (operands and epilogue) through TMA descriptors
     _gated_bwd_tma_kernel _gated_bwd_kernel likewise
@@ -282,7 +283,7 @@ def _tma_acc(a_desc, b_desc, off_m, off_b, K, B_NK: tl.constexpr, BLOCK_M: tl.co
     [BLOCK_M, BLOCK_K] at [off_m, k]; B's are [ACC_N, BLOCK_K] at [off_b, k], used
     transposed (B_NK: a weight in nn.Linear layout), or [BLOCK_K, ACC_N] at [k, off_b].
     B_PAIR (with B_NK): B is a [rows, 2, K] descriptor (two weights' rows side by side,
-    see _pair_desc) read as [ACC_N / 2, 2, BLOCK_K] tiles at [off_b, 0, k], whose rows
+    see weight_pair) read as [ACC_N / 2, 2, BLOCK_K] tiles at [off_b, 0, k], whose rows
     alternate between the two weights; in shared memory that tile is laid out as the
     [ACC_N, BLOCK_K] tile of the interleaved weight would be."""
     acc = tl.zeros((BLOCK_M, ACC_N), tl.float32)
@@ -331,7 +332,7 @@ def _gated_fwd_tma_kernel(
     PROGRAMS: tl.constexpr,
 ):
     """h = act(x Wg^T + bg) * (x Wu^T + bu) as ONE GEMM, persistent over the tiles: w_desc
-    is the [H, 2, K] pair descriptor of (Wg, Wu) (of (Wu, Wg) with SWAP; _pair_desc), so
+    is the [H, 2, K] pair descriptor of (Wg, Wu) (of (Wu, Wg) with SWAP; weight_pair), so
     each B tile holds Wg's and Wu's rows alternating, a [BLOCK_M, 2 BLOCK_N] accumulator
     holds g and u in alternating columns, and the epilogue splits them apart (N = hidden
     width). b_ptr: the biases interleaved in the same order."""
@@ -682,7 +683,10 @@ def _tma_config_nvidia(kind: str) -> tuple:
       the pointer kernel 2.20 at 128x256 / 8 warps, 2.11 at 16 warps; cuBLAS 1.63);
       gated dh with the dg, du epilogue 1.73 ms (pointer kernel 2.07; cuBLAS 1.37). An
       earlier TMA backward that moved its epilogue tiles through pointers (-tma-gemm-c)
-      was slower than the pointer kernels."""
+      was slower than the pointer kernels.
+    - subtile (-epilogue-20261130d): the gated dh GEMM storing h as well spilled 1008 B of
+      registers with its epilogue whole (Triton 3.6): 2.37 ms, 1.99 in halves (3 stages
+      2.24, 16 warps 2.39-2.83). The dx kernel ran 2.13 ms whole, 2.31 in halves."""
     if kind in ("gated", "gated_gu"):
         return (128, 128, 64, 8, 3)
     if kind == "dx":
@@ -1112,11 +1116,11 @@ def backward(grad_y, x, weights, biases, saved, spec, needs):
 
 
 # ---------------------------------------------------------------- gated ---
-#: Rows from which the gated GEMM takes the TMA kernel (where _tma_ok allows). It reads
-#: [Wg; Wu] interleaved by rows, a copy made per call: 0.12 ms for 2 x 14336 x 4096 bf16
-#: against 0.6 ms saved on the GEMM at 8192 rows (H200). Copy and GEMM both scale with
-#: hidden x d, so the break-even is a row count, ~1700 there; from 4096 rows the saving is
-#: ~10% by that estimate (only 8192 rows measured).
+#: Rows from which the gated GEMM takes the TMA kernel (where _tma_ok allows). Set when
+#: the kernel read an interleaved copy made per call (0.12 ms for 2 x 14336 x 4096 bf16
+#: against 0.6 ms saved on the GEMM at 8192 rows, H200: break-even ~1700 rows). It now
+#: reads the weights in place (weight_pair) and copies only when their strides differ;
+#: fewer rows were never timed, so the threshold stays.
 GATED_TMA_MIN_ROWS = 4096
 
 
