@@ -1065,12 +1065,11 @@ def _hidden_layer_grads(g, w, z, act, g_z, g_act, need_b):
     M, n_in = z.shape
     g_next = memory.new_empty(M, n_in, like=g)
     dw = memory.new_empty(w.shape[0], n_in, like=g)
-    db = None
+    db = _bias_grad(g, g_z, g_act) if need_b else None
     for c0, c1 in _col_chunks(M, n_in, g.element_size()):
         _, h = grad_input(g, w[:, c0:c1], z[:, c0:c1], act, g_z, g_act, store_h=True,
                           out=g_next[:, c0:c1])
-        _, db_c = grad_weight(g, h, g_z, g_act, need_b and db is None, out=dw[:, c0:c1])
-        db = db if db is not None else db_c
+        grad_weight(g, h, g_z, g_act, out=dw[:, c0:c1])
         del h  # free this chunk's h before the next one is allocated
     return g_next, dw, db
 
@@ -1219,14 +1218,15 @@ def _gated_bwd_chunks(grad_y, w_down, g, u, act, need_w, need_b):
     and u took 0.73 ms of a 13.5 ms step), and only one chunk of h exists at a time."""
     M, H = g.shape
     cfg = _tma_config(g.device, "gated_bwd")
-    # the chunks start at multiples of CHUNK_ALIGN columns: aligned where the whole is
-    if M <= 64 or not _tma_ok(g.device, M, H, cfg, grad_y, w_down, g, u):
+    # dg, du and h are new [M, H] / [M, chunk] tensors: their rows are aligned when H's
+    # are; the chunks start at multiples of CHUNK_ALIGN columns
+    if M <= 64 or H * g.element_size() % 16 or not _tma_ok(g.device, M, H, cfg, grad_y,
+                                                             w_down, g, u):
         return None
     chunks = _col_chunks(M, H, g.element_size(), GATED_H_CHUNK_BYTES) if need_w else [(0, H)]
     dg = memory.new_empty(M, H, like=g)
     du = memory.new_empty(M, H, like=g)
     dwd = memory.new_empty(w_down.shape[0], H, like=g) if need_w else None
-    dbd = None
     for c0, c1 in chunks:
         h = memory.new_empty(M, c1 - c0, like=g) if need_w else None
         with _guard(g):
@@ -1234,10 +1234,9 @@ def _gated_bwd_chunks(grad_y, w_down, g, u, act, need_w, need_b):
                                   dg[:, c0:c1], du[:, c0:c1], act, cfg, h):
                 return None  # the device refused every stage count: the pointer kernel
         if need_w:
-            _, db_c = grad_weight(grad_y, h, bias_grad=need_b and dbd is None,
-                                  out=dwd[:, c0:c1])
-            dbd = dbd if dbd is not None else db_c
+            grad_weight(grad_y, h, out=dwd[:, c0:c1])
         del h
+    dbd = _bias_grad(grad_y, None, "none") if need_w and need_b else None
     return dg, du, dwd, dbd
 
 
@@ -1250,12 +1249,11 @@ def _gated_bwd_pointer(grad_y, w_down, g, u, act, need_w, need_b):
     dwd = dbd = None
     if need_w:
         dwd = memory.new_empty(w_down.shape[0], H, like=g)
+        dbd = _bias_grad(grad_y, None, "none") if need_b else None
         fn = activations.ACTIVATIONS[act].fn
         for c0, c1 in _col_chunks(M, H, g.element_size()):
             h = fn(g[:, c0:c1]) * u[:, c0:c1]
-            _, db_c = grad_weight(grad_y, h, bias_grad=need_b and dbd is None,
-                                  out=dwd[:, c0:c1])
-            dbd = dbd if dbd is not None else db_c
+            grad_weight(grad_y, h, out=dwd[:, c0:c1])
             del h
     dg = memory.new_empty(M, H, like=g)
     du = memory.new_empty(M, H, like=g)
