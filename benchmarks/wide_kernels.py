@@ -6,7 +6,9 @@ default) under torch.profiler, kernel by kernel, for ours, eager and the bare ma
 
 The bench says how far a step is from the bare matmuls; this says which kernels make the
 difference. Profiler times include its own overhead per kernel (a few us), the same for
-every backend; steps are run back to back after a warm-up.
+every backend; steps are run back to back after a warm-up. On a GPU each row also has the
+step's time by device events without the profiler (``step_ms``, the median of 5 batches
+of STEPS steps): where it exceeds the kernels' sum, the device waited between kernels.
 """
 from __future__ import annotations
 
@@ -50,6 +52,23 @@ def kernel_ms(fn, device) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def step_ms(fn, device) -> float | None:
+    """Device-event ms per step of fn(), STEPS back to back, median of 5 batches (None
+    on a CPU)."""
+    if device.type != "cuda":
+        return None
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(STEPS):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / STEPS)
+    return sorted(times)[2]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -89,11 +108,13 @@ def main():
         for backend, fn in fns.items():
             ks = kernel_ms(fn, dev)
             total = sum(ks.values())
+            wall = step_ms(fn, dev)
             print(f"\n{config} M {args.m} {'inference' if args.inference else 'train'} "
-                  f"{backend}: {total:.3f} ms of kernels a step")
+                  f"{backend}: {total:.3f} ms of kernels a step"
+                  + (f", {wall:.3f} ms by events" if wall is not None else ""))
             for k, ms in ks.items():
                 print(f"  {ms:8.3f}  {k}")
-            rows.append(dict(config=config, m=args.m, backend=backend, total_ms=total,
+            rows.append(dict(config=config, m=args.m, backend=backend, total_ms=total, step_ms=wall,
                              inference=args.inference, kernels_ms=ks))
         del eager, ours, x, gy
         torch.cuda.empty_cache()

@@ -9,7 +9,8 @@ matmuls with no bias/activation), it checks the output and gradients against an 
 reference (ours with NaN-poisoned outputs), then times with device events (warm-up,
 median of >= 7 repeats of back-to-back calls, rotating inputs past the 60 MB L2) and
 records peak memory per train step. Each config is timed in two passes (the card
-throttles under long matmul runs); ceilings (copy GB/s, 8192^3 matmul TFLOP/s) are
+throttles under long matmul runs) that interleave the backends, the second in reverse
+order, so that x_bare compares times taken close together; ceilings (copy GB/s, 8192^3 matmul TFLOP/s) are
 measured in the same run. Writes fusedmlp-bench/1 JSON and prints a table.
 """
 from __future__ import annotations
@@ -256,6 +257,7 @@ def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backe
         ref = [y_ref]
         if mode == "train":
             ref += list(torch.autograd.grad(y_ref, [x0, *ref_params], gys[0].float()))
+        steps, errs, peaks = {}, {}, {}  # the backends that passed their check
         for backend in backends:
             if backend == "compile" and (args.compile == "inference" and mode == "train"):
                 continue
@@ -296,16 +298,23 @@ def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backe
                 step(1)
                 _sync(device)
                 peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-            for p in range(1, args.passes + 1):
-                t = time_calls(_Clock(device), step, args.repeats, args.target_ms)
+            steps[backend], errs[backend], peaks[backend] = step, err, peak
+        # the passes interleave the backends, in reverse order every other pass, so that
+        # each pass's x_bare compares times taken minutes apart at most, and a clock that
+        # drifts (throttling) favours a different backend in each pass
+        for p in range(1, args.passes + 1):
+            for backend in (list(steps) if p % 2 else list(steps)[::-1]):
+                t = time_calls(_Clock(device), steps[backend], args.repeats, args.target_ms)
                 records.append(_record(config, m, dtype, mode, backend, "python", p, t, floor,
-                                       flops, err, peak))
-            if (m <= 64 and mode == "inference" and device.type == "cuda"
-                    and backend != "compile" and not args.no_graphs):
+                                       flops, errs[backend], peaks[backend]))
+        if m <= 64 and mode == "inference" and device.type == "cuda" and not args.no_graphs:
+            for backend, step in steps.items():
+                if backend == "compile":
+                    continue
                 t = _graph_time(step, device, args, notes, f"{config} M {m} {backend}")
                 if t is not None:
                     records.append(_record(config, m, dtype, mode, backend, "graph", 1, t,
-                                           floor, flops, err, peak))
+                                           floor, flops, errs[backend], peaks[backend]))
     del xs, gys, eager, ours, fns
     return records
 
