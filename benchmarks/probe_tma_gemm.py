@@ -5,8 +5,10 @@ forward (which also stores z); then the backward GEMMs against cuBLAS.
 Per shape (bf16, M 8192): cuBLAS without an epilogue ("bare"), eager torch, the pointer
 kernel (FUSEDMLP_WIDE_TMA=0, autotuned), and the TMA kernel at several tiles (the
 package's choice, wide._tma_config_nvidia, first; a tile whose shared memory the device
-refuses runs with fewer stages, and the row says how many fitted). Every result is
-checked against torch in fp32 before it is timed.
+refuses runs with fewer stages, and the row says how many fitted). The package's tile
+is also timed with its stream-K tail off (FUSEDMLP_WIDE_STREAM_K=0), twice in turn;
+--quick times only that. Every result is checked against torch in fp32 before it is
+timed.
 
     PYTHONPATH=. python3 benchmarks/probe_tma_gemm.py --out probe.json
 """
@@ -31,6 +33,8 @@ def main():
     ap.add_argument("--m", type=int, default=8192)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--part", choices=["all", "forward", "backward"], default="all")
+    ap.add_argument("--quick", action="store_true",
+                    help="forward: the package's tile only, stream-K on and off")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
@@ -42,10 +46,19 @@ def main():
 
     def variants(shape, flop, ref, call, save):
         tag = " +z" if save else ""
+        mine = tuned("fwd_z" if save else "fwd")
+        # the package's tile with and without its stream-K tail, twice in turn
+        for rep in (1, 2):
+            for sk in ("1", "0"):
+                os.environ[wide.STREAM_K_ENV] = sk
+                rec(shape, flop, ref, "tma {}x{}x{} w{} st{}".format(*mine) + tag
+                    + (" stream-K" if sk == "1" else " no stream-K") + f" #{rep}", call)
+        os.environ[wide.STREAM_K_ENV] = "1"
+        if args.quick:
+            return
         os.environ[wide.TMA_ENV] = "0"
         rec(shape, flop, ref, "pointer kernel (autotuned)" + tag, call)
         os.environ[wide.TMA_ENV] = "1"
-        mine = tuned("fwd_z" if save else "fwd")
         for t in [mine] + [t for t in TILES if t != mine]:
             wide._tma_config_nvidia = lambda kind, t=t: t
             wide._linear_plan.cache_clear()  # the plans read the tiles when made

@@ -85,7 +85,8 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
     mn, mk, kn = [bm, bn], [bm, bk], [bk, bn]
     me = [bm, bn // 2] if sub else mn  # epilogue tiles of the SUBTILE kernels
     fn, blocks = {
-        "fwd": (wide._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn)),
+        "fwd": (wide._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn,
+                                                  part_desc=[bm, wide._part_cols(bn)])),
         "gated": (wide._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, 2, bk], h_desc=mn,
                                                    g_desc=mn, u_desc=mn)),
         "dx": (wide._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=me, out_desc=me, h_desc=me)),
@@ -95,14 +96,15 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
     t = {2: torch.empty(1024, 1024, dtype=dtype), 3: torch.empty(1024, 2, 1024, dtype=dtype)}
     values = {"ACT": 5 if kind.startswith("gated") else 4, "HAS_BIAS": kind.startswith("fwd"),
               "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu",
-              "STORE_H": True, "SUBTILE": sub,
+              "STORE_H": True, "SUBTILE": sub, "STREAM_K": True, "PART_N": wide._part_cols(bn),
               "SWAP": False,
               "UPCAST": False, "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
               "GROUP_M": 8, "PROGRAMS": 132}
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in blocks:
-            sig[n] = mangle_type(wide.TensorDescriptor.from_tensor(t[len(blocks[n])], blocks[n]))
+            src = t[len(blocks[n])] if n != "part_desc" else t[2].float()  # fp32 partials
+            sig[n] = mangle_type(wide.TensorDescriptor.from_tensor(src, blocks[n]))
         elif n in values:
             sig[n], cx[n] = "constexpr", values[n]
         else:
@@ -111,6 +113,23 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
     tma = "tma" if "cp.async.bulk.tensor" in ptx else "no-tma"
     return (f"{bm}x{bn}x{bk} w{warps} s{stages}{' sub' if sub else ''}", smem, mma, tma,
             _ptxas_info(ptx))
+
+
+def compile_fixup(arch: int, cfg=None):
+    """The stream-K fixup kernel of the TMA forward at its tile (pointer loads/stores)."""
+    cfg = cfg or wide._tma_config_nvidia("fwd_z")
+    fn = wide._stream_k_fixup_kernel
+    values = {"ACT": 4, "HAS_BIAS": True, "STORE_Z": True, "BLOCK_M": cfg[0], "BLOCK_N": cfg[1],
+              "BLOCK_K": cfg[2], "GROUP_M": 8, "PROGRAMS": 132, "FIX_M": 32, "FIX_N": 64}
+    sig, cx, attrs = {}, {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in values:
+            sig[n], cx[n] = "constexpr", values[n]
+        else:
+            sig[n] = {"part_ptr": "*fp32"}.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    smem, mma, ptx = _compile(ASTSource(fn, sig, cx, attrs), arch, 4, 1)
+    return smem, _ptxas_info(ptx)
 
 
 def _ptxas_info(ptx: str) -> str:
@@ -168,6 +187,12 @@ def main(argv=None) -> int:
             except Exception as e:  # report every failure, then fail the run
                 failed += 1
                 print(f"{kind}_tma FAILED {type(e).__name__}: {str(e)[:400]}")
+        try:
+            smem, info = compile_fixup(args.arch)
+            print(f"{'sk_fixup':<14}{'32x64 w4':<20}{smem // 1024:>4} KB smem  {info}")
+        except Exception as e:  # report every failure, then fail the run
+            failed += 1
+            print(f"sk_fixup FAILED {type(e).__name__}: {str(e)[:400]}")
     return 1 if failed else 0
 
 

@@ -204,6 +204,7 @@ def test_kernels_compile_for_hopper():
     assert out.count("wgmma") >= len(wide._KERNELS), out  # tensor cores, Hopper MMA
     if wide.TensorDescriptor is not None:  # the TMA forward: tensor cores fed by TMA copies
         assert out.count("wgmma tma ") == 6, out  # fwd, fwd + z, gated, + g, u, dx, gated dh
+        assert "sk_fixup " in out and "FAILED" not in out, out  # the stream-K fixup
 
 
 @pytest.mark.gpu
@@ -254,6 +255,52 @@ def test_tma_forward(device, monkeypatch, dtype, save):
     if save:
         assert_close(z, z_ref, tol, "z")
     assert ran == ["_linear_fwd_tma_kernel"]
+
+
+def _stream_k_shapes(device):
+    """(M, N, K) whose tiles leave a last partial wave: (tiles % programs, K blocks) in
+    the interpreter (4 programs of 16x16x16 tiles) and on an H200 (132 of 128x256x64):
+    several contributors a tile, contributors that each take a tile whole, partial last
+    tiles along M, N and K, and more programs than K iterations in the tail."""
+    if device.type == "cpu":
+        return [(80, 48, 64), (80, 48, 16), (65, 33, 24), (100, 70, 40)]
+    return [(16 * 128 - 7, 9 * 256, 1000), (11 * 128 - 5, 13 * 256, 520),
+            (7 * 128, 19 * 256 - 100, 4096)]
+
+
+@pytest.mark.parametrize("save", [False, True], ids=["infer", "save"])
+def test_tma_forward_stream_k(device, monkeypatch, save):
+    """The TMA forward's stream-K tail (its last partial wave split along K, partial
+    sums finished by the fixup kernel) against the float64 reference, y and z, at shapes
+    where the tail has work; the same inputs give the same bits twice (the partial
+    sums are added in a fixed order); with FUSEDMLP_WIDE_STREAM_K=0 no tail is planned."""
+    _needs_tma(device)
+    fixups = []
+    fixup = wide._stream_k_fixup_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            fixups.append(grid)
+            return fixup[grid]
+    monkeypatch.setattr(wide, "_stream_k_fixup_kernel", Spy())
+    tol = TOLERANCE[torch.float16]
+    for M, N, K in _stream_k_shapes(device):
+        cfg = wide._tma_config(device, "fwd_z" if save else "fwd")
+        sk = wide._stream_k_tiles(device, M, N, cfg)
+        assert 0 < sk < wide._programs(device)
+        x = torch.randn(M, K, device=device).to(torch.float16)
+        w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.float16)
+        b = torch.randn(N, device=device).to(torch.float16)
+        z_ref = x.double().cpu() @ w.double().cpu().t() + b.double().cpu()
+        y, z = wide.linear(x, w, b, "tanh", save)
+        assert_close(y, torch.tanh(z_ref), tol, f"y {M}x{N}x{K}")
+        if save:
+            assert_close(z, z_ref, tol, f"z {M}x{N}x{K}")
+        assert fixups[-1][0] == sk
+        y2, _ = wide.linear(x, w, b, "tanh", save)
+        assert torch.equal(y, y2)
+    monkeypatch.setenv(wide.STREAM_K_ENV, "0")
+    assert wide._stream_k_tiles(device, M, N, cfg) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
