@@ -258,14 +258,16 @@ def test_tma_forward(device, monkeypatch, dtype, save):
 
 
 def _stream_k_shapes(device):
-    """(M, N, K) whose tiles leave a last partial wave: (tiles % programs, K blocks) in
-    the interpreter (4 programs of 16x16x16 tiles) and on an H200 (132 of 128x256x64):
-    several contributors a tile, contributors that each take a tile whole, partial last
-    tiles along M, N and K, and more programs than K iterations in the tail."""
+    """(M, N, K) whose tiles leave a last partial wave short enough to split: in the
+    interpreter (4 programs of 16x16x16 tiles) and on an H200 (132 of 128x256x64, at
+    most 7 tiles split): several contributors a tile, contributors that each take a
+    tile whole, partial last tiles along M, N and K, and fewer K iterations in the
+    tail than programs, so that programs with nothing to do fall between a tile's
+    contributors."""
     if device.type == "cpu":
-        return [(80, 48, 64), (80, 48, 16), (65, 33, 24), (100, 70, 40)]
-    return [(16 * 128 - 7, 9 * 256, 1000), (11 * 128 - 5, 13 * 256, 520),
-            (7 * 128, 19 * 256 - 100, 4096)]
+        return [(80, 48, 64), (80, 48, 16), (65, 33, 24), (100, 70, 40), (80, 16, 32)]
+    return [(7 * 128, 19 * 256 - 100, 4096), (9 * 128 - 5, 15 * 256 - 8, 520),
+            (6 * 128 - 1, 23 * 256, 4096), (6 * 128 - 1, 23 * 256, 1000)]
 
 
 @pytest.mark.parametrize("save", [False, True], ids=["infer", "save"])
@@ -567,3 +569,19 @@ def test_tma_rule_on_cuda_devices(monkeypatch):
     assert not wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
     monkeypatch.setattr(wide, "_PROGRAMS", {("xpu", 0): 64})
     assert not wide._tma_ok(torch.device("xpu", 0), 4096, 1024, cfg, x, w, y)
+
+
+def test_stream_k_rule_on_cuda_devices(monkeypatch):
+    """Which last waves the TMA forward splits on a 132-SM device (no GPU needed): short
+    ones only (wide-gelu's first GEMM, 4 tiles past 31 waves), not the 100 tiles past 7
+    waves of its second, whose split read more than it saved on the H200; none when the
+    tiles fill whole waves or FUSEDMLP_WIDE_STREAM_K=0."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): 132})
+    cfg = wide._tma_config_nvidia("fwd")
+    assert wide._stream_k_tiles(cuda, 8192, 16384, cfg) == 4
+    assert wide._stream_k_tiles(cuda, 8192, 4096, cfg) == 0
+    assert wide._stream_k_tiles(cuda, 132 * 128, 256, cfg) == 0  # whole waves
+    assert wide._stream_k_tiles(cuda, 128, 7 * 256, cfg) == 0  # under one wave
+    monkeypatch.setenv(wide.STREAM_K_ENV, "0")
+    assert wide._stream_k_tiles(cuda, 8192, 16384, cfg) == 0

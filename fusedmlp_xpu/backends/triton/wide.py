@@ -338,28 +338,47 @@ def _linear_fwd_tma_kernel(
         _fwd_epilogue(acc, b_ptr, y_desc, z_desc, off_m, off_n, N, ACT, HAS_BIAS, STORE_Z,
                       BLOCK_N)
     if STREAM_K:
+        # a program's share of the tail's K iterations: [it, end), fewer than one tile's
+        # (sk_tiles < PROGRAMS), so at most two segments, the second from a tile's start
         k_iters = tl.cdiv(K, BLOCK_K)
         total = sk_tiles.to(tl.int64) * k_iters
         pid = tl.program_id(0)
         it = pid * total // PROGRAMS
         end = (pid + 1) * total // PROGRAMS
-        slot = pid * 2
-        while it < end:
+        if it < end:
             t_rel = (it // k_iters).to(tl.int32)
             k0 = (it - t_rel * k_iters).to(tl.int32)
             k1 = tl.minimum(k_iters, k0 + (end - it)).to(tl.int32)
-            pid_m, pid_n = _tile_pos(dp_tiles + t_rel, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            acc = _tma_acc(x_desc, w_desc, off_m, off_n, k1 * BLOCK_K, True, BLOCK_M,
-                           BLOCK_N, BLOCK_K, UPCAST, PRECISION, False, k0 * BLOCK_K)
-            if k0 == 0 and k1 == k_iters:
-                _fwd_epilogue(acc, b_ptr, y_desc, z_desc, off_m, off_n, N, ACT, HAS_BIAS,
-                              STORE_Z, BLOCK_N)
-            else:
-                _store_pieces(part_desc, slot * BLOCK_M, acc, BLOCK_M, BLOCK_N, PART_N)
-            slot = pid * 2 + 1
-            it += k1 - k0
+            _stream_k_segment(x_desc, w_desc, y_desc, z_desc, part_desc, b_ptr, M, N,
+                              dp_tiles + t_rel, k0, k1, k_iters, pid * 2, ACT, HAS_BIAS,
+                              STORE_Z, PART_N, UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+                              GROUP_M)
+            rest = (end - it - (k1 - k0)).to(tl.int32)
+            if rest > 0:
+                _stream_k_segment(x_desc, w_desc, y_desc, z_desc, part_desc, b_ptr, M, N,
+                                  dp_tiles + t_rel + 1, 0, rest, k_iters, pid * 2 + 1, ACT,
+                                  HAS_BIAS, STORE_Z, PART_N, UPCAST, PRECISION, BLOCK_M,
+                                  BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def _stream_k_segment(x_desc, w_desc, y_desc, z_desc, part_desc, b_ptr, M, N, t, k0, k1,
+                      k_iters, slot, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      STORE_Z: tl.constexpr, PART_N: tl.constexpr, UPCAST: tl.constexpr,
+                      PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """K blocks [k0, k1) of tile t: finished here when that is the whole tile, else
+    stored as fp32 partial sums in workspace slot ``slot``."""
+    pid_m, pid_n = _tile_pos(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = _tma_acc(x_desc, w_desc, off_m, off_n, k1 * BLOCK_K, True, BLOCK_M, BLOCK_N,
+                   BLOCK_K, UPCAST, PRECISION, False, k0 * BLOCK_K)
+    if k0 == 0 and k1 == k_iters:
+        _fwd_epilogue(acc, b_ptr, y_desc, z_desc, off_m, off_n, N, ACT, HAS_BIAS, STORE_Z,
+                      BLOCK_N)
+    else:
+        _store_pieces(part_desc, slot * BLOCK_M, acc, BLOCK_M, BLOCK_N, PART_N)
 
 
 @triton.jit
@@ -414,7 +433,8 @@ def _stream_k_fixup_kernel(
     program (tile, piece) sums its [FIX_M, FIX_N] piece of every contributor's fp32
     partial in program order (the same order every run), adds the bias and stores y
     (and z). Contributors of tile t are the programs whose K-iteration ranges overlap
-    t's, first to last (the range arithmetic of the main kernel, inverted)."""
+    t's, first to last (the range arithmetic of the main kernel, inverted), less those
+    with empty ranges in between."""
     t_rel = tl.program_id(0)
     piece = tl.program_id(1)
     k_iters = tl.cdiv(K, BLOCK_K)
@@ -427,10 +447,20 @@ def _stream_k_fixup_kernel(
         rr = (piece // (BLOCK_N // FIX_N)) * FIX_M + tl.arange(0, FIX_M)
         cc = (piece % (BLOCK_N // FIX_N)) * FIX_N + tl.arange(0, FIX_N)
         acc = tl.zeros((FIX_M, FIX_N), tl.float32)
-        for p in range(first, last + 1):
-            # slot 1 when the tile is this program's second range
-            slot = p * 2 + ((p * total // PROGRAMS) < t_rel * k_iters).to(tl.int64)
-            acc += tl.load(part_ptr + (slot * BLOCK_M + rr)[:, None] * BLOCK_N + cc[None, :])
+        offs = rr[:, None] * BLOCK_N + cc[None, :]
+        # eight contributors a step: independent loads in flight, not one at a time
+        for p0 in range(first, last + 1, 8):
+            for j in tl.static_range(8):
+                p = p0 + j
+                start = p * total // PROGRAMS
+                # a program with no iterations (more programs than the tail has) wrote
+                # nothing; slot 1 when the tile is the program's second range
+                ok = (p <= last) & ((p + 1) * total // PROGRAMS > start)
+                slot = p * 2 + (start < t_rel * k_iters).to(tl.int64)
+                # (a scalar mask as a bound on the offsets: Triton 3.9's interpreter
+                # rejects tensor & scalar boolean masks)
+                acc += tl.load(part_ptr + slot * BLOCK_M * BLOCK_N + offs,
+                               mask=offs < ok.to(tl.int32) * (BLOCK_M * BLOCK_N), other=0.0)
         rows = pid_m * BLOCK_M + rr
         cols = pid_n * BLOCK_N + cc
         if HAS_BIAS:
@@ -888,16 +918,34 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
 STREAM_K_ENV = "FUSEDMLP_WIDE_STREAM_K"
 
 
-def _stream_k_tiles(device: torch.device, M: int, N: int, cfg) -> int:
+#: FLOPs per byte of DRAM traffic where the stream-K tail stops paying (H200 bf16: ~660
+#: TFLOP/s dense over ~3.5 TB/s is ~190; see _stream_k_tiles)
+_SK_FLOP_PER_BYTE = 190
+
+
+def _stream_k_tiles(device: torch.device, M: int, N: int, cfg, esize: int = 2) -> int:
     """How many tiles of the TMA forward go to its stream-K tail: those of the last wave
-    when it would leave SMs idle (tiles % programs), 0 when the tiles fill whole waves
-    or the switch is off. wide-gelu at M 8192 (128x256 tiles, 132 SMs): the first GEMM's
-    4096 tiles make 31 waves and 4 tiles, the second's 1024 make 7 and 100."""
+    (tiles % programs) when splitting them pays, else 0 (also when the tiles fill whole
+    waves or the switch is off).
+    It pays when the last wave is short. The tail's programs each take a slice of K of
+    different tiles at once, so their operand tiles come from DRAM with none of the L2
+    reuse the grouped waves get: r tiles read r (BLOCK_M + BLOCK_N) K esize bytes. The
+    split wins while that read takes under half of one tile's compute time (what an
+    unsplit last wave costs), i.e. r < BLOCK_M BLOCK_N programs / (4 (BLOCK_M +
+    BLOCK_N) esize F), F the device's FLOPs per byte; K cancels. 128x256 tiles, bf16,
+    132 SMs: r <= 7. Measured on the H200 (h200-probe-sk-20261130*.json, x 8192 rows):
+    N 16384, K 4096 (4096 tiles, r 4) 1.651-1.663 ms split against 1.674-1.678 not
+    split; N 4096, K 16384 (1024 tiles, r 100) 1.665-1.765 split against 1.619-1.627.
+    In the interpreter every partial wave is split (there to be tested)."""
     if os.environ.get(STREAM_K_ENV, "1") == "0":
         return 0
-    tiles = triton_cdiv(M, cfg[0]) * triton_cdiv(N, cfg[1])
+    bm, bn = cfg[0], cfg[1]
+    tiles = triton_cdiv(M, bm) * triton_cdiv(N, bn)
     progs = _programs(device)
-    return tiles % progs if tiles > progs else 0
+    r = tiles % progs if tiles > progs else 0
+    if device.type == "cpu":
+        return r
+    return r if 4 * r * (bm + bn) * esize * _SK_FLOP_PER_BYTE < bm * bn * progs else 0
 
 
 def _part_cols(block_n: int) -> int:
@@ -912,7 +960,7 @@ def _linear_tma(x, w, b, y, z, cfg, consts) -> bool:
     M, K = x.shape
     N = w.shape[0]
     bm, bn = cfg[0], cfg[1]
-    sk = _stream_k_tiles(x.device, M, N, cfg)
+    sk = _stream_k_tiles(x.device, M, N, cfg, x.element_size())
     progs = _programs(x.device)
     # fp32 partials, two slots a program (unused and never read when sk is 0)
     part = memory.new_empty(2 * progs * bm, bn, like=x, dtype=torch.float32) if sk else y
