@@ -266,7 +266,7 @@ def _stream_k_shapes(device):
     contributors."""
     if device.type == "cpu":
         return [(80, 48, 64), (80, 48, 16), (65, 33, 24), (100, 70, 40), (80, 16, 32)]
-    return [(7 * 128, 19 * 256 - 100, 4096), (9 * 128 - 5, 15 * 256 - 8, 520),
+    return [(7 * 128, 19 * 256 - 96, 4096), (9 * 128 - 5, 15 * 256 - 8, 520),
             (6 * 128 - 1, 23 * 256, 4096), (6 * 128 - 1, 23 * 256, 1000)]
 
 
@@ -585,3 +585,36 @@ def test_stream_k_rule_on_cuda_devices(monkeypatch):
     assert wide._stream_k_tiles(cuda, 128, 7 * 256, cfg) == 0  # under one wave
     monkeypatch.setenv(wide.STREAM_K_ENV, "0")
     assert wide._stream_k_tiles(cuda, 8192, 16384, cfg) == 0
+
+
+@pytest.mark.parametrize("g_act", ["none", "tanh"])
+def test_grad_weight_paths(device, monkeypatch, g_act):
+    """dW = (g * g_act'(g_z))^T h into a column slice of a wider buffer (as the chunked
+    backward writes it), against the float64 reference: without a prologue it is one
+    torch.mm on CUDA (no Triton dW launch) unless FUSEDMLP_WIDE_BLAS_DW=0; with one, or
+    on any other device, the Triton kernel runs."""
+    launched = []
+    real = wide._kernel
+
+    def spy(name, dev):
+        launched.append(name)
+        return real(name, dev)
+    monkeypatch.setattr(wide, "_kernel", spy)
+    M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
+    for blas in ("1", "0"):
+        monkeypatch.setenv(wide.BLAS_DW_ENV, blas)
+        launched.clear()
+        g = torch.randn(M, n_out, device=device).to(torch.bfloat16)
+        gz = torch.randn(M, n_out, device=device).to(torch.bfloat16)
+        h = torch.randn(M, n_in, device=device).to(torch.bfloat16)
+        buf = torch.full((n_out, 2 * n_in), float("nan"), device=device, dtype=torch.bfloat16)
+        dw, db = wide.grad_weight(g, h, gz if g_act != "none" else None, g_act,
+                                  bias_grad=True, out=buf[:, n_in:])
+        g64 = g.double().cpu()
+        if g_act != "none":
+            g64 = g64 * activations.ACTIVATIONS[g_act].grad(gz.double().cpu())
+        assert_close(dw, g64.t() @ h.double().cpu(), TOLERANCE[torch.bfloat16], "dW")
+        assert_close(db, g64.sum(0), TOLERANCE[torch.bfloat16], "db")
+        assert torch.isnan(buf[:, :n_in]).all()  # nothing written outside the slice
+        blas_ran = device.type == "cuda" and blas == "1" and g_act == "none"
+        assert launched == ([] if blas_ran else ["dw"])

@@ -1181,9 +1181,25 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     return out, h
 
 
+#: FUSEDMLP_WIDE_BLAS_DW=0: plain weight gradients take the Triton kernel on CUDA too
+BLAS_DW_ENV = "FUSEDMLP_WIDE_BLAS_DW"
+
+
+def _blas_dw(device: torch.device) -> bool:
+    """Whether a weight gradient with nothing to fuse (no prologue: the layer has no
+    output activation) is one torch.mm (cuBLAS) on this device rather than the Triton
+    dW kernel. On CUDA it is: it has no epilogue either, and cuBLAS ran the wide-swiglu
+    train step's three weight gradients in ~3.9 ms of device time where the Triton
+    kernel took 4.26-4.39 (H200, M 8192; h200-wide-kernels-20261130c.json and -d),
+    and a decode-sized one (K = 16 rows) in 41 us against 64 (wide history 6). Elsewhere
+    (XPU, the interpreter) the Triton kernel runs."""
+    return device.type == "cuda" and os.environ.get(BLAS_DW_ENV, "1") != "0"
+
+
 def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     """(g'^T @ h [out, in], row sums of g' [out] or None); g: [M, out], h: [M, in].
-    ``out``: a preallocated [out, in] (view) to write dW into."""
+    ``out``: a preallocated [out, in] (view) to write dW into. Without a prologue on
+    CUDA, dW is one torch.mm (_blas_dw)."""
     M, N_out = g.shape
     N_in = h.shape[1]
     dw = memory.new_empty(N_out, N_in, like=g) if out is None else out
@@ -1201,6 +1217,9 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
         # not profiled, NOTES.md wide history 5), and with masked K tails they gave a
         # wrong dW there under Triton 3.6 (wide history 2)
         _bias_grad(g, g_z, g_act, out=db)
+    if g_act == "none" and _blas_dw(g.device):
+        torch.mm(g.t(), h, out=dw)
+        return dw, db
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
         _kernel("dw", g.device).launch(
