@@ -8,7 +8,10 @@ The bench says how far a step is from the bare matmuls; this says which kernels 
 difference. Profiler times include its own overhead per kernel (a few us), the same for
 every backend; steps are run back to back after a warm-up. On a GPU each row also has the
 step's time by device events without the profiler (``step_ms``, the median of 5 batches
-of STEPS steps): where it exceeds the kernels' sum, the device waited between kernels.
+of STEPS steps) and, from the profile, the span from the first kernel's start to the last
+one's end (``span_ms``): where the span exceeds the kernels' sum, the device waited
+between kernels; where the events exceed the span, the card ran slower unprofiled (its
+clock drops at the 700 W power limit under long matmul runs).
 """
 from __future__ import annotations
 
@@ -44,12 +47,17 @@ def kernel_ms(fn, device) -> dict[str, float]:
             fn()
         sync()
     out: dict[str, float] = collections.defaultdict(float)
+    span = [float("inf"), 0.0]
     for e in prof.events():
         if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
             out[_short(e.name)] += e.device_time / 1e3 / STEPS
+            span = [min(span[0], e.time_range.start), max(span[1], e.time_range.end)]
         elif not cuda and e.self_cpu_time_total > 0:
             out[_short(e.name)] += e.self_cpu_time_total / 1e3 / STEPS
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    out = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    # first kernel's start to last kernel's end, per step: minus the kernels' sum, the
+    # time the device sat idle between kernels while profiled
+    return out, ((span[1] - span[0]) / 1e3 / STEPS if cuda and span[1] else None)
 
 
 def step_ms(fn, device) -> float | None:
@@ -106,15 +114,16 @@ def main():
                "bare": (lambda: infer(x.detach())) if args.inference
                else (lambda: train(x.detach(), gy))}
         for backend, fn in fns.items():
-            ks = kernel_ms(fn, dev)
+            ks, span = kernel_ms(fn, dev)
             total = sum(ks.values())
             wall = step_ms(fn, dev)
             print(f"\n{config} M {args.m} {'inference' if args.inference else 'train'} "
                   f"{backend}: {total:.3f} ms of kernels a step"
+                  + (f" in a {span:.3f} ms span" if span is not None else "")
                   + (f", {wall:.3f} ms by events" if wall is not None else ""))
             for k, ms in ks.items():
                 print(f"  {ms:8.3f}  {k}")
-            rows.append(dict(config=config, m=args.m, backend=backend, total_ms=total, step_ms=wall,
+            rows.append(dict(config=config, m=args.m, backend=backend, total_ms=total, span_ms=span, step_ms=wall,
                              inference=args.inference, kernels_ms=ks))
         del eager, ours, x, gy
         torch.cuda.empty_cache()

@@ -311,7 +311,7 @@ def _fwd_epilogue(acc, b_ptr, y_desc, z_desc, off_m, off_n, N, ACT: tl.constexpr
     y_desc.store([off_m, off_n], _act(acc, ACT).to(y_desc.dtype))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sk_tiles"])  # 1 would become a constexpr int
 def _linear_fwd_tma_kernel(
     x_desc, w_desc, y_desc, z_desc, part_desc, b_ptr, M, N, K, sk_tiles,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
@@ -422,7 +422,7 @@ def _store_pieces(desc, row, acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         desc.store([row, 0], acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sk_tiles"])
 def _stream_k_fixup_kernel(
     part_ptr, b_ptr, y_ptr, z_ptr, M, N, K, sk_tiles, s_ym, s_zm,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_Z: tl.constexpr,
