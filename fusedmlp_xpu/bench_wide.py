@@ -10,8 +10,8 @@ reference (ours with NaN-poisoned outputs), then times with device events (warm-
 median of >= 7 repeats of back-to-back calls, rotating inputs past the 60 MB L2) and
 records peak memory per train step. Each config is timed in two passes (the card
 throttles under long matmul runs) that interleave the backends, the second in reverse
-order, so that x_bare compares times taken close together; ceilings (copy GB/s, 8192^3 matmul TFLOP/s) are
-measured in the same run. Writes fusedmlp-bench/1 JSON and prints a table.
+order, so that x_bare compares times taken close together; ceilings (copy GB/s, 8192^3
+matmul TFLOP/s) are measured in the same run. Writes fusedmlp-bench/1 JSON and prints a table.
 """
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backe
                 peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             steps[backend], errs[backend], peaks[backend] = step, err, peak
         # the passes interleave the backends, in reverse order every other pass, so that
-        # each pass's x_bare compares times taken minutes apart at most, and a clock that
+        # each pass's x_bare compares times taken seconds apart, and a clock that
         # drifts (throttling) favours a different backend in each pass
         for p in range(1, args.passes + 1):
             for backend in (list(steps) if p % 2 else list(steps)[::-1]):

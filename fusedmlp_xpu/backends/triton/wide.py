@@ -934,8 +934,9 @@ def _stream_k_tiles(device: torch.device, M: int, N: int, cfg, esize: int = 2) -
     unsplit last wave costs), i.e. r < BLOCK_M BLOCK_N programs / (4 (BLOCK_M +
     BLOCK_N) esize F), F the device's FLOPs per byte; K cancels. 128x256 tiles, bf16,
     132 SMs: r <= 7. Measured on the H200 (h200-probe-sk-20261130*.json, x 8192 rows):
-    N 16384, K 4096 (4096 tiles, r 4) 1.651-1.663 ms split against 1.674-1.678 not
-    split; N 4096, K 16384 (1024 tiles, r 100) 1.665-1.765 split against 1.619-1.627.
+    N 16384, K 4096 (4096 tiles, r 4) 1.651-1.663 ms split against 1.660-1.678 not
+    split (two calls; 10 of 12 pairs over three calls favour the split, by 0.5-1%);
+    N 4096, K 16384 (1024 tiles, r 100) 1.665-1.765 split against 1.619-1.627.
     In the interpreter every partial wave is split (there to be tested)."""
     if os.environ.get(STREAM_K_ENV, "1") == "0":
         return 0
@@ -1189,10 +1190,10 @@ def _blas_dw(device: torch.device) -> bool:
     """Whether a weight gradient with nothing to fuse (no prologue: the layer has no
     output activation) is one torch.mm (cuBLAS) on this device rather than the Triton
     dW kernel. On CUDA it is: it has no epilogue either, and cuBLAS ran the wide-swiglu
-    train step's three weight gradients in ~3.9 ms of device time where the Triton
-    kernel took 4.26-4.39 (H200, M 8192; h200-wide-kernels-20261130c.json and -d),
-    and a decode-sized one (K = 16 rows) in 41 us against 64 (wide history 6). Elsewhere
-    (XPU, the interpreter) the Triton kernel runs."""
+    train step's three weight gradients in 4.02 ms of device time where the Triton
+    kernel took 4.26-4.39 (H200, M 8192; h200-wide-kernels-20261130e.json against -c,
+    -d), and a decode-sized one (K = 16 rows) in 41 us against 64 (NOTES.md wide
+    history 6). Elsewhere (XPU, the interpreter) the Triton kernel runs."""
     return device.type == "cuda" and os.environ.get(BLAS_DW_ENV, "1") != "0"
 
 
