@@ -32,6 +32,7 @@ for s in $steps; do
              echo "$c rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-$c.txt" | grep -v eager; done ;;
     # the wide GEMMs one by one: TMA vs pointer kernels vs cuBLAS (PROBE_PART forward|backward|all)
     probe-gated) timeout ${PROBE_S:-200} python3 benchmarks/probe_gated_tma.py --out "$OUT/probe-gated.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gated.txt" | tail -20 ;;
+    probe-blas) timeout ${PROBE_S:-120} python3 benchmarks/probe_blas.py --out "$OUT/probe-blas.json" 2>&1 | grep -v Warn | tee "$OUT/probe-blas.txt" | tail -12 ;;
     probe) timeout ${PROBE_S:-200} python3 benchmarks/probe_tma_gemm.py --part ${PROBE_PART:-all} ${PROBE_ARGS:-} --out "$OUT/probe-tma.json" 2>&1 | grep -v Warn | tee "$OUT/probe-tma.txt" | tail -40 ;;
     # device time per kernel of the wide train steps: ours, eager, bare (KERNELS_ARGS: --inference)
     kernels) timeout ${KERNELS_S:-150} python3 benchmarks/wide_kernels.py ${KERNELS_ARGS:-} --out "$OUT/wide-kernels.json" 2>&1 | grep -v -E "Warn|USDT" | tee "$OUT/wide-kernels.txt" | grep -E "^wide|^ +[0-9.]+ " | awk '/^wide/{n=0} {if (n++ < 12) print}' ;;

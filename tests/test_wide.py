@@ -592,7 +592,7 @@ def test_stream_k_rule_on_cuda_devices(monkeypatch):
 def test_grad_weight_paths(device, monkeypatch, g_act):
     """dW = (g * g_act'(g_z))^T h into a column slice of a wider buffer (as the chunked
     backward writes it), against the float64 reference: without a prologue it is one
-    torch.mm on CUDA (no Triton dW launch) unless FUSEDMLP_WIDE_BLAS_DW=0; with one, or
+    torch.mm on CUDA (no Triton dW launch) unless FUSEDMLP_WIDE_BLAS=0; with one, or
     on any other device, the Triton kernel runs."""
     launched = []
     real = wide._kernel
@@ -603,7 +603,7 @@ def test_grad_weight_paths(device, monkeypatch, g_act):
     monkeypatch.setattr(wide, "_kernel", spy)
     M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
     for blas in ("1", "0"):
-        monkeypatch.setenv(wide.BLAS_DW_ENV, blas)
+        monkeypatch.setenv(wide.BLAS_ENV, blas)
         launched.clear()
         g = torch.randn(M, n_out, device=device).to(torch.bfloat16)
         gz = torch.randn(M, n_out, device=device).to(torch.bfloat16)
@@ -619,3 +619,34 @@ def test_grad_weight_paths(device, monkeypatch, g_act):
         assert torch.isnan(buf[:, :n_in]).all()  # nothing written outside the slice
         blas_ran = device.type == "cuda" and blas == "1" and g_act == "none"
         assert launched == ([] if blas_ran else ["dw"])
+
+
+@pytest.mark.parametrize("dual", [False, True], ids=["single", "dual"])
+def test_grad_input_paths(device, monkeypatch, dual):
+    """dx = g W (+ g2 W2, the gated dx) with no activation or prologue, into a column
+    slice of a wider buffer, against the float64 reference: torch.mm (and addmm_) on
+    CUDA, no Triton launch, unless FUSEDMLP_WIDE_BLAS=0; the Triton kernel elsewhere."""
+    launched = []
+    real = wide._kernel
+
+    def spy(name, dev):
+        launched.append(name)
+        return real(name, dev)
+    monkeypatch.setattr(wide, "_kernel", spy)
+    M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
+    for blas in ("1", "0"):
+        monkeypatch.setenv(wide.BLAS_ENV, blas)
+        launched.clear()
+        g, g2 = (torch.randn(M, n_out, device=device).to(torch.bfloat16) for _ in range(2))
+        w, w2 = (torch.randn(n_out, n_in, device=device).to(torch.bfloat16) for _ in range(2))
+        buf = torch.full((M, 2 * n_in), float("nan"), device=device, dtype=torch.bfloat16)
+        kw = dict(g2=g2, w2=w2) if dual else {}
+        dx, h = wide.grad_input(g, w, out=buf[:, n_in:], **kw)
+        ref = g.double().cpu() @ w.double().cpu()
+        if dual:
+            ref = ref + g2.double().cpu() @ w2.double().cpu()
+        assert h is None
+        assert_close(dx, ref, TOLERANCE[torch.bfloat16], "dx")
+        assert torch.isnan(buf[:, :n_in]).all()  # nothing written outside the slice
+        blas_ran = device.type == "cuda" and blas == "1"
+        assert launched == ([] if blas_ran else ["dx"])

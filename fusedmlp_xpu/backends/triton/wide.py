@@ -1148,7 +1148,8 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     """(g' @ w [+ g2 @ w2]) * act'(z) -> (out [M, in], h = act(z) or None).
 
     g: [M, out]; w: [out, in]; g' = g * g_act'(g_z) (prologue). z: [M, in] or None.
-    ``out``: a preallocated [M, in] (view) to write into."""
+    ``out``: a preallocated [M, in] (view) to write into. With nothing to fuse (no
+    prologue, no activation) on CUDA, torch.mm / addmm_ (_blas)."""
     M, K = g.shape
     N = w.shape[1]
     out = memory.new_empty(M, N, like=g) if out is None else out
@@ -1156,6 +1157,11 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     if M == 0:
         return out, h
     _check_size(g, w, out, g2, w2)
+    if (z is None or act == "none") and g_act == "none" and not store_h and _blas(g.device):
+        torch.mm(g, w, out=out)
+        if g2 is not None:  # the gated dx: dg Wg + du Wu
+            out.addmm_(g2, w2)
+        return out, h
     if z is not None and act != "none" and g_act == "none" and g2 is None and M > 64:
         cfg = _tma_config(g.device, "dx")
         if _tma_ok(g.device, M, N, cfg, g, w, z, out, *([h] if h is not None else [])):
@@ -1182,25 +1188,30 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     return out, h
 
 
-#: FUSEDMLP_WIDE_BLAS_DW=0: plain weight gradients take the Triton kernel on CUDA too
-BLAS_DW_ENV = "FUSEDMLP_WIDE_BLAS_DW"
+#: FUSEDMLP_WIDE_BLAS=0: the GEMMs with nothing to fuse take the Triton kernels on CUDA too
+BLAS_ENV = "FUSEDMLP_WIDE_BLAS"
 
 
-def _blas_dw(device: torch.device) -> bool:
-    """Whether a weight gradient with nothing to fuse (no prologue: the layer has no
-    output activation) is one torch.mm (cuBLAS) on this device rather than the Triton
-    dW kernel. On CUDA it is: it has no epilogue either, and cuBLAS ran the wide-swiglu
-    train step's three weight gradients in 4.02 ms of device time where the Triton
-    kernel took 4.26-4.39 (H200, M 8192; h200-wide-kernels-20261130e.json against -c,
-    -d), and a decode-sized one (K = 16 rows) in 41 us against 64 (NOTES.md wide
-    history 6). Elsewhere (XPU, the interpreter) the Triton kernel runs."""
-    return device.type == "cuda" and os.environ.get(BLAS_DW_ENV, "1") != "0"
+def _blas(device: torch.device) -> bool:
+    """Whether a backward GEMM with nothing to fuse (no prologue: the layer has no output
+    activation; no epilogue: a weight gradient, or the input gradient of a layer with no
+    input activation, such as the first layer's or the gated dx = dg Wg + du Wu) is
+    torch.mm (cuBLAS) on this device rather than a Triton pointer kernel. On CUDA it is.
+    cuBLAS ran the wide-swiglu train step's three weight gradients in 4.02 ms of device
+    time where the Triton kernel took 4.26-4.39 (H200, M 8192;
+    h200-wide-kernels-20261130e.json against -c, -d), and a decode-sized one (K = 16
+    rows) in 41 us against 64 (NOTES.md wide history 6). Per GEMM, each pair timed twice
+    in turn (h200-probe-blas-20261130.json, M 8192, d 4096, hidden 14336): the gated dx
+    2.75-2.77 ms as torch.mm + addmm_ against 2.87 for the dual Triton kernel; a dx with
+    no activation 1.37-1.50 against 1.42, a dW 1.38-1.48 against 1.43-1.44 (level).
+    Elsewhere (XPU, the interpreter) the Triton kernels run."""
+    return device.type == "cuda" and os.environ.get(BLAS_ENV, "1") != "0"
 
 
 def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     """(g'^T @ h [out, in], row sums of g' [out] or None); g: [M, out], h: [M, in].
     ``out``: a preallocated [out, in] (view) to write dW into. Without a prologue on
-    CUDA, dW is one torch.mm (_blas_dw)."""
+    CUDA, dW is one torch.mm (_blas)."""
     M, N_out = g.shape
     N_in = h.shape[1]
     dw = memory.new_empty(N_out, N_in, like=g) if out is None else out
@@ -1218,7 +1229,7 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
         # not profiled, NOTES.md wide history 5), and with masked K tails they gave a
         # wrong dW there under Triton 3.6 (wide history 2)
         _bias_grad(g, g_z, g_act, out=db)
-    if g_act == "none" and _blas_dw(g.device):
+    if g_act == "none" and _blas(g.device):
         torch.mm(g.t(), h, out=dw)
         return dw, db
     with _guard(g):
