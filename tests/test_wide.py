@@ -588,12 +588,8 @@ def test_stream_k_rule_on_cuda_devices(monkeypatch):
     assert wide._stream_k_tiles(cuda, 8192, 16384, cfg) == 0
 
 
-@pytest.mark.parametrize("g_act", ["none", "tanh"])
-def test_grad_weight_paths(device, monkeypatch, g_act):
-    """dW = (g * g_act'(g_z))^T h into a column slice of a wider buffer (as the chunked
-    backward writes it), against the float64 reference: without a prologue it is one
-    torch.mm on CUDA (no Triton dW launch) unless FUSEDMLP_WIDE_BLAS=0; with one, or
-    on any other device, the Triton kernel runs."""
+def _pointer_kernel_spy(monkeypatch):
+    """The names ("dx", "dw", ...) of the autotuned pointer kernels looked up to launch."""
     launched = []
     real = wide._kernel
 
@@ -601,6 +597,16 @@ def test_grad_weight_paths(device, monkeypatch, g_act):
         launched.append(name)
         return real(name, dev)
     monkeypatch.setattr(wide, "_kernel", spy)
+    return launched
+
+
+@pytest.mark.parametrize("g_act", ["none", "tanh"])
+def test_grad_weight_paths(device, monkeypatch, g_act):
+    """dW = (g * g_act'(g_z))^T h into a column slice of a wider buffer (as the chunked
+    backward writes it), against the float64 reference: without a prologue it is one
+    torch.mm on CUDA (no Triton dW launch) unless FUSEDMLP_WIDE_BLAS=0; with one, or
+    on any other device, the Triton kernel runs."""
+    launched = _pointer_kernel_spy(monkeypatch)
     M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
     for blas in ("1", "0"):
         monkeypatch.setenv(wide.BLAS_ENV, blas)
@@ -626,13 +632,7 @@ def test_grad_input_paths(device, monkeypatch, dual):
     """dx = g W (+ g2 W2, the gated dx) with no activation or prologue, into a column
     slice of a wider buffer, against the float64 reference: torch.mm (and addmm_) on
     CUDA, no Triton launch, unless FUSEDMLP_WIDE_BLAS=0; the Triton kernel elsewhere."""
-    launched = []
-    real = wide._kernel
-
-    def spy(name, dev):
-        launched.append(name)
-        return real(name, dev)
-    monkeypatch.setattr(wide, "_kernel", spy)
+    launched = _pointer_kernel_spy(monkeypatch)
     M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
     for blas in ("1", "0"):
         monkeypatch.setenv(wide.BLAS_ENV, blas)
