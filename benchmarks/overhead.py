@@ -93,8 +93,13 @@ def main():
         again = plan(x, ws, None)[0]
         assert len(plan._entries) == 1, "the forward plan kept no direct launch"
         assert torch.equal(first, again), "the forward plan's direct launch gave another y"
+        m(x)
+        bound = m._bound  # the module's no-grad calls bound to its parameters (module.py)
+        assert bound is not None, "the module's no-grad call did not bind"
+        assert torch.equal(m(x), first), "the module's bound call gave another y"
         res.update(interleaved({
             "module_call": lambda: m(x),
+            "bound_run": lambda: bound.run(x),
             "plan_call": lambda: plan(x, ws, None),
             "plan_call_triton_launch_path": lambda: slow_plan(x, ws, None),
             "op_call_lean": lambda: op.call(x, ws, None, spec, None, False),

@@ -53,7 +53,7 @@ def main():
                     for warps in (4, 8):
                         for per_sm in ((1, 2) if mode == "bwd" else (0,)):
                             tb._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
-                            tb._tuning_cached.cache_clear()
+                            _replan(m)
                             tb._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
                             try:
                                 with torch.no_grad():
@@ -105,20 +105,22 @@ def sweep_persistent(args):
         x = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
         with torch.no_grad():
             ref = m.to_sequential()(x[:8192]).float()
-        # the package's own choice, the per-block kernel, then the persistent kernel as
-        # (rows, warps, stages, programs per SM, weights resident): 8 warps with weights
-        # loaded per row block (at 4 none beat the per-block kernel on the H200); with
-        # the weights resident (half the shared memory at P=64), 2 programs per SM fit
-        variants = ["package", (128, 4)] + [
-            (128, 8, 3, 1, False), (128, 8, 3, 1, True), (128, 8, 2, 1, True),
-            (128, 8, 2, 2, True), (64, 4, 3, 2, True), (64, 4, 3, 1, True),
-            (128, 4, 3, 2, True), (64, 8, 3, 2, True), (64, 4, 2, 3, True)]
+        # the package's own choice (and with every tile padded to the widest width),
+        # the per-block kernel, then the persistent kernel as (rows, warps, stages,
+        # programs per SM, weights resident). Swept before (history 11 of NOTES.md):
+        # weights per block and 8 warps; the resident kernel at 64 and 128 rows, 2 and 3
+        # per SM. Each width padded on its own makes the kernel lighter where hidden is
+        # narrower (sm_90 compile at 64 -> 32 -> 64: 48 KB, 124 registers against 80 KB,
+        # 183), so up to 4 programs per SM may fit.
+        variants = ["package", "package, widest padding", (128, 4)] + [
+            (64, 4, 3, 2, True), (64, 4, 3, 3, True), (64, 4, 3, 4, True),
+            (64, 4, 2, 4, True), (128, 4, 3, 2, True), (128, 8, 3, 1, True)]
         best = {}
         for v in variants:
-            tb._FIT.clear()
-            if v == "package":
+            tb.OWN_PADDING = v != "package, widest padding"
+            if isinstance(v, str):
                 tb._persistent, tb._tuning_nvidia = own, own_tuning
-                label = f"package choice {own(dev, m.spec(torch.float16))}"
+                label = f"{v} {own(dev, m.spec(torch.float16))}"
             elif len(v) == 2:
                 tb._persistent = lambda d, spec: None
                 tb._tuning_nvidia = lambda spec, md, v=v: v
@@ -126,7 +128,7 @@ def sweep_persistent(args):
             else:
                 tb._persistent = lambda d, spec, v=v: v
                 label = "persistent bm{} w{} stages{} k{} resident {}".format(*v)
-            tb._tuning_cached.cache_clear()
+            _replan(m)
             for mode in ("inference", "train fwd"):  # the training forward stores z
                 try:
                     with torch.set_grad_enabled(mode != "inference"):
@@ -143,7 +145,18 @@ def sweep_persistent(args):
                                    f"{mode} {label}{_refused()}", ms)
         for mode, b in best.items():
             print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
+    tb.OWN_PADDING = True
     _write(args, rows)
+
+
+def _replan(*modules):
+    """Make the next calls read the (patched) tuning again: the cached tuning, the
+    forward plans (they keep theirs), the stage fits and the modules' bound calls."""
+    tb._tuning_cached.cache_clear()
+    tb._forward_plan.cache_clear()
+    tb._FIT.clear()
+    for m in modules:
+        m._bound = None
 
 
 def _train_case(W, hidden, n, dev):
@@ -185,8 +198,8 @@ def sweep_stages(args):
                 best = None
                 for st in (1, 2, 3):
                     tb._layer_stages_nvidia = lambda spec, md, st=st: st
-                    tb._tuning_cached.cache_clear()
                     tb._persistent = (lambda d, spec: None) if mode == "fwd" else own_persistent
+                    _replan(m)
                     label = f"{mode} stages {st}"
                     try:
                         if mode == "fwd":

@@ -68,6 +68,11 @@ def main(argv=None) -> int:
                     ("fwd_persistent", narrow._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
                           RESIDENT=False)),
+                    # ... with hidden padded on its own, narrower than in/out (64 -> 32
+                    # -> 64: narrow-w32)
+                    ("fwd_pers_own_p", narrow._mlp_fwd_persistent_kernel, "fwd",
+                     dict(base, H_P=P // 2, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
+                          RESIDENT=False)) if P == 64 else None,
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
                           NEED_B=True, STORE_G=False)),
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
                      dict(T_P=P, W_SLOT=P * P, SLOT=P * P + P, ACT=act, OUT_ACT=out_act,
                           NEED_B=True, F32=False, PREC="tf32x3", STAGES=2))]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
-            for name, fn, mode, consts in jobs:
+            for name, fn, mode, consts in filter(None, jobs):
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident"):
                     bm, warps = split.g_block_m, split.g_warps
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
                         consts["STAGES"] = split.g_stages
                 elif split is not None and name == "dw":
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
-                if name == "fwd_persistent" and tb._persistent_nvidia(spec) is not None:
+                if name.startswith("fwd_pers") and tb._persistent_nvidia(spec) is not None:
                     bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
                         tb._persistent_nvidia(spec)
                 consts["BLOCK_M"] = bm

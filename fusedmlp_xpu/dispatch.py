@@ -31,9 +31,30 @@ ORDER: dict[str, tuple[str, ...]] = {
 _decisions: dict[tuple, Backend] = {}
 _availability: dict[str, tuple[bool, str]] = {}
 
+#: bumped whenever a backend registers: any choice made before may no longer hold
+generation = 0
+
+# $FUSEDMLP_BACKEND read straight from the process environment's own mapping: a bound
+# module call (module.py) checks it every call, and os.environ.get costs ~0.7 us (it
+# encodes the key each time)
+_ENV_DATA = getattr(os.environ, "_data", None)
+try:
+    _ENV_KEY = os.environ.encodekey(ENV_VAR)  # type: ignore[attr-defined]
+except AttributeError:
+    _ENV_DATA = None
+
+
+def env_token():
+    """$FUSEDMLP_BACKEND's raw value (or None): equal tokens, equal forced backend."""
+    if _ENV_DATA is not None:
+        return _ENV_DATA.get(_ENV_KEY)
+    return os.environ.get(ENV_VAR)
+
 
 def register(backend: Backend) -> Backend:
+    global generation
     REGISTRY[backend.name] = backend
+    generation += 1
     _decisions.clear()
     _availability.pop(backend.name, None)
     return backend

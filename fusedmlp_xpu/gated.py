@@ -330,8 +330,7 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         t.requires_grad for t in (x, w_gate, w_up, w_down, *(biases or ())))
     # plain eager calls skip the custom-op layer, as fused_mlp's do (op.call): ~35 us of
     # host time a call on the H200 host, all of a decode step's cost
-    if not torch.compiler.is_compiling() and op.EAGER_FAST_PATH and type(x) is torch.Tensor \
-            and op._dispatch_modes() == 0:
+    if op.plain_eager(x):
         if not needs_grad:
             return _run_forward(x, w_gate, w_up, w_down, biases, act, backend or "", False)[0]
         return _EagerGated.apply(act, backend or "", recompute, x, w_gate, w_up, w_down,

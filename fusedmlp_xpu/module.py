@@ -6,12 +6,13 @@ state_dict saved from that Sequential loads unchanged and vice versa.
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 import torch
 from torch import nn
 
-from . import activations, op
+from . import activations, dispatch, op
 from .spec import MLPSpec
 
 
@@ -52,6 +53,7 @@ class FusedMLP(nn.Module):
         for name, a, b in zip(names, widths[:-1], widths[1:]):
             self.add_module(name, nn.Linear(a, b, bias=bias, device=device, dtype=dtype))
         self._specs: dict[torch.dtype, MLPSpec] = {}
+        self._bound: _BoundForward | None = None
         self._pack_hidden()
 
     def _pack_hidden(self) -> None:
@@ -60,6 +62,7 @@ class FusedMLP(nn.Module):
         Parameters stay the same objects (``.data`` is re-pointed); anything that breaks the
         layout later (``load_state_dict(assign=True)``, re-assigned weights) only costs that
         copy again, never correctness."""
+        self._bound = None  # the parameters move: bind again at the next call
         hidden = [self._modules[n] for n in self._names[1:-1]]
         if len(hidden) < 2:
             return
@@ -73,6 +76,11 @@ class FusedMLP(nn.Module):
                     buf.share_memory_()
             for p, b in zip(ps, buf):
                 p.data = b
+
+    def __getstate__(self):  # a bound call holds compiled kernels: never copied along
+        state = dict(super().__getstate__())
+        state["_bound"] = None
+        return state
 
     def __setstate__(self, state):  # copy.deepcopy and unpickling: pack the copy too
         super().__setstate__(state)
@@ -115,6 +123,18 @@ class FusedMLP(nn.Module):
         return s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bound = None
+        # is_compiling() first: dynamo folds it to True and never reads the binding
+        if not torch.compiler.is_compiling() and type(x) is torch.Tensor \
+                and not torch.is_grad_enabled():
+            bound = self._bound
+            if bound is not None:
+                if not bound.valid(self, x):
+                    bound = None
+                else:  # a valid binding may still pass a call on (a new row count)
+                    y = bound.run(x)
+                    if y is not None:
+                        return y
         weights, biases = self.weights(), self.biases()
         lean = (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.widths[0]
                 and not torch.is_autocast_enabled(x.device.type))
@@ -127,7 +147,25 @@ class FusedMLP(nn.Module):
         if not lean:  # full validation (clear errors) and autocast handling
             return op.fused_mlp(x, weights, biases, self.activation, self.output_activation,
                                 self.backend, self.recompute)
-        return op.call(x, weights, biases, self.spec(x.dtype), self.backend, self.recompute)
+        spec = self.spec(x.dtype)
+        if bound is None and x.dim() == 2 and not torch.is_grad_enabled() \
+                and op.plain_eager(x):
+            bound = self._bind(x, spec, weights, biases)
+            y = None if bound is None else bound.run(x)
+            if y is not None:
+                return y
+        return op.call(x, weights, biases, spec, self.backend, self.recompute)
+
+    def _bind(self, x, spec, weights, biases) -> "_BoundForward | None":
+        """Bind no-grad calls on x's device and dtype to the backend's forward for these
+        parameters, where the backend offers that (``bind_forward``)."""
+        be = dispatch.choose(x.device, spec, self.backend)
+        make = getattr(be, "bind_forward", None)
+        run = None if make is None else make(spec, x.device, weights, biases)
+        if run is None:
+            return None
+        self._bound = _BoundForward(self, x, run)
+        return self._bound
 
     def extra_repr(self) -> str:
         return (f"widths={list(self.widths)}, activation={self.activation!r}, "
@@ -171,6 +209,51 @@ class FusedMLP(nn.Module):
                     lin.bias.copy_(src.bias)
         m.train(seq.training)
         return m
+
+
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: any(torch.is_autocast_enabled(d) for d in op.DEVICE_TYPES))
+
+
+class _BoundForward:
+    """A FusedMLP's no-grad eager forward on one device and dtype, bound to its parameters.
+
+    Host time is the whole cost of a small call, and most of it went to asking again,
+    every call, what cannot have changed: the spec, the backend, the parameters' dtype,
+    device and layout. A bound call only checks that nothing it relies on did change
+    (x's device, dtype and width; no autocast, compile, tracing or dispatch mode; the
+    same forced backend, registry and fast-path switch; every parameter the same object
+    at the same address) in ``valid``; otherwise the module takes its full path (and binds
+    again where a parameter changed). ``run(x)`` is the backend's bound forward; it may
+    return None for a call it does not take (the module's full path then runs it)."""
+
+    __slots__ = ("dtype", "device", "in_features", "backend", "env", "generation",
+                 "params", "run")
+
+    def __init__(self, module: FusedMLP, x: torch.Tensor, run):
+        self.dtype, self.device, self.in_features = x.dtype, x.device, module.widths[0]
+        self.backend, self.env, self.generation = (module.backend, dispatch.env_token(),
+                                                   dispatch.generation)
+        # weak references: a replaced parameter's memory is not kept alive by this
+        self.params = tuple((lin._parameters, name, weakref.ref(p), p.data_ptr())
+                            for lin in module.linears
+                            for name, p in lin._parameters.items() if p is not None)
+        self.run = run
+
+    def valid(self, module: FusedMLP, x: torch.Tensor) -> bool:
+        """Whether a call of ``module`` with ``x`` may take ``run``."""
+        if (x.dtype is not self.dtype or x.device != self.device or x.dim() != 2
+                or x.shape[1] != self.in_features or module.backend != self.backend
+                or dispatch.generation != self.generation
+                or (self.backend is None and dispatch.env_token() != self.env)
+                or _any_autocast() or not op.plain_eager(x)):
+            return False
+        for params, name, ref, ptr in self.params:
+            p = params.get(name)
+            if p is None or p is not ref() or p.data_ptr() != ptr:
+                module._bound = None  # for good: the next eligible call binds again
+                return False
+        return True
 
 
 def _plan(seq: nn.Sequential):

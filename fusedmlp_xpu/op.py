@@ -225,15 +225,22 @@ class _EagerMLP(torch.autograd.Function):
         return (None, None, None, None if gx is None else gx.reshape(x.shape), *gw, *gb)
 
 
+def plain_eager(x) -> bool:
+    """Whether a call with input ``x`` may skip the custom-op layer: eager (not compiled,
+    traced or under a dispatch mode such as fake tensors), a plain Tensor, and the fast
+    path not switched off."""
+    # is_compiling() first: dynamo folds it to True and never traces the rest
+    return (not torch.compiler.is_compiling() and EAGER_FAST_PATH
+            and type(x) is torch.Tensor and _dispatch_modes() == 0)
+
+
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool):
     """Run the op on already validated inputs (the module's lean per-call path)."""
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or any(w.requires_grad for w in weights)
         or (biases is not None and any(b.requires_grad for b in biases))
     )
-    # is_compiling() first: dynamo folds it to True and never traces the rest
-    if not torch.compiler.is_compiling() and EAGER_FAST_PATH and type(x) is torch.Tensor \
-            and _dispatch_modes() == 0:
+    if plain_eager(x):
         # Plain eager calls: exactly what the ops' kernels and autograd do, without the
         # custom-op layer (~30 us a no-grad call, ~200 us a train step of host time on a
         # 2-core CPU). Compiled, traced and fake-tensor calls all go through the ops.

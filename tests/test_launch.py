@@ -1,6 +1,7 @@
 """The lean launch path (backends/triton/launch.py): which calls reuse a compiled kernel,
 and what they hand its launcher. CPU: a stand-in kernel records every launch; GPU: real
 kernels across changes of alignment and sizes, against the float64 reference."""
+import functools
 import types
 
 import pytest
@@ -153,6 +154,48 @@ def test_fast_launches_follow_alignment_and_size_changes(backend, widths):
     assert lean_launches() > before
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU, ids=[f"{n}-{d.type}" for n, d in GPU])
+def test_bound_module_calls_follow_parameter_changes(backend):
+    """A FusedMLP's bound no-grad calls (int addresses, module.py) on real kernels, with
+    the parameters changed between calls in every way a user can: in place, re-pointed,
+    replaced, unpacked, moved to another dtype. Each result against the float64
+    reference of the current parameters."""
+    name, dev = backend
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    torch.manual_seed(0)
+    m = fm.FusedMLP(64, 16, 64, 3, "tanh", bias=True, device=dev, dtype=torch.float16,
+                    backend=name)
+    x = torch.randn(1037, 64, device=dev, dtype=torch.float16)
+
+    def renew(t):
+        return torch.randn_like(t)
+
+    changes = [
+        ("none", lambda: None),
+        ("bias in place", lambda: m.linears[0].bias.mul_(-2)),
+        ("weight re-pointed", lambda: setattr(m.linears[-1].weight, "data",
+                                              renew(m.linears[-1].weight))),
+        ("state_dict assigned", lambda: m.load_state_dict(
+            {k: renew(v) for k, v in m.state_dict().items()}, assign=True)),
+        ("packed again", lambda: m._pack_hidden()),
+        ("hidden weight re-pointed", lambda: setattr(m.linears[1].weight, "data",
+                                                     renew(m.linears[1].weight))),
+        ("to bf16", lambda: m.to(torch.bfloat16)),
+    ]
+    direct = sum(la.direct for la in tb._LAUNCHERS.values())
+    for what, change in changes:
+        with torch.no_grad():
+            change()
+            xs = x.to(m.weights()[0].dtype)
+            for _ in range(2):  # the second call of each takes the bound path if any
+                y = m(xs)
+                assert_close(y, reference(xs, m.weights(), m.biases(), "tanh", "none"),
+                             tolerance(name, xs.dtype), what)
+    assert m._bound is not None
+    assert sum(la.direct for la in tb._LAUNCHERS.values()) > direct
+
+
 def test_args_key_is_arg_key_of_each():
     buf = torch.zeros(64, dtype=torch.float16)
     p = torch.nn.Parameter(torch.zeros(8, dtype=torch.float32))
@@ -237,6 +280,45 @@ def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
     monkeypatch.setattr(launch, "_hooked", lambda: True)  # e.g. a profiler's launch hook
     call(45)
     assert (k.compiles, len(k.direct)) == (before[0] + 1, before[1] + 1)
+
+
+def test_bound_module_call_launches_with_the_current_addresses(fake_cuda, monkeypatch):
+    """A FusedMLP's no-grad calls, once bound (module.py), launch the compiled kernel
+    directly with the addresses of x, y and the parameters as ints; a parameter re-pointed
+    rebinds to its new address, and hidden weights that no longer lie back to back leave
+    the bound path (the plan then stacks a copy). A stand-in kernel records the launches;
+    the module's tensors are CPU tensors standing for one device's."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    if not tb._interpreting():
+        pytest.skip("the triton backend takes CPU tensors only under TRITON_INTERPRET=1")
+    k = _RecordingKernel()
+    monkeypatch.setattr(tb, "_LAUNCHERS", {"fwd": launch.Launcher(k)})
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_forward_plan", functools.lru_cache(maxsize=8)(tb._NarrowForward))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # a CPU device's index
+    m = fm.FusedMLP(64, 16, 32, 3, "tanh", bias=True, dtype=torch.float16, backend="triton")
+    x = torch.randn(45, 64, dtype=torch.float16)
+    with torch.no_grad():
+        m(x)  # binds; the first launch of this specialization compiles
+        assert (k.compiles, len(k.direct)) == (1, 0) and m._bound is not None
+        y = m(x)
+    assert len(k.direct) == 1
+    a = k.direct[-1]
+    ws, bs = m.weights(), m.biases()
+    assert a[9:18] == (x.data_ptr(), ws[0].data_ptr(), ws[1].data_ptr(), ws[-1].data_ptr(),
+                       bs[0].data_ptr(), bs[1].data_ptr(), bs[-1].data_ptr(), y.data_ptr(),
+                       y.data_ptr())
+    assert a[18:] == (45, 64, 32, 16, 2, 64, 1, 16, 16)
+    with torch.no_grad():
+        m.linears[0].weight.data = torch.randn(32, 64, dtype=torch.float16)
+        m(x)
+    assert k.compiles == 1 and len(k.direct) == 2
+    assert k.direct[-1][10] == m.linears[0].weight.data_ptr() != a[10]
+    with torch.no_grad():
+        m.linears[2].weight.data = torch.randn(32, 32, dtype=torch.float16)  # unpacked
+        m(x)
+    hidden = k.direct[-1][11]  # a stacked copy, handed over as a tensor
+    assert isinstance(hidden, torch.Tensor) and torch.equal(hidden[1], m.linears[2].weight)
 
 
 def _tuned_fake(wide, fn, block_n):

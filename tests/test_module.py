@@ -1,11 +1,15 @@
 """FusedMLP, from_sequential, state_dict compatibility and fuse_mlps."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import fusedmlp_xpu as fm
+
+from fusedmlp_xpu.backends.reference import ReferenceBackend
 
 from conftest import assert_close, reference, tolerance
 
@@ -186,3 +190,94 @@ def test_one_layer_in_another_dtype_is_an_error(backend):
     m.linears[2].double()
     with pytest.raises(TypeError, match=r"weights\[2\]"):
         m(torch.randn(5, 16, device=dev))
+
+
+
+class _BindingBackend(ReferenceBackend):
+    """The reference backend with a bound forward that runs with the parameters it was
+    bound to: a bound call that missed a change would compute with stale weights."""
+
+    name = "binding"
+
+    def __init__(self):
+        self.binds, self.runs = [], 0
+
+    def bind_forward(self, spec, device, weights, biases):
+        self.binds.append([w.data_ptr() for w in weights])
+        # views of the memory bound to (as a kernel reading addresses would): in-place
+        # changes show, a re-pointed or replaced parameter does not unless rebound
+        weights = [w.detach() for w in weights]
+        biases = None if biases is None else [b.detach() for b in biases]
+
+        def run(x):
+            self.runs += 1
+            return ReferenceBackend.forward(self, x, weights, biases, spec, False)[0]
+        return run
+
+
+@pytest.fixture
+def binding(monkeypatch):
+    be = _BindingBackend()
+    fm.dispatch.register(be)
+    monkeypatch.setitem(fm.dispatch.ORDER, "cpu", ("binding", "reference"))
+    yield be
+    del fm.dispatch.REGISTRY["binding"]
+    fm.dispatch.register(fm.dispatch.REGISTRY["reference"])  # void every binding choice
+
+
+def test_bound_calls_follow_every_change(binding, monkeypatch):
+    """No-grad eager calls run the backend's bound forward; every change it relies on
+    (parameters replaced or re-pointed, the backend, the environment, autocast, grad
+    mode, the registry, the fast-path switch, x's shape) is noticed, never computed with
+    stale parameters: each result against the float64 reference of the current ones."""
+    torch.manual_seed(0)
+    m = fm.FusedMLP(12, 5, 16, 3, "tanh", bias=True)
+    x = torch.randn(7, 12)
+
+    def check(expect_bound, y=None, what=""):
+        runs = binding.runs
+        with torch.no_grad():
+            out = m(x) if y is None else y()
+        assert (binding.runs > runs) == expect_bound, what
+        assert_close(out, reference(x, m.weights(), m.biases(), "tanh", "none"),
+                     tolerance("reference", torch.float32), what)
+
+    check(True, what="first call binds")
+    check(True, what="bound")
+    assert len(binding.binds) == 1
+    with torch.no_grad():
+        m.linears[1].weight.data = torch.randn(16, 16)  # re-pointed (and unpacked)
+    check(True, what=".data re-pointed")
+    assert len(binding.binds) == 2 and binding.binds[-1][1] == m.linears[1].weight.data_ptr()
+    sd = {k: torch.randn_like(v) for k, v in m.state_dict().items()}
+    m.load_state_dict(sd, assign=True)  # new Parameter objects
+    check(True, what="load_state_dict(assign=True)")
+    assert len(binding.binds) == 3
+    with torch.no_grad():
+        m.linears[0].bias.mul_(2)  # in place: the same memory, no new binding needed
+    check(True, what="bias changed in place")
+    assert len(binding.binds) == 3
+    m.backend = "reference"
+    check(False, what="backend changed")
+    m.backend = None
+    monkeypatch.setenv("FUSEDMLP_BACKEND", "reference")
+    check(False, what="FUSEDMLP_BACKEND set")
+    monkeypatch.delenv("FUSEDMLP_BACKEND")
+    check(True, what="FUSEDMLP_BACKEND unset")
+    runs = binding.runs
+    y = m(x)  # grad enabled, parameters require grad: the autograd path
+    assert binding.runs == runs and y.requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            assert m(x).dtype == torch.bfloat16 and binding.runs == runs
+    monkeypatch.setattr(fm.op, "EAGER_FAST_PATH", False)
+    check(False, what="fast path off")
+    monkeypatch.setattr(fm.op, "EAGER_FAST_PATH", True)
+    x3 = torch.randn(2, 3, 12)
+    with torch.no_grad():
+        y3 = m(x3)
+    assert binding.runs == runs and y3.shape == (2, 3, 5)
+    c = copy.deepcopy(m)
+    assert c._bound is None
+    with torch.no_grad():
+        assert torch.equal(c(x), m(x))

@@ -26,6 +26,10 @@ PERSISTENT_MAX_P = 64
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
+# The persistent forward pads each of in, hidden and out to its own power of two (the
+# other kernels pad every tile to the widest: history 1 of benchmarks/NOTES.md). False:
+# every tile at the widest, as before (a sweep compares the two in one process).
+OWN_PADDING = True
 
 
 def _interpreting() -> bool:
@@ -291,6 +295,15 @@ class TritonBackend(Backend):
             return wide.forward(x, weights, biases, spec, save)
         return _forward_plan(spec, x.device, save)(x, weights, biases)
 
+    def bind_forward(self, spec, device, weights, biases):
+        """A no-grad forward ``x -> y`` bound to these very weights and biases (their
+        addresses read now), for a caller that re-checks them every call (module.py); or
+        None where nothing is gained: wide layers, no lean launches here, or parameters
+        the kernel cannot read in place (copies, misaligned)."""
+        if not _narrow(spec):
+            return None
+        return _forward_plan(spec, device, False).bind(weights, biases)
+
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Fused: one persistent kernel walks the rows back through every layer and adds
         its weight/bias partials into an fp32 scratch. Split (``_split_backward``): that
@@ -386,9 +399,14 @@ class _NarrowForward:
         meta = _launch_meta(spec, device.type)
         self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
         self.persistent = _persistent(device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
+        # the persistent kernel's tiles, each width padded on its own (fewer FLOPs where
+        # hidden is narrower than in/out: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer)
+        self.pads = dict(IN_P=_pow2(self.IN), H_P=_pow2(self.H), OUT_P=_pow2(self.OUT)) \
+            if OWN_PADDING else {}
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
         self.lean = launch.enabled(device)
         self._entries: dict = {}  # key bits -> (entry, persistent?)
+        self._exact: dict = {}  # (rows, strides) -> an entry of _entries (bound calls)
         if self.lean:
             self._max_programs = (_n_programs(device, 1 << 62, self.persistent[3])
                                   if self.persistent else 0)
@@ -433,6 +451,63 @@ class _NarrowForward:
                 (*ptrs, M, self.IN, self.H, OUT, L_HID, *strides), self.device.index)
         return y, saved
 
+    def bind(self, weights, biases):
+        """``x -> y`` for this plan's no-grad forward with the parameters' addresses taken
+        now, as ints (see ``_bound``); None where the plan has no lean launches or a
+        parameter is not dense, in place and 16-byte aligned."""
+        if not self.lean or self.save or _dense(weights) is not weights \
+                or _dense(biases) is not biases:
+            return None
+        if self.L_HID and not (_back_to_back(weights[1:-1])
+                               and (biases is None or _back_to_back(biases[1:-1]))):
+            return None
+        ts = [weights[0], weights[1 if self.L_HID else 0], weights[-1]]
+        if biases is not None:
+            ts += [biases[0], biases[1 if self.L_HID else 0], biases[-1]]
+        ptrs = tuple(t.data_ptr() for t in ts)
+        if any(p & _ALIGN for p in ptrs):
+            return None
+        return functools.partial(self._bound, ptrs)
+
+    def _bound(self, params, x):
+        """The no-grad forward of ``bind``: x is 2-D with the spec's dtype, device and
+        width, and the parameters still at the addresses ``params`` (the caller checked).
+        None where this call cannot launch a kept kernel directly (a new specialization,
+        x misaligned, another device current, a launch hook): the caller then takes the
+        general path. Pointers go to the launcher as ints: no per-tensor translation in
+        the driver. (An earlier suspicion that int addresses caused wrong values under
+        compute-sanitizer was refuted: they came back with tensors, NOTES history 14.)"""
+        M, OUT = x.shape[0], self.OUT
+        xs0, xs1 = x.stride()
+        xp = x.data_ptr()
+        shape = (M, xs0, xs1)
+        hit = self._exact.get(shape)
+        if hit is None:
+            hit = self._entries.get(int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6)
+            if hit is not None:
+                if len(self._exact) >= 256:
+                    self._exact.clear()
+                self._exact[shape] = hit
+        if hit is None or xp & _ALIGN or M == 0 or not launch.direct_ok(self.device.index):
+            return None
+        y = memory.new_empty(M, OUT, like=x)
+        yp = y.data_ptr()
+        if yp & _ALIGN:  # never from PyTorch's allocators; a test's wrapper, perhaps
+            return None
+        w0, wh, wl = params[:3]
+        b0, bh, bl = params[3:] if len(params) > 3 else (xp, xp, xp)
+        ptrs = (xp, w0, wh, wl, b0, bh, bl, yp, yp)
+        if hit[1]:  # persistent
+            _launcher("fwd_persistent").launch_entry(
+                hit[0], (min(self._max_programs, triton_cdiv(M, self.persistent[0])),),
+                (*ptrs, M, self.IN, self.H, OUT, xs0, xs1, OUT, OUT), self.device.index)
+        else:
+            _launcher("fwd").launch_entry(
+                hit[0], (triton_cdiv(M, self.tuning[0]),),
+                (*ptrs, M, self.IN, self.H, OUT, self.L_HID, xs0, xs1, OUT, OUT),
+                self.device.index)
+        return y
+
     def _launch(self, x, ptrs, M, strides):
         """The general path: the launch through launch.py's own key (and Triton's path
         the first time); returns (entry, persistent?) for a direct launch next time, or
@@ -444,8 +519,8 @@ class _NarrowForward:
                 block_m, warps, stages, per_sm, resident = self.persistent
                 grid = (_n_programs(device, triton_cdiv(M, block_m), per_sm),)
                 args = (*ptrs, M, IN, H, OUT, *strides)
-                consts = dict(self.consts, BLOCK_M=block_m, L_HID=L_HID, STAGES=stages,
-                              RESIDENT=resident and L_HID <= 4)
+                consts = dict(self.consts, **self.pads, BLOCK_M=block_m, L_HID=L_HID,
+                              STAGES=stages, RESIDENT=resident and L_HID <= 4)
                 if _fits("fwd_persistent", device, spec, grid, args, consts, warps):
                     if not self.lean:
                         return None
@@ -564,12 +639,17 @@ def _stacked(ts) -> torch.Tensor:
     when they already lie back to back in memory (FusedMLP keeps its hidden layers so; the
     kernel reads past the first into the next), else a stacked copy (~8 us a call on the
     H200 host)."""
+    return ts[0] if _back_to_back(ts) else torch.stack(ts)
+
+
+def _back_to_back(ts) -> bool:
+    """Whether equal-shaped contiguous tensors lie one after another in memory."""
     t0 = ts[0]
     base, step = t0.data_ptr(), t0.numel() * t0.element_size()
     for i, t in enumerate(ts):
         if t.data_ptr() != base + i * step or not t.is_contiguous():
-            return torch.stack(ts)
-    return t0
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=1024)

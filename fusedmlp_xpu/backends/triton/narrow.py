@@ -189,7 +189,8 @@ def _mlp_fwd_persistent_kernel(
     fetch the next block's rows while this one is computed (STAGES buffers).
     RESIDENT (L_HID <= 4): every layer's weights and biases are loaded once per program,
     before the loop, instead of once per row block (which the pipeliner also buffers
-    STAGES times in shared memory)."""
+    STAGES times in shared memory). No tile is carried from one layer to the next through
+    a loop, so IN_P, H_P and OUT_P may differ here (each width padded on its own)."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(M, BLOCK_M)
     if RESIDENT:
@@ -199,7 +200,8 @@ def _mlp_fwd_persistent_kernel(
         co = tl.arange(0, OUT_P)
         w0 = _load_wT(w0_ptr, IN, H, IN_P, H_P)
         wl = _load_wT(wl_ptr, H, OUT, H_P, OUT_P)
-        w1, w2, w3, w4 = _hidden_tiles(wh_ptr, H, H_P, L_HID, w0, True)
+        w1, w2, w3, w4 = _hidden_tiles(wh_ptr, H, H_P, L_HID,
+                                       tl.zeros([H_P, H_P], w0.dtype), True)
         b0 = tl.zeros([H_P], tl.float32)
         b1 = b0
         b2 = b0
