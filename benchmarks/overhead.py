@@ -4,6 +4,7 @@ Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json]
 """
 import argparse
 import contextlib
+import copy
 import importlib
 import json
 import time
@@ -12,6 +13,7 @@ import torch
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch, op
+from fusedmlp_xpu.backends import memory
 
 
 def per_call_us(fn, n=3500, rounds=7):
@@ -113,7 +115,21 @@ def main():
             "compiled_kernel_run_int_ptrs": lambda: ck.run(
                 1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *full_int),
         }))
+        unbound = copy.deepcopy(m)  # the module's path before bound calls existed
+        unbound._bind = lambda *a: None
+        res.update(interleaved({  # a second, shorter round: these three side by side
+            "module_call_b": lambda: m(x),
+            "module_call_unbound_b": lambda: unbound(x),
+            "one_linear_b": lambda: torch.nn.functional.linear(x, ws[0]),
+        }))
         res.update(interleaved({
+            "direct_ok": lambda: launch.direct_ok(0),
+            "cuda_current_device": torch.cuda.current_device,
+            "C_cuda_getDevice": torch._C._cuda_getDevice,
+            "raw_stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+            "launch_hooked": launch._hooked,
+            "new_empty_like": lambda: memory.new_empty(1, 64, like=x),
+            "x_device": lambda: x.device,
             "choose": lambda: dispatch.choose(x.device, spec, None),
             "stack_hidden": lambda: torch.stack(ws[1:-1]),
             "empty": lambda: torch.empty(1, 64, device="cuda", dtype=torch.float16),

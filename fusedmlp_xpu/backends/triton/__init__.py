@@ -92,10 +92,19 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int, bool] | None:
       W64: per block 0.498 / 0.952; resident 64/4/3/2 0.417 / 0.943 (best inference;
            best training forward 64/4/3/1 resident 0.915)
     Resident halves the shared memory at P=64 (82 vs 182 KB at 64 rows / 3 stages in
-    the sm_90 compile): two 4-warp programs fit an SM, two row blocks' chains in flight."""
+    the sm_90 compile): two 4-warp programs fit an SM, two row blocks' chains in flight.
+    With in, hidden and out padded each on its own (OWN_PADDING), hidden 32 between in/out
+    64 takes 48 KB and 124 registers instead of 80 KB and 183 (sm_90 compile), and does
+    2.9x fewer FLOPs. Third sweep (h200-sweep-persistent-20261130c.json, inference /
+    training forward):
+      W32: widest padding 64/4/3/2 0.357 / 0.635 ms; own padding 64/4/3/2 0.302 / 0.617,
+           64/4/3/3 0.283 / 0.630, 64/4/3/4 0.287 / 0.640, 128/4/3/2 0.284 / 0.640
+      W64: (padding unchanged) 64/4/3/2 0.391-0.414 / 0.944-0.948 (the same kernel twice:
+           the spread is the run's noise), 64/4/3/3 0.398 / 0.961, 128/4/3/2 0.408 / 0.978
+    So hidden <= 32 runs three programs per SM; wider keeps two."""
     if spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
-    return 64, 4, 3, 2, True
+    return 64, 4, 3, (3 if _pow2(spec.widths[1]) <= 32 else 2), True
 
 
 class Split(NamedTuple):
