@@ -115,6 +115,7 @@ def main():
             "compiled_kernel_run_int_ptrs": lambda: ck.run(
                 1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *full_int),
         }))
+        dev = x.device
         unbound = copy.deepcopy(m)  # the module's path before bound calls existed
         unbound._bind = lambda *a: None
         res.update(interleaved({  # a second, shorter round: these three side by side
@@ -129,6 +130,11 @@ def main():
             "raw_stream": lambda: torch._C._cuda_getCurrentRawStream(0),
             "launch_hooked": launch._hooked,
             "new_empty_like": lambda: memory.new_empty(1, 64, like=x),
+            "empty_device_of_x": lambda: torch.empty((1, 64), device=x.device,
+                                                     dtype=torch.float16),
+            "empty_device_kept": lambda: torch.empty((1, 64), device=dev, dtype=torch.float16),
+            "x_new_empty": lambda: x.new_empty((1, 64)),
+            "empty_like_x": lambda: torch.empty_like(x),
             "x_device": lambda: x.device,
             "choose": lambda: dispatch.choose(x.device, spec, None),
             "stack_hidden": lambda: torch.stack(ws[1:-1]),

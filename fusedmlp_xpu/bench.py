@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib
 import json
 import math
@@ -235,19 +236,30 @@ def _graph_ms(run, device, timer) -> float | None:
         return None
 
 
-def host_overhead_us(model, device, dtype, n=2000) -> float:
-    """Host time of one eager no-grad call at 1 row (the GPU keeps up, so the host bounds)."""
+def host_overhead_us(model, device, dtype, n=2100, rounds=7) -> tuple[float, float]:
+    """Host time of one eager no-grad call at 1 row (the GPU keeps up, so the host bounds),
+    and of one ``F.linear`` (the model's first layer, same input) as this host's yardstick:
+    each the median of ``rounds`` rounds of n / rounds calls, the two taken in turn, after
+    a garbage collection (a collection of the benchmark's leftovers inside one short
+    window once added ~10 us a call to whichever dtype was measured first)."""
     x = torch.randn(1, model.in_features, device=device, dtype=dtype)
+    w0 = model.weights()[0]
+    fns = (lambda: model(x), lambda: torch.nn.functional.linear(x, w0))
+    per = ([], [])
     with torch.no_grad():
-        for _ in range(50):
-            model(x)
+        for fn in fns:
+            for _ in range(50):
+                fn()
         _sync(device)
-        t = time.perf_counter()
-        for _ in range(n):
-            model(x)
-        dt = time.perf_counter() - t
-        _sync(device)
-    return dt / n * 1e6
+        gc.collect()
+        for _ in range(rounds):
+            for fn, times in zip(fns, per):
+                t = time.perf_counter()
+                for _ in range(n // rounds):
+                    fn()
+                times.append((time.perf_counter() - t) / (n // rounds) * 1e6)
+                _sync(device)
+    return statistics.median(per[0]), statistics.median(per[1])
 
 
 def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer, log):
@@ -329,15 +341,17 @@ def run_bench(args) -> dict:
         cfg = CONFIGS[cfg_name]
         for d in dtypes:
             m = cfg.module(device, DTYPES[d])
-            us = host_overhead_us(m, device, DTYPES[d])
+            us, linear_us = host_overhead_us(m, device, DTYPES[d])
             records.append({"config": cfg.name, "N": 1, "dtype": d, "mode": "inference",
                             "backend": fm.explain(m, torch.empty(1, cfg.in_features, device=device,
                                                                    dtype=DTYPES[d])).backend,
                             "timing": "host", "pass": 1, "median_ms": us / 1e3, "min_ms": None,
                             "max_ms": None, "rows_per_s": None, "tflops": None,
                             "floor_ms": None, "x_floor": None, "max_rel_error": None,
-                            "peak_mem_MB": None, "host_us": us})
-            log(f"host overhead {cfg.name} {d}: {us:.1f} us/call")
+                            "peak_mem_MB": None, "host_us": us,
+                            "host_us_one_linear": linear_us})
+            log(f"host overhead {cfg.name} {d}: {us:.1f} us/call (one F.linear: "
+                f"{linear_us:.1f} us)")
     notes += _pass_disagreements(records)
     notes.append(lean_launches_note())
     notes.append(f"compile timed for: {args.compile}; mode "

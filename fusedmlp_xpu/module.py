@@ -241,12 +241,13 @@ class _BoundForward:
         self.run = run
 
     def valid(self, module: FusedMLP, x: torch.Tensor) -> bool:
-        """Whether a call of ``module`` with ``x`` may take ``run``."""
+        """Whether a call of ``module`` with ``x`` may take ``run``; the caller checked
+        that x is a plain Tensor, grad mode is off and nothing is being compiled."""
         if (x.dtype is not self.dtype or x.device != self.device or x.dim() != 2
                 or x.shape[1] != self.in_features or module.backend != self.backend
                 or dispatch.generation != self.generation
                 or (self.backend is None and dispatch.env_token() != self.env)
-                or _any_autocast() or not op.plain_eager(x)):
+                or _any_autocast() or not op.EAGER_FAST_PATH or op._dispatch_modes()):
             return False
         for params, name, ref, ptr in self.params:
             p = params.get(name)

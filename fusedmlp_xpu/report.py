@@ -354,11 +354,15 @@ def render(machines: list[Machine], out_dir: str) -> str:
     host = [(m, r) for m in machines for r in m.host]
     if host:
         md += ["## Host overhead of one eager call", "",
-               "Host time of one no-grad call at 1 row (the device keeps up, so the host bounds).",
-               ""]
-        md += _table(["machine", "config", "dtype", "backend", "us per call"],
+               "Host time of one no-grad call at 1 row (the device keeps up, so the host bounds), "
+               "and of one `F.linear` on the same host in the same rounds where the file has "
+               "it (hosts differ by ~1.5x).", ""]
+        md += _table(["machine", "config", "dtype", "backend", "us per call",
+                      "one F.linear, us"],
                      [[m.label, r["config"], r["dtype"], r["backend"],
-                       f"{r.get('host_us', r['median_ms'] * 1e3):.1f}"] for m, r in host])
+                       f"{r.get('host_us', r['median_ms'] * 1e3):.1f}",
+                       f"{r['host_us_one_linear']:.1f}" if r.get("host_us_one_linear")
+                       else "-"] for m, r in host])
         md += [""]
     md += ["## Pass disagreement", ""]
     spread = [(m, a, b, s) for m in machines for a, b, s in m.spread]
