@@ -21,7 +21,14 @@ def main():
     p.add_argument("--act", default="tanh")
     p.add_argument("--rows", type=int, default=1037)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tuning", help="BLOCK_M,warps of the one-program-per-block forward "
+                                    "instead of the package's (e.g. 128,8: no spills at 128)")
     a = p.parse_args()
+    if a.tuning:
+        import importlib
+        tb = importlib.import_module("fusedmlp_xpu.backends.triton")
+        bm, w = (int(v) for v in a.tuning.split(","))
+        tb._tuning_nvidia = lambda spec, mode, bm=bm, w=w: (bm, w)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: under TRITON_INTERPRET
     widths = tuple(int(w) for w in a.widths.split(","))
     dtype = getattr(torch, a.dtype)
