@@ -33,7 +33,10 @@ def main():
                     help="num_stages of the layer loop (1-3): per-block forward, training "
                          "forward, fused backward and the split's input-gradient chain")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
+    ap.add_argument("--widest-padding", action="store_true",
+                    help="every forward tile padded to the widest width (OWN_PADDING off)")
     args = ap.parse_args()
+    tb.OWN_PADDING = not args.widest_padding
     if args.persistent:
         return sweep_persistent(args)
     if args.stages:

@@ -65,6 +65,10 @@ def main(argv=None) -> int:
                         PREC="tf32x3")
             jobs = [("fwd_save", narrow._mlp_fwd_kernel, "fwd_save",
                      dict(base, HAS_BIAS=True, SAVE=True)),
+                    # inference at width 128 with in/out 64, each width padded on its own
+                    ("fwd_own_p", narrow._mlp_fwd_kernel, "fwd",
+                     dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=False))
+                    if P == 128 else None,
                     ("fwd_persistent", narrow._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
                           RESIDENT=False)),
@@ -103,7 +107,8 @@ def main(argv=None) -> int:
                         tb._persistent_nvidia(spec)
                 consts["BLOCK_M"] = bm
                 # the layer loop's stages, as the launches ask them (unrolled or none: 1)
-                stages = {"fwd_save": "fwd_save", "bwd": "bwd", "bwd_store_g": "g"}.get(name)
+                stages = {"fwd_save": "fwd_save", "fwd_own_p": "fwd", "bwd": "bwd",
+                          "bwd_store_g": "g"}.get(name)
                 stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps, stages)

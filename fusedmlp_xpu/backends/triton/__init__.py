@@ -26,8 +26,8 @@ PERSISTENT_MAX_P = 64
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
-# The persistent forward pads each of in, hidden and out to its own power of two (the
-# other kernels pad every tile to the widest: history 1 of benchmarks/NOTES.md). False:
+# The forward kernels pad each of in, hidden and out to its own power of two (the
+# backward kernels pad every tile to the widest: history 1 of benchmarks/NOTES.md). False:
 # every tile at the widest, as before (a sweep compares the two in one process).
 OWN_PADDING = True
 
@@ -51,11 +51,20 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
       fwd+bwd  P=64:  BLOCK_M 128 / 8 warps 5.61 ms (64/4: 6.07, 256/4: 8.29)
       fwd+bwd  P=128: BLOCK_M 128 / 8 warps 15.8 ms (256/8: 17.4, 64/4: 23.7)
     Narrower P is not swept; it takes P=64's values.
+    With in, hidden and out padded each on its own (OWN_PADDING), swept again at in/out
+    64, hidden 128 (h200-sweep-w128-fwd-own-padding-20261130.json; the same sweep with
+    every tile at 128: -widest-padding-): 128 rows / 4 warps 1.261 ms (widest 1.657),
+    256/4 1.309 (1.487), 64/4 1.503 (1.745), 256/8 1.477 (1.671). 128/4 compiles without
+    spills there (230 registers; 256/4: 255 and 952 B of spills, sm_90, Triton 3.6), so
+    inference takes it when in and out pad narrower than hidden; with in/out at 128 the
+    old sweep stands (128/4 spills 48 B there and was slower).
     fp32 at P=128 backward: 128 rows asked 256 KB of shared memory on the H200 (limit
     227 KB), so fp32 takes 64 rows there (not swept).
     """
     P = _pow2(max(spec.widths))
     if mode == "fwd":
+        if P > 64 and max(_pow2(spec.in_features), _pow2(spec.out_features)) < P:
+            return 128, 4  # in and out padded narrower (own padding; see below)
         return (256, 4) if P > 64 else (128, 4)
     if mode == "fwd_save":
         # the training forward (stores z; per-block kernel), swept at P=128: 64 / 4 warps
@@ -408,8 +417,9 @@ class _NarrowForward:
         meta = _launch_meta(spec, device.type)
         self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
         self.persistent = _persistent(device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
-        # the persistent kernel's tiles, each width padded on its own (fewer FLOPs where
-        # hidden is narrower than in/out: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer)
+        # the forward's tiles, each width padded on its own (fewer FLOPs where in, hidden
+        # and out differ: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer, w128's 64 -> 128
+        # -> 64 1.25x fewer)
         self.pads = dict(IN_P=_pow2(self.IN), H_P=_pow2(self.H), OUT_P=_pow2(self.OUT)) \
             if OWN_PADDING else {}
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
@@ -540,7 +550,7 @@ class _NarrowForward:
                     return None if entry is None else (entry, True)
             block_m, warps, stages = self.tuning
             args = (*ptrs, M, IN, H, OUT, L_HID, *strides)
-            consts = dict(self.consts, BLOCK_M=block_m)
+            consts = dict(self.consts, **self.pads, BLOCK_M=block_m)
             _launcher("fwd").launch((triton_cdiv(M, block_m),), args, consts, device,
                                     num_warps=warps, num_stages=stages)
             if not self.lean:

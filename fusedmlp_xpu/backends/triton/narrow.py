@@ -149,7 +149,8 @@ def _mlp_fwd_kernel(
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """One program per block of BLOCK_M rows."""
+    """One program per block of BLOCK_M rows. The layer loop carries h at H_P throughout,
+    so IN_P and OUT_P may differ from H_P (each width padded on its own)."""
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     _fwd_rows(x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr, rows,
