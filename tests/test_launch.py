@@ -321,6 +321,37 @@ def test_bound_module_call_launches_with_the_current_addresses(fake_cuda, monkey
     assert isinstance(hidden, torch.Tensor) and torch.equal(hidden[1], m.linears[2].weight)
 
 
+class _PadsKernel(_FakeKernel):
+    """Records the padded tile widths a launch asks for (its only constexprs)."""
+    params = [_Param("IN_P", True), _Param("H_P", True), _Param("OUT_P", True)]
+
+
+@pytest.mark.parametrize("hidden_layers, save", [(4, False), (4, True), (6, False)],
+                         ids=["persistent", "persistent-save", "per-block"])
+def test_forward_pads_each_width_on_its_own(fake_cuda, monkeypatch, hidden_layers, save):
+    """Both narrow forward kernels get in, hidden and out padded each to its own power of
+    two (64 -> 32 -> 16 here: fewer multiply-adds than tiles of 64 throughout), and every
+    tile at the widest with OWN_PADDING off."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    spec = fm.MLPSpec((64,) + (32,) * hidden_layers + (16,), "relu", "none", True,
+                      torch.float16)
+    ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
+    bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for own, pads in ((True, (64, 32, 16)), (False, (64, 64, 64))):
+        kernels = {"fwd": _PadsKernel(), "fwd_persistent": _PadsKernel()}
+        monkeypatch.setattr(tb, "_LAUNCHERS",
+                            {k: launch.Launcher(f) for k, f in kernels.items()})
+        monkeypatch.setattr(tb, "OWN_PADDING", own)
+        plan = tb._NarrowForward(spec, fake_cuda, save)
+        k = kernels["fwd_persistent" if plan.persistent is not None else "fwd"]
+        for _ in range(2):  # the second launch is direct: the constexprs ride at its end
+            plan(torch.randn(45, 64, dtype=torch.float16), ws, bs)
+        assert len(k.direct) == 1 and k.direct[-1][-3:] == pads, own
+
+
 def _tuned_fake(wide, fn, block_n):
     """A TunedLauncher over a stand-in autotuner that "picks" BLOCK_N = block_n(args) and
     launches the recording kernel ``fn``."""
