@@ -10,21 +10,16 @@ input gradient with no activation (dx = g W, a first layer's), and one weight gr
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 
 from fusedmlp_xpu.backends.triton import wide
-from probe_common import Probe
+from probe_common import Probe, gemm_args
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--m", type=int, default=8192)
-    ap.add_argument("--d", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=14336)
+    ap = gemm_args()
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     M, D, H = args.m, args.d, args.hidden

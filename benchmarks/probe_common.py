@@ -1,14 +1,27 @@
-"""What the GEMM probes (probe_tma_gemm.py, probe_gated_tma.py, probe_epilogue.py) share:
-check a call against an fp32 reference, time it (triton.testing.do_bench, warm-up, then
-the median), print one line and keep one row for the JSON."""
+"""What the GEMM probes (probe_tma_gemm.py, probe_gated_tma.py, probe_epilogue.py,
+probe_blas.py) share: their size options; check a call against an fp32 reference, time it
+(triton.testing.do_bench, warm-up, then the median), print one line and keep one row for
+the JSON."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import triton
 
 from fusedmlp_xpu.backends.triton import wide
 from fusedmlp_xpu.bench import environment
+
+
+def gemm_args(description: str | None = None) -> argparse.ArgumentParser:
+    """The probes' shared options: --out (JSON), --m rows, --d model width, --hidden
+    (the wide-swiglu-sized block by default); a probe adds its own."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out")
+    ap.add_argument("--m", type=int, default=8192)
+    ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=14336)
+    return ap
 
 
 def time_ms(fn) -> float:

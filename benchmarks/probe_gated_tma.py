@@ -13,13 +13,12 @@ Every result is checked against torch in fp32 before it is timed; the interleavi
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 
 from fusedmlp_xpu.backends.triton import wide
-from probe_common import Probe
+from probe_common import Probe, gemm_args
 
 F = torch.nn.functional
 TILES = {False: [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 8, 4),
@@ -29,11 +28,7 @@ TILES = {False: [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 8, 4)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--m", type=int, default=8192)
-    ap.add_argument("--d", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=14336)
+    ap = gemm_args()
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), getattr(torch, args.dtype)
