@@ -454,21 +454,40 @@ class _NarrowForward:
         aligned = not (x.data_ptr() | weights[0].data_ptr() | wh.data_ptr()
                        | weights[-1].data_ptr() | b0.data_ptr() | bh.data_ptr()
                        | bl.data_ptr() | y.data_ptr() | z.data_ptr()) & _ALIGN
-        key = int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
-        hit = self._entries.get(key) if aligned else None
+        hit = self._hit(M, xs0, xs1) if aligned else None
         if hit is None or not launch.direct_ok(self.device.index):
             hit = self._launch(x, ptrs, M, strides)
-            if aligned and hit is not None:
-                self._entries[key] = hit  # kept only for an all-aligned specialization
-        elif hit[1]:  # persistent
-            grid = (min(self._max_programs, triton_cdiv(M, self.persistent[0])),)
+            if aligned and hit is not None:  # kept only for an all-aligned specialization
+                self._entries[int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6] = hit
+        else:
+            self._launch_kept(hit, ptrs, M, strides)
+        return y, saved
+
+    def _hit(self, M: int, xs0: int, xs1: int):
+        """The kept (entry, persistent?) for x's row count and strides, or None: the
+        specialization key's entry, remembered by the exact values too (a tuple lookup
+        instead of three int_key calls on repeats)."""
+        shape = (M, xs0, xs1)
+        hit = self._exact.get(shape)
+        if hit is None:
+            hit = self._entries.get(int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6)
+            if hit is not None:
+                if len(self._exact) >= 256:
+                    self._exact.clear()
+                self._exact[shape] = hit
+        return hit
+
+    def _launch_kept(self, hit, ptrs, M: int, strides) -> None:
+        """Launch a kept entry directly (the caller checked launch.direct_ok)."""
+        if hit[1]:  # persistent
             _launcher("fwd_persistent").launch_entry(
-                hit[0], grid, (*ptrs, M, self.IN, self.H, OUT, *strides), self.device.index)
+                hit[0], (min(self._max_programs, triton_cdiv(M, self.persistent[0])),),
+                (*ptrs, M, self.IN, self.H, self.OUT, *strides), self.device.index)
         else:
             _launcher("fwd").launch_entry(
                 hit[0], (triton_cdiv(M, self.tuning[0]),),
-                (*ptrs, M, self.IN, self.H, OUT, L_HID, *strides), self.device.index)
-        return y, saved
+                (*ptrs, M, self.IN, self.H, self.OUT, self.L_HID, *strides),
+                self.device.index)
 
     def bind(self, weights, biases):
         """``x -> y`` for this plan's no-grad forward with the parameters' addresses taken
@@ -499,14 +518,7 @@ class _NarrowForward:
         M, OUT = x.shape[0], self.OUT
         xs0, xs1 = x.stride()
         xp = x.data_ptr()
-        shape = (M, xs0, xs1)
-        hit = self._exact.get(shape)
-        if hit is None:
-            hit = self._entries.get(int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6)
-            if hit is not None:
-                if len(self._exact) >= 256:
-                    self._exact.clear()
-                self._exact[shape] = hit
+        hit = self._hit(M, xs0, xs1)
         if hit is None or xp & _ALIGN or M == 0 or not launch.direct_ok(self.device.index):
             return None
         y = memory.new_empty(M, OUT, like=x)
@@ -515,16 +527,7 @@ class _NarrowForward:
             return None
         w0, wh, wl = params[:3]
         b0, bh, bl = params[3:] if len(params) > 3 else (xp, xp, xp)
-        ptrs = (xp, w0, wh, wl, b0, bh, bl, yp, yp)
-        if hit[1]:  # persistent
-            _launcher("fwd_persistent").launch_entry(
-                hit[0], (min(self._max_programs, triton_cdiv(M, self.persistent[0])),),
-                (*ptrs, M, self.IN, self.H, OUT, xs0, xs1, OUT, OUT), self.device.index)
-        else:
-            _launcher("fwd").launch_entry(
-                hit[0], (triton_cdiv(M, self.tuning[0]),),
-                (*ptrs, M, self.IN, self.H, OUT, self.L_HID, xs0, xs1, OUT, OUT),
-                self.device.index)
+        self._launch_kept(hit, (xp, w0, wh, wl, b0, bh, bl, yp, yp), M, (xs0, xs1, OUT, OUT))
         return y
 
     def _launch(self, x, ptrs, M, strides):
