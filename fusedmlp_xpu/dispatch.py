@@ -7,11 +7,11 @@ Decisions are cached per (device, spec, forced name).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from . import envvars
 from .backends import Backend
 from .backends.reference import ReferenceBackend
 from .spec import MLPSpec
@@ -33,22 +33,6 @@ _availability: dict[str, tuple[bool, str]] = {}
 
 #: bumped whenever a backend registers: any choice made before may no longer hold
 generation = 0
-
-# $FUSEDMLP_BACKEND read straight from the process environment's own mapping: a bound
-# module call (module.py) checks it every call, and os.environ.get costs ~0.7 us (it
-# encodes the key each time)
-_ENV_DATA = getattr(os.environ, "_data", None)
-try:
-    _ENV_KEY = os.environ.encodekey(ENV_VAR)  # type: ignore[attr-defined]
-except AttributeError:
-    _ENV_DATA = None
-
-
-def env_token():
-    """$FUSEDMLP_BACKEND's raw value (or None): equal tokens, equal forced backend."""
-    if _ENV_DATA is not None:
-        return _ENV_DATA.get(_ENV_KEY)
-    return os.environ.get(ENV_VAR)
 
 
 def register(backend: Backend) -> Backend:
@@ -105,7 +89,7 @@ class Explanation:
 
 def requested(backend: str | None = None) -> str | None:
     """The forced backend name: the argument, else $FUSEDMLP_BACKEND, else None (auto)."""
-    name = backend or os.environ.get(ENV_VAR) or None
+    name = backend or envvars.get(ENV_VAR) or None
     if name is not None and name != "auto" and name not in REGISTRY:
         src = "backend" if backend else ENV_VAR
         raise ValueError(f"{src}: unknown backend {name!r}; known: {sorted(REGISTRY)}")

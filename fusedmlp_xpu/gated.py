@@ -18,13 +18,12 @@ is an error. Module layout and state_dict keys are those of Llama's/Mistral's ML
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import activations, dispatch, op
+from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
 
@@ -96,7 +95,7 @@ def _triton_usable(device: torch.device, forced: bool) -> tuple[bool, str]:
 
 def choose(device: torch.device, backend: str | None = None):
     """The implementation (wide kernels or the reference) for this device and request."""
-    name = backend or os.environ.get(dispatch.ENV_VAR) or "auto"
+    name = backend or envvars.get(dispatch.ENV_VAR) or "auto"
     src = "backend" if backend else dispatch.ENV_VAR
     if name == "auto":
         return _wide() if _triton_usable(device, False)[0] else _Reference

@@ -12,7 +12,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from . import activations, dispatch, op
+from . import activations, dispatch, envvars, op
 from .spec import MLPSpec
 
 
@@ -232,8 +232,8 @@ class _BoundForward:
 
     def __init__(self, module: FusedMLP, x: torch.Tensor, run):
         self.dtype, self.device, self.in_features = x.dtype, x.device, module.widths[0]
-        self.backend, self.env, self.generation = (module.backend, dispatch.env_token(),
-                                                   dispatch.generation)
+        self.backend, self.env, self.generation = (
+            module.backend, envvars.get(dispatch.ENV_VAR), dispatch.generation)
         # weak references: a replaced parameter's memory is not kept alive by this
         self.params = tuple((lin._parameters, name, weakref.ref(p), p.data_ptr())
                             for lin in module.linears
@@ -246,7 +246,7 @@ class _BoundForward:
         if (x.dtype is not self.dtype or x.device != self.device or x.dim() != 2
                 or x.shape[1] != self.in_features or module.backend != self.backend
                 or dispatch.generation != self.generation
-                or (self.backend is None and dispatch.env_token() != self.env)
+                or (self.backend is None and envvars.get(dispatch.ENV_VAR) != self.env)
                 or _any_autocast() or not op.EAGER_FAST_PATH or op._dispatch_modes()):
             return False
         for params, name, ref, ptr in self.params:

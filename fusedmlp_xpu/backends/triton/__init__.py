@@ -8,11 +8,11 @@ kernel (narrow.py); everything else layer by layer as GEMMs with fused epilogues
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
 
+from ... import envvars
 from .. import Backend, device_guard, memory, saved_widths
 from . import launch
 from .launch import fitting, int_key  # plain Python: importable without Triton
@@ -33,7 +33,7 @@ OWN_PADDING = True
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return envvars.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _pow2(n: int) -> int:

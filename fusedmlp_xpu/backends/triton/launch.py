@@ -17,9 +17,10 @@ XPU launcher is not verified here), under the interpreter, or with
 """
 from __future__ import annotations
 
-import os
 
 import torch
+
+from ... import envvars
 
 FAST_ENV = "FUSEDMLP_FAST_LAUNCH"
 _I32 = 1 << 31
@@ -49,8 +50,8 @@ def direct_ok(device_index: int) -> bool:
 
 
 def enabled(device: torch.device) -> bool:
-    return (device.type == "cuda" and os.environ.get(FAST_ENV, "1") != "0"
-            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+    return (device.type == "cuda" and envvars.get(FAST_ENV, "1") != "0"
+            and envvars.get("TRITON_INTERPRET", "0") in ("", "0"))
 
 
 def int_key(a: int) -> int:

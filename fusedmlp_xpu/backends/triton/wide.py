@@ -30,13 +30,12 @@ the current stream of the tensors' device (Triton's launcher), under a device gu
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ... import activations
+from ... import activations, envvars
 from .. import device_guard as _guard
 from .. import memory, saved_widths
 from .act import act as _act
@@ -666,7 +665,7 @@ def _prune(configs, named_args, dual=False, **kwargs):
             f = _fit_smem(c, t.element_size(), dual, _smem_limit(t.device))
             fitted.setdefault((tuple(sorted(f.kwargs.items())), f.num_warps, f.num_stages), f)
         pick = list(fitted.values())
-    return pick[:1] if os.environ.get(AUTOTUNE_ENV, "1") == "0" else pick
+    return pick[:1] if envvars.get(AUTOTUNE_ENV, "1") == "0" else pick
 
 
 def _smem_bytes(c: triton.Config, esize: int, dual: bool) -> int:
@@ -725,7 +724,7 @@ _tuned: dict[tuple[str, str], object] = {}
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return envvars.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _vendor(device: torch.device) -> str:
@@ -875,7 +874,7 @@ def _tma_ok(device: torch.device, M: int, N: int, cfg, *tensors) -> bool:
     tiles, and descriptors the TMA engine accepts: unit column stride, 16-byte aligned
     rows and base addresses. The callers keep decode-sized batches (<= 64 rows) on the
     autotuned pointer kernels, whose small-M tiles spread over the SMs."""
-    if TensorDescriptor is None or os.environ.get(TMA_ENV, "1") == "0":
+    if TensorDescriptor is None or envvars.get(TMA_ENV, "1") == "0":
         return False
     if (device.type == "cpu" and not interpreting()) or device.type not in ("cuda", "cpu"):
         return False
@@ -938,7 +937,7 @@ def _stream_k_tiles(device: torch.device, M: int, N: int, cfg, esize: int = 2) -
     split (two calls; 10 of 12 pairs over three calls favour the split, by 0.5-1%);
     N 4096, K 16384 (1024 tiles, r 100) 1.665-1.765 split against 1.619-1.627.
     In the interpreter every partial wave is split (there to be tested)."""
-    if os.environ.get(STREAM_K_ENV, "1") == "0":
+    if envvars.get(STREAM_K_ENV, "1") == "0":
         return 0
     bm, bn = cfg[0], cfg[1]
     tiles = triton_cdiv(M, bm) * triton_cdiv(N, bn)
@@ -1205,7 +1204,7 @@ def _blas(device: torch.device) -> bool:
     2.75-2.77 ms as torch.mm + addmm_ against 2.87 for the dual Triton kernel; a dx with
     no activation 1.37-1.50 against 1.42, a dW 1.38-1.48 against 1.43-1.44 (level).
     Elsewhere (XPU, the interpreter) the Triton kernels run."""
-    return device.type == "cuda" and os.environ.get(BLAS_ENV, "1") != "0"
+    return device.type == "cuda" and envvars.get(BLAS_ENV, "1") != "0"
 
 
 def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
