@@ -1,6 +1,8 @@
 """The dispatcher's choices and explanations."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 import fusedmlp_xpu as fm
@@ -36,3 +38,18 @@ def test_decisions_are_cached():
     a = dispatch.choose(torch.device("cpu"), spec)
     assert len(dispatch._decisions) == 1
     assert dispatch.choose(torch.device("cpu"), spec) is a and len(dispatch._decisions) == 1
+
+
+def test_envvars_reads_what_os_environ_holds(monkeypatch):
+    """The per-call environment reads (envvars.get) see every change at once, set or
+    unset, with os.environ.get's defaults."""
+    from fusedmlp_xpu import envvars
+
+    name = "FUSEDMLP_TEST_SWITCH"
+    monkeypatch.delenv(name, raising=False)
+    assert envvars.get(name) is None and envvars.get(name, "1") == "1"
+    for value in ("0", "", "triton", "é"):
+        monkeypatch.setenv(name, value)
+        assert envvars.get(name) == os.environ.get(name) == value
+    monkeypatch.delenv(name)
+    assert envvars.get(name, "x") == "x"
