@@ -32,6 +32,9 @@ def main():
     ap.add_argument("--stages", action="store_true",
                     help="num_stages of the layer loop (1-3): per-block forward, training "
                          "forward, fused backward and the split's input-gradient chain")
+    ap.add_argument("--padding", action="store_true",
+                    help="train step: each width padded on its own against every tile at "
+                         "the widest (forward and split backward), kernel by kernel")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -43,6 +46,8 @@ def main():
         return sweep_stages(args)
     if args.split:
         return sweep_split(args)
+    if args.padding:
+        return sweep_padding(args)
     dev = torch.device("cuda")
     rows = []
     for W in args.width or (32, 64, 128):
@@ -330,6 +335,56 @@ def sweep_split(args):
         print(f"W{W} cuBLAS g^T h for one layer [{W}, {args.n}] @ [{args.n}, {W}]: {ms:.4f} ms",
               flush=True)
         rows.append(dict(width=W, n=args.n, cublas_gTh_ms=ms))
+    _write(args, rows)
+
+
+def sweep_padding(args):
+    """Train step with each width padded on its own (OWN_PADDING, the package's choice)
+    against every tile at the widest, interleaved twice; where the split's chain keeps
+    its weights resident (hidden <= 32), also with two chain programs per SM (its shared
+    memory shrinks with the narrower hidden tiles). Then both kernel by kernel."""
+    dev = torch.device("cuda")
+    rows = []
+    own_split = tb._split_backward
+    for W in args.width or (32, 128):
+        m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev)
+        spec = m.spec(torch.float16)
+        split = own_split(dev, spec)
+        variants = ["own", "widest", "own", "widest"]
+        if split is not None and split.g_resident:
+            variants.append("own, chain 2 per SM")
+
+        def fn():
+            m(x).backward(gy)
+
+        def use(v):
+            tb.OWN_PADDING = not v.startswith("widest")
+            two = split._replace(g_per_sm=2) if v.endswith("2 per SM") else split
+            tb._split_backward = lambda d, sp, two=two: two
+            _replan(m)
+
+        best = None
+        for v in variants:
+            use(v)
+            try:
+                err = _grad_err(m, xs, gy, ref)
+                if not err < 2e-2:
+                    print(f"W{W} {v}: WRONG (rel err {err:.2e})", flush=True)
+                    continue
+                ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
+            except Exception as e:  # out of resources, etc.
+                print(f"W{W} {v}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                continue
+            best = _keep(rows, best, W, args.hidden, f"train {v}{_refused()}", ms)
+        print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
+        for v in ("own", "widest"):
+            use(v)
+            kernels = _profile_kernels(fn)
+            print(f"W{W} {v} per step, kernel by kernel:")
+            for name, us in kernels:
+                print(f"   {us:9.1f} us  {name}")
+            rows.append(dict(width=W, hidden=args.hidden, variant=v, kernels_us=kernels))
+    tb.OWN_PADDING, tb._split_backward = True, own_split
     _write(args, rows)
 
 

@@ -91,16 +91,31 @@ def main(argv=None) -> int:
                     ("g_resident", narrow._mlp_g_kernel, "bwd",
                      dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=True)),
                     ("dw", narrow._mlp_dw_kernel, "bwd",
-                     dict(T_P=P, W_SLOT=P * P, SLOT=P * P + P, ACT=act, OUT_ACT=out_act,
-                          NEED_B=True, F32=False, PREC="tf32x3", STAGES=2))]
+                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True,
+                          STAGES=2)),
+                    # the split backward with each width padded on its own: hidden 32
+                    # between in/out 64 (narrow-w32: resident chain), in/out 64 around
+                    # hidden 128 (narrow-w128: the chain's layer loop)
+                    ("g_res_own_p", narrow._mlp_g_kernel, "bwd",
+                     dict(base, H_P=P // 2, NEED_X=True, L_HID=4, STAGES=2,
+                          RESIDENT=True)) if P == 64 else None,
+                    ("store_g_own_p", narrow._mlp_bwd_kernel, "bwd",
+                     dict(base, IN_P=64, OUT_P=64, W_SLOT=P * P, SLOT=P * P + P,
+                          NEED_X=True, NEED_W=False, NEED_B=False, STORE_G=True))
+                    if P == 128 else None,
+                    ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
+                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
+                          **(dict(H_P=32) if P == 64 else dict(IN_P=64, OUT_P=64))))
+                    if P in (64, 128) else None]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
             for name, fn, mode, consts in filter(None, jobs):
                 bm, warps = tb._tuning_nvidia(spec, mode)
-                if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident"):
+                if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident",
+                                                  "g_res_own_p", "store_g_own_p"):
                     bm, warps = split.g_block_m, split.g_warps
-                    if name != "bwd_store_g":
+                    if "store_g" not in name:
                         consts["STAGES"] = split.g_stages
-                elif split is not None and name == "dw":
+                elif split is not None and name.startswith("dw"):
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
                 if name.startswith("fwd_pers") and tb._persistent_nvidia(spec) is not None:
                     bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
@@ -108,7 +123,7 @@ def main(argv=None) -> int:
                 consts["BLOCK_M"] = bm
                 # the layer loop's stages, as the launches ask them (unrolled or none: 1)
                 stages = {"fwd_save": "fwd_save", "fwd_own_p": "fwd", "bwd": "bwd",
-                          "bwd_store_g": "g"}.get(name)
+                          "bwd_store_g": "g", "store_g_own_p": "g"}.get(name)
                 stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps, stages)

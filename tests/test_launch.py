@@ -352,6 +352,49 @@ def test_forward_pads_each_width_on_its_own(fake_cuda, monkeypatch, hidden_layer
         assert len(k.direct) == 1 and k.direct[-1][-3:] == pads, own
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["split", "fused"])
+@pytest.mark.parametrize("unroll", [True, False], ids=["unrolled", "layer-loop"])
+def test_backward_pads_each_width_on_its_own(monkeypatch, split, unroll):
+    """The split backward's chain and weight-gradient kernels get in, hidden and out
+    padded each to its own power of two (64 -> 32 -> 16), the scratch slot the widest
+    (T_P 64); every tile at the widest with OWN_PADDING off. The fused backward kernel,
+    which adds [T_P, T_P] partials into the scratch, keeps the widest throughout."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    if not split and unroll:
+        pytest.skip("the fused backward has one variant")
+    spec = fm.MLPSpec((64, 32, 32, 16), "relu", "none", True, torch.float16)
+    ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
+    bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
+    x, gy = torch.randn(45, 64, dtype=torch.float16), torch.randn(45, 16, dtype=torch.float16)
+    z = torch.randn(45, 64, dtype=torch.float16)  # the saved pre-activations (2 x 32)
+    launched = []
+
+    class Recorder:
+        def __init__(self, mode):
+            self.mode = mode
+
+        def launch(self, grid, args, consts, *rest, **kwargs):
+            launched.append((self.mode, consts))
+
+    monkeypatch.setattr(tb, "_launcher", Recorder)
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+        64, 4, 2, g_block_m=64, g_warps=4, g_unroll=unroll) if split else None)
+    for own, pads in ((True, (64, 32, 16)), (False, (64, 64, 64))):
+        monkeypatch.setattr(tb, "OWN_PADDING", own)
+        launched.clear()
+        tb.TritonBackend().backward(gy, x, ws, bs, z, spec, (True, True, True))
+        got = {m: tuple(c[k] for k in ("IN_P", "H_P", "OUT_P")) for m, c in launched
+               if m != "reduce"}
+        if split:
+            chain = "g" if unroll else "bwd"
+            assert got == {chain: pads, "dw": pads}, own
+            assert dict(launched)["dw"]["T_P"] == 64
+        else:
+            assert got == {"bwd": (64, 64, 64)}, own
+        assert dict(launched)["reduce"]["T_P"] == 64
+
+
 def _tuned_fake(wide, fn, block_n):
     """A TunedLauncher over a stand-in autotuner that "picks" BLOCK_N = block_n(args) and
     launches the recording kernel ``fn``."""

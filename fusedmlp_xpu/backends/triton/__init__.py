@@ -26,9 +26,10 @@ PERSISTENT_MAX_P = 64
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
-# The forward kernels pad each of in, hidden and out to its own power of two (the
-# backward kernels pad every tile to the widest: history 1 of benchmarks/NOTES.md). False:
-# every tile at the widest, as before (a sweep compares the two in one process).
+# The forward kernels and the split backward's two kernels pad each of in, hidden and out
+# to its own power of two (the fused backward kernel pads every tile to the widest:
+# history 1 of benchmarks/NOTES.md). False: every tile at the widest, as before (a sweep
+# compares the two in one process).
 OWN_PADDING = True
 
 
@@ -38,6 +39,16 @@ def _interpreting() -> bool:
 
 def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
+
+
+def _own_pads(spec) -> dict:
+    """IN_P, H_P and OUT_P, each width padded to its own power of two (OWN_PADDING; fewer
+    FLOPs where in, hidden and out differ: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer,
+    w128's 64 -> 128 -> 64 1.25x fewer), else all at the widest."""
+    IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
+    if not OWN_PADDING:
+        IN = H = OUT = max(spec.widths)
+    return dict(IN_P=_pow2(IN), H_P=_pow2(H), OUT_P=_pow2(OUT))
 
 
 # --- tuning, one named place per vendor ------------------------------------------------
@@ -365,15 +376,19 @@ class TritonBackend(Backend):
             ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1],
                     z, gx)
             strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0))
+            # the split's chain adds no weight partials into the scratch, whose layout is
+            # [T_P, T_P] per layer: its tiles are padded each on its own (the fused
+            # kernel's stay at T_P)
+            chain = meta if split is None else dict(meta, **_own_pads(spec))
             with device_guard(x):
                 if not (split is not None and split.g_unroll and _fits(
                         "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
-                        dict(meta, L_HID=L_HID, NEED_X=need_x, BLOCK_M=block_m,
+                        dict(chain, L_HID=L_HID, NEED_X=need_x, BLOCK_M=block_m,
                              STAGES=split.g_stages,
                              RESIDENT=split.g_resident and L_HID <= 4), warps)):
                     _launcher("bwd").launch(
                         (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
-                        dict(meta, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
+                        dict(chain, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                              NEED_W=need_w and split is None, NEED_B=need_b and split is None,
                              STORE_G=split is not None, BLOCK_M=block_m), x.device,
                         num_warps=warps, num_stages=stages)
@@ -417,11 +432,7 @@ class _NarrowForward:
         meta = _launch_meta(spec, device.type)
         self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
         self.persistent = _persistent(device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
-        # the forward's tiles, each width padded on its own (fewer FLOPs where in, hidden
-        # and out differ: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer, w128's 64 -> 128
-        # -> 64 1.25x fewer)
-        self.pads = dict(IN_P=_pow2(self.IN), H_P=_pow2(self.H), OUT_P=_pow2(self.OUT)) \
-            if OWN_PADDING else {}
+        self.pads = _own_pads(spec)
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
         self.lean = launch.enabled(device)
         self._entries: dict = {}  # key bits -> (entry, persistent?)
@@ -578,7 +589,7 @@ def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT
             grad_y, x, z, g, acc, M, IN, H, OUT, L_HID, nb,
             grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
         ),
-        dict(T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
+        dict(_own_pads(spec), T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
              OUT_ACT=meta["OUT_ACT"], NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
              BLOCK_M=bm, STAGES=stages), x.device,
         num_warps=warps, num_stages=NUM_STAGES)

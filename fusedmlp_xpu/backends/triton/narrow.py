@@ -439,10 +439,11 @@ def _mlp_g_kernel(
     if RESIDENT:
         tl.static_assert(L_HID <= 4)
         wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
-        w0t = wlt  # a placeholder of the same padded shape when x needs no gradient
+        w0t = wlt  # a placeholder when x needs no gradient (never read)
         if NEED_X:
             w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
-        w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID, wlt, False)
+        w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID,
+                                           tl.zeros([H_P, H_P], wlt.dtype), False)
     for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
         _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
@@ -453,32 +454,38 @@ def _mlp_g_kernel(
 
 
 @triton.jit
-def _dw_loop(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blocks,
-             T_P: tl.constexpr, ACT: tl.constexpr, HAS_ACT: tl.constexpr, NEED_B: tl.constexpr,
-             F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-             STAGES: tl.constexpr):
+def _dw_layer(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blocks, slot,
+              G_P: tl.constexpr, K_P: tl.constexpr, T_P: tl.constexpr,
+              W_SLOT: tl.constexpr, ACT: tl.constexpr, HAS_ACT: tl.constexpr,
+              NEED_B: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+              BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
     """sum over the row blocks pid, pid + n_prog, ... of g^T h (and of g's rows), g
-    [M, n_out] and h [M, n_in] (act(h) when HAS_ACT). No branch inside the loop, so Triton
-    can pipeline its loads."""
-    c = tl.arange(0, T_P)
-    gmask_c = c < n_out
-    hmask_c = c < n_in
+    [M, n_out] and h [M, n_in] (act(h) when HAS_ACT), as tiles of G_P and K_P columns;
+    stored into the [T_P, T_P] weight slot at slot (row-major, T_P >= G_P, K_P: the
+    reduction reads only the real [n_out, n_in]) and the bias's after it. No branch
+    inside the loop, so Triton can pipeline its loads."""
+    cg = tl.arange(0, G_P)
+    ck = tl.arange(0, K_P)
+    gmask_c = cg < n_out
+    hmask_c = ck < n_in
     dt = h_ptr.dtype.element_ty
-    acc = tl.zeros([T_P, T_P], tl.float32)
-    accb = tl.zeros([T_P], tl.float32)
+    acc = tl.zeros([G_P, K_P], tl.float32)
+    accb = tl.zeros([G_P], tl.float32)
     for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < M
-        g = tl.load(g_ptr + rows[:, None] * s_gm + c[None, :],
+        g = tl.load(g_ptr + rows[:, None] * s_gm + cg[None, :],
                     mask=rmask[:, None] & gmask_c[None, :], other=0.0)
-        h = tl.load(h_ptr + rows[:, None] * s_hm + c[None, :] * s_hk,
+        h = tl.load(h_ptr + rows[:, None] * s_hm + ck[None, :] * s_hk,
                     mask=rmask[:, None] & hmask_c[None, :], other=0.0)
         if HAS_ACT:
             h = _act(h.to(tl.float32), ACT).to(dt)
         acc += _dot(tl.trans(g.to(dt)), h.to(dt), F32, PREC)
         if NEED_B:
             accb += tl.sum(g.to(tl.float32), axis=0)
-    return acc, accb
+    tl.store(slot + cg[:, None] * T_P + ck[None, :], acc)
+    if NEED_B:
+        tl.store(slot + W_SLOT + cg, accb)
 
 
 @triton.jit
@@ -486,6 +493,7 @@ def _mlp_dw_kernel(
     gy_ptr, x_ptr, z_ptr, g_ptr, acc_ptr,
     M, IN, H, OUT, L_HID, n_blocks,
     s_gym, s_xm, s_xk, s_zm, s_gm,
+    IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     T_P: tl.constexpr, W_SLOT: tl.constexpr, SLOT: tl.constexpr, ACT: tl.constexpr,
     OUT_ACT: tl.constexpr, NEED_B: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
@@ -495,30 +503,30 @@ def _mlp_dw_kernel(
     block), then writes it (and the bias gradient's) to its slot of acc [P, layers, SLOT],
     the layout _reduce_grads_kernel sums. g_layer: the stored g, or grad_y itself for an
     output layer without activation; h_in: x for layer 0, else act(z of the layer below).
-    The layer kind is decided once, outside the loops. Every tile is padded to T_P; masks
-    keep the real widths."""
+    The layer kind is decided once, outside the loops; each kind's tiles are padded to its
+    own widths (IN_P, H_P, OUT_P), the slot to the widest (T_P). Masks keep the real
+    widths."""
     pid = tl.program_id(0)
     layer = tl.program_id(1)
     n_prog = tl.num_programs(0)
     n_layers = L_HID + 2
-    last = layer == n_layers - 1
-    n_out = tl.where(last, OUT, H)
-    if layer == 0:
-        acc, accb = _dw_loop(g_ptr, s_gm, x_ptr, s_xm, s_xk, M, n_out, IN, pid, n_prog,
-                             n_blocks, T_P, ACT, False, NEED_B, F32, PREC, BLOCK_M, STAGES)
-    elif OUT_ACT == 0 and last:  # the output layer's g is grad_y itself: none was stored
-        acc, accb = _dw_loop(gy_ptr, s_gym, z_ptr + (layer - 1) * H, s_zm, 1, M, n_out, H,
-                             pid, n_prog, n_blocks, T_P, ACT, True, NEED_B, F32, PREC,
-                             BLOCK_M, STAGES)
-    else:
-        acc, accb = _dw_loop(g_ptr + layer * H, s_gm, z_ptr + (layer - 1) * H, s_zm, 1, M,
-                             n_out, H, pid, n_prog, n_blocks, T_P, ACT, True, NEED_B, F32,
-                             PREC, BLOCK_M, STAGES)
-    c = tl.arange(0, T_P)
     slot = acc_ptr + (pid.to(tl.int64) * n_layers + layer) * SLOT
-    tl.store(slot + c[:, None] * T_P + c[None, :], acc)
-    if NEED_B:
-        tl.store(slot + W_SLOT + c, accb)
+    if layer == 0:
+        _dw_layer(g_ptr, s_gm, x_ptr, s_xm, s_xk, M, H, IN, pid, n_prog, n_blocks, slot,
+                  H_P, IN_P, T_P, W_SLOT, ACT, False, NEED_B, F32, PREC, BLOCK_M, STAGES)
+    elif layer == n_layers - 1:
+        if OUT_ACT == 0:  # the output layer's g is grad_y itself: none was stored
+            _dw_layer(gy_ptr, s_gym, z_ptr + (layer - 1) * H, s_zm, 1, M, OUT, H, pid,
+                      n_prog, n_blocks, slot, OUT_P, H_P, T_P, W_SLOT, ACT, True, NEED_B,
+                      F32, PREC, BLOCK_M, STAGES)
+        else:
+            _dw_layer(g_ptr + layer * H, s_gm, z_ptr + (layer - 1) * H, s_zm, 1, M, OUT, H,
+                      pid, n_prog, n_blocks, slot, OUT_P, H_P, T_P, W_SLOT, ACT, True,
+                      NEED_B, F32, PREC, BLOCK_M, STAGES)
+    else:
+        _dw_layer(g_ptr + layer * H, s_gm, z_ptr + (layer - 1) * H, s_zm, 1, M, H, H, pid,
+                  n_prog, n_blocks, slot, H_P, H_P, T_P, W_SLOT, ACT, True, NEED_B, F32,
+                  PREC, BLOCK_M, STAGES)
 
 
 @triton.jit
