@@ -30,8 +30,10 @@ def main():
                      g_unroll=a.chain != "loop", g_stages=2, g_resident=a.chain == "resident")
     tb._split_backward = lambda d, spec: split
     # OWN_PADDING is read where each kernel's launch is built: the chain in backward(),
-    # the weight gradients in _split_weight_grads
+    # the weight gradients in _split_weight_grads; the package pads a chain that loads
+    # its weights per row block at the widest unless told
     tb.OWN_PADDING = a.own in ("chain", "both")
+    tb.OWN_PADDING_CHAIN_PER_BLOCK = True
     dw = tb._split_weight_grads
 
     def dw_padded(*args, **kwargs):

@@ -93,16 +93,12 @@ def main(argv=None) -> int:
                     ("dw", narrow._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True,
                           STAGES=2)),
-                    # the split backward with each width padded on its own: hidden 32
-                    # between in/out 64 (narrow-w32: resident chain), in/out 64 around
-                    # hidden 128 (narrow-w128: the chain's layer loop)
+                    # the split backward with each width padded on its own: the resident
+                    # chain at hidden 32 between in/out 64 (narrow-w32), the weight
+                    # gradients there and at in/out 64 around hidden 128 (narrow-w128)
                     ("g_res_own_p", narrow._mlp_g_kernel, "bwd",
                      dict(base, H_P=P // 2, NEED_X=True, L_HID=4, STAGES=2,
                           RESIDENT=True)) if P == 64 else None,
-                    ("store_g_own_p", narrow._mlp_bwd_kernel, "bwd",
-                     dict(base, IN_P=64, OUT_P=64, W_SLOT=P * P, SLOT=P * P + P,
-                          NEED_X=True, NEED_W=False, NEED_B=False, STORE_G=True))
-                    if P == 128 else None,
                     ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
                           **(dict(H_P=32) if P == 64 else dict(IN_P=64, OUT_P=64))))
@@ -111,9 +107,9 @@ def main(argv=None) -> int:
             for name, fn, mode, consts in filter(None, jobs):
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident",
-                                                  "g_res_own_p", "store_g_own_p"):
+                                                  "g_res_own_p"):
                     bm, warps = split.g_block_m, split.g_warps
-                    if "store_g" not in name:
+                    if name != "bwd_store_g":
                         consts["STAGES"] = split.g_stages
                 elif split is not None and name.startswith("dw"):
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
@@ -123,7 +119,7 @@ def main(argv=None) -> int:
                 consts["BLOCK_M"] = bm
                 # the layer loop's stages, as the launches ask them (unrolled or none: 1)
                 stages = {"fwd_save": "fwd_save", "fwd_own_p": "fwd", "bwd": "bwd",
-                          "bwd_store_g": "g", "store_g_own_p": "g"}.get(name)
+                          "bwd_store_g": "g"}.get(name)
                 stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps, stages)

@@ -352,16 +352,16 @@ def test_forward_pads_each_width_on_its_own(fake_cuda, monkeypatch, hidden_layer
         assert len(k.direct) == 1 and k.direct[-1][-3:] == pads, own
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["split", "fused"])
-@pytest.mark.parametrize("unroll", [True, False], ids=["unrolled", "layer-loop"])
-def test_backward_pads_each_width_on_its_own(monkeypatch, split, unroll):
-    """The split backward's chain and weight-gradient kernels get in, hidden and out
-    padded each to its own power of two (64 -> 32 -> 16), the scratch slot the widest
-    (T_P 64); every tile at the widest with OWN_PADDING off. The fused backward kernel,
-    which adds [T_P, T_P] partials into the scratch, keeps the widest throughout."""
+@pytest.mark.parametrize("chain", ["resident", "unrolled", "layer-loop", None],
+                         ids=["resident", "unrolled", "layer-loop", "fused"])
+def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
+    """The split backward's weight-gradient kernel, and its input-gradient chain where
+    that keeps its weights resident, get in, hidden and out padded each to its own power
+    of two (64 -> 32 -> 16), the scratch slot the widest (T_P 64); every tile at the
+    widest with OWN_PADDING off. A chain loading its weights per row block (wrong input
+    gradients on the H200 with in padded narrower than hidden) and the fused backward
+    kernel (it adds [T_P, T_P] partials into the scratch) keep the widest throughout."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    if not split and unroll:
-        pytest.skip("the fused backward has one variant")
     spec = fm.MLPSpec((64, 32, 32, 16), "relu", "none", True, torch.float16)
     ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
     bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
@@ -378,20 +378,22 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, split, unroll):
 
     monkeypatch.setattr(tb, "_launcher", Recorder)
     monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
-        64, 4, 2, g_block_m=64, g_warps=4, g_unroll=unroll) if split else None)
-    for own, pads in ((True, (64, 32, 16)), (False, (64, 64, 64))):
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: None if chain is None else
+                        tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_unroll=chain != "layer-loop",
+                                 g_resident=chain == "resident"))
+    widest = (64, 64, 64)
+    for own, pads in ((True, (64, 32, 16)), (False, widest)):
         monkeypatch.setattr(tb, "OWN_PADDING", own)
         launched.clear()
         tb.TritonBackend().backward(gy, x, ws, bs, z, spec, (True, True, True))
         got = {m: tuple(c[k] for k in ("IN_P", "H_P", "OUT_P")) for m, c in launched
                if m != "reduce"}
-        if split:
-            chain = "g" if unroll else "bwd"
-            assert got == {chain: pads, "dw": pads}, own
-            assert dict(launched)["dw"]["T_P"] == 64
+        if chain is None:
+            assert got == {"bwd": widest}, own
         else:
-            assert got == {"bwd": (64, 64, 64)}, own
+            assert got == {"bwd" if chain == "layer-loop" else "g":
+                           pads if chain == "resident" else widest, "dw": pads}, own
+            assert dict(launched)["dw"]["T_P"] == 64
         assert dict(launched)["reduce"]["T_P"] == 64
 
 

@@ -26,11 +26,14 @@ PERSISTENT_MAX_P = 64
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
-# The forward kernels and the split backward's two kernels pad each of in, hidden and out
-# to its own power of two (the fused backward kernel pads every tile to the widest:
-# history 1 of benchmarks/NOTES.md). False: every tile at the widest, as before (a sweep
-# compares the two in one process).
+# The forward kernels, the split backward's weight-gradient kernel and its resident
+# input-gradient chain pad each of in, hidden and out to its own power of two; the other
+# backward kernels pad every tile to the widest (history 1 and 19 of benchmarks/NOTES.md).
+# False: every tile at the widest, as before (a sweep compares the two in one process).
 OWN_PADDING = True
+# True: the input-gradient chain that loads its weights per row block pads its own way
+# too; wrong input gradients on the H200 (history 19), so off (benchmarks/repro_padding.py)
+OWN_PADDING_CHAIN_PER_BLOCK = False
 
 
 def _interpreting() -> bool:
@@ -376,19 +379,18 @@ class TritonBackend(Backend):
             ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1],
                     z, gx)
             strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0))
-            # the split's chain adds no weight partials into the scratch, whose layout is
-            # [T_P, T_P] per layer: its tiles are padded each on its own (the fused
-            # kernel's stay at T_P)
-            chain = meta if split is None else dict(meta, **_own_pads(spec))
+            resident = split is not None and split.g_resident and L_HID <= 4
             with device_guard(x):
                 if not (split is not None and split.g_unroll and _fits(
                         "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
-                        dict(chain, L_HID=L_HID, NEED_X=need_x, BLOCK_M=block_m,
-                             STAGES=split.g_stages,
-                             RESIDENT=split.g_resident and L_HID <= 4), warps)):
+                        dict(_chain_pads(meta, spec, resident), L_HID=L_HID, NEED_X=need_x,
+                             BLOCK_M=block_m, STAGES=split.g_stages, RESIDENT=resident),
+                        warps)):
+                    # the fused kernel adds [T_P, T_P] partials into the scratch: T_P tiles
                     _launcher("bwd").launch(
                         (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
-                        dict(chain, W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
+                        dict(meta if split is None else _chain_pads(meta, spec, False),
+                             W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                              NEED_W=need_w and split is None, NEED_B=need_b and split is None,
                              STORE_G=split is not None, BLOCK_M=block_m), x.device,
                         num_warps=warps, num_stages=stages)
@@ -399,6 +401,16 @@ class TritonBackend(Backend):
         if need_wb:
             gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
         return (gx if need_x else None), gws, gbs
+
+
+def _chain_pads(meta: dict, spec, resident: bool) -> dict:
+    """The split backward's input-gradient chain's constexprs: the resident chain pads
+    each width on its own; a chain that loads its weights per row block pads every tile to
+    the widest unless OWN_PADDING_CHAIN_PER_BLOCK (with in padded narrower than hidden it
+    gave wrong input gradients on the H200: history 19 of benchmarks/NOTES.md)."""
+    if resident or OWN_PADDING_CHAIN_PER_BLOCK:
+        return dict(meta, **_own_pads(spec))
+    return meta
 
 
 @functools.lru_cache(maxsize=512)
