@@ -95,14 +95,13 @@ def main(argv=None) -> int:
                           STAGES=2)),
                     # the split backward with each width padded on its own: the resident
                     # chain at hidden 32 between in/out 64 (narrow-w32), the weight
-                    # gradients there and at in/out 64 around hidden 128 (narrow-w128)
+                    # gradients at in/out 64 around hidden 128 (narrow-w128)
                     ("g_res_own_p", narrow._mlp_g_kernel, "bwd",
                      dict(base, H_P=P // 2, NEED_X=True, L_HID=4, STAGES=2,
                           RESIDENT=True)) if P == 64 else None,
                     ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
-                          **(dict(H_P=32) if P == 64 else dict(IN_P=64, OUT_P=64))))
-                    if P in (64, 128) else None]
+                          IN_P=64, OUT_P=64)) if P == 128 else None]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
             for name, fn, mode, consts in filter(None, jobs):
                 bm, warps = tb._tuning_nvidia(spec, mode)

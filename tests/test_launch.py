@@ -355,17 +355,18 @@ def test_forward_pads_each_width_on_its_own(fake_cuda, monkeypatch, hidden_layer
 @pytest.mark.parametrize("chain", ["resident", "unrolled", "layer-loop", None],
                          ids=["resident", "unrolled", "layer-loop", "fused"])
 def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
-    """The split backward's weight-gradient kernel, and its input-gradient chain where
-    that keeps its weights resident, get in, hidden and out padded each to its own power
-    of two (64 -> 32 -> 16), the scratch slot the widest (T_P 64); every tile at the
-    widest with OWN_PADDING off. A chain loading its weights per row block (wrong input
-    gradients on the H200 with in padded narrower than hidden) and the fused backward
-    kernel (it adds [T_P, T_P] partials into the scratch) keep the widest throughout."""
+    """The split backward's input-gradient chain, where it keeps its weights resident,
+    gets in, hidden and out padded each to its own power of two (128 -> 32 -> 16), its
+    weight-gradient kernel the same but none below 64 (narrower tiles were slower there
+    on the H200), the scratch slot the widest (T_P 128); every tile at the widest with
+    OWN_PADDING off. A chain loading its weights per row block (wrong input gradients on
+    the H200 with in padded narrower than hidden) and the fused backward kernel (it adds
+    [T_P, T_P] partials into the scratch) keep the widest throughout."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    spec = fm.MLPSpec((64, 32, 32, 16), "relu", "none", True, torch.float16)
+    spec = fm.MLPSpec((128, 32, 32, 16), "relu", "none", True, torch.float16)
     ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
     bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
-    x, gy = torch.randn(45, 64, dtype=torch.float16), torch.randn(45, 16, dtype=torch.float16)
+    x, gy = torch.randn(45, 128, dtype=torch.float16), torch.randn(45, 16, dtype=torch.float16)
     z = torch.randn(45, 64, dtype=torch.float16)  # the saved pre-activations (2 x 32)
     launched = []
 
@@ -381,8 +382,8 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: None if chain is None else
                         tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_unroll=chain != "layer-loop",
                                  g_resident=chain == "resident"))
-    widest = (64, 64, 64)
-    for own, pads in ((True, (64, 32, 16)), (False, widest)):
+    widest = (128, 128, 128)
+    for own, pads, dw in ((True, (128, 32, 16), (128, 64, 64)), (False, widest, widest)):
         monkeypatch.setattr(tb, "OWN_PADDING", own)
         launched.clear()
         tb.TritonBackend().backward(gy, x, ws, bs, z, spec, (True, True, True))
@@ -392,9 +393,9 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
             assert got == {"bwd": widest}, own
         else:
             assert got == {"bwd" if chain == "layer-loop" else "g":
-                           pads if chain == "resident" else widest, "dw": pads}, own
-            assert dict(launched)["dw"]["T_P"] == 64
-        assert dict(launched)["reduce"]["T_P"] == 64
+                           pads if chain == "resident" else widest, "dw": dw}, own
+            assert dict(launched)["dw"]["T_P"] == 128
+        assert dict(launched)["reduce"]["T_P"] == 128
 
 
 def _tuned_fake(wide, fn, block_n):

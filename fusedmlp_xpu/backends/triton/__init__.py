@@ -601,11 +601,21 @@ def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT
             grad_y, x, z, g, acc, M, IN, H, OUT, L_HID, nb,
             grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0),
         ),
-        dict(_own_pads(spec), T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
+        dict(_dw_pads(spec, T_P), T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT, ACT=meta["ACT"],
              OUT_ACT=meta["OUT_ACT"], NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
              BLOCK_M=bm, STAGES=stages), x.device,
         num_warps=warps, num_stages=NUM_STAGES)
     return acc
+
+
+def _dw_pads(spec, T_P: int) -> dict:
+    """The weight-gradient kernel's tile widths: each its own (OWN_PADDING), but none below
+    64 (or T_P). Measured on the H200 (h200-sweep-padding-20261130{,b}.json, fp16, 2^22 rows,
+    train step, kernel by kernel): in/out 64 around hidden 128, [64, 128] and [128, 64]
+    tiles instead of [128, 128] for the first and last layer: 3.95 -> 3.17 ms; hidden 32
+    between in/out 64, tiles of 32 instead of 64: 1.28-1.31 -> 1.37 ms, slower."""
+    floor = min(64, T_P)
+    return {k: max(v, floor) for k, v in _own_pads(spec).items()}
 
 
 def _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x):
