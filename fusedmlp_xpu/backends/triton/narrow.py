@@ -463,14 +463,18 @@ def _dw_layer(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blo
     [M, n_out] and h [M, n_in] (act(h) when HAS_ACT), as tiles of G_P and K_P columns;
     stored into the [T_P, T_P] weight slot at slot (row-major, T_P >= G_P, K_P: the
     reduction reads only the real [n_out, n_in]) and the bias's after it. No branch
-    inside the loop, so Triton can pipeline its loads."""
+    inside the loop, so Triton can pipeline its loads. The bias gradient's row sums come
+    from the tensor cores too, as g^T @ ones (16 equal columns): a row reduction of the
+    tile per block (tl.sum over axis 0) cost 0.8-1.7 ms of a 2^22-row train step at
+    width 128 on the H200."""
     cg = tl.arange(0, G_P)
     ck = tl.arange(0, K_P)
     gmask_c = cg < n_out
     hmask_c = ck < n_in
     dt = h_ptr.dtype.element_ty
     acc = tl.zeros([G_P, K_P], tl.float32)
-    accb = tl.zeros([G_P], tl.float32)
+    accb = tl.zeros([G_P, 16], tl.float32)
+    ones = tl.full([BLOCK_M, 16], 1.0, dt)
     for blk in tl.range(pid, n_blocks, n_prog, num_stages=STAGES):
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < M
@@ -480,12 +484,14 @@ def _dw_layer(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blo
                     mask=rmask[:, None] & hmask_c[None, :], other=0.0)
         if HAS_ACT:
             h = _act(h.to(tl.float32), ACT).to(dt)
-        acc += _dot(tl.trans(g.to(dt)), h.to(dt), F32, PREC)
+        gt = tl.trans(g.to(dt))
+        acc += _dot(gt, h.to(dt), F32, PREC)
         if NEED_B:
-            accb += tl.sum(g.to(tl.float32), axis=0)
+            accb += _dot(gt, ones, F32, PREC)
     tl.store(slot + cg[:, None] * T_P + ck[None, :], acc)
-    if NEED_B:
-        tl.store(slot + W_SLOT + cg, accb)
+    if NEED_B:  # one of the equal columns: a sum of it and zeros is exact
+        first = tl.arange(0, 16)[None, :] == 0
+        tl.store(slot + W_SLOT + cg, tl.sum(tl.where(first, accb, 0.0), axis=1))
 
 
 @triton.jit
