@@ -167,10 +167,11 @@ def _replan(*modules):
         m._bound = None
 
 
-def _train_case(W, hidden, n, dev):
-    """A W-wide fp16 FusedMLP (in/out 64, biases), x [n, 64] needing grad, grad_y, and the
-    eager reference gradients (x and every parameter) on the first 8192 rows."""
-    m = fm.FusedMLP(64, 64, W, hidden, bias=True, device=dev, dtype=torch.float16,
+def _train_case(W, hidden, n, dev, bias=True):
+    """A W-wide fp16 FusedMLP (in/out 64, biases unless told), x [n, 64] needing grad,
+    grad_y, and the eager reference gradients (x and every parameter) on the first 8192
+    rows."""
+    m = fm.FusedMLP(64, 64, W, hidden, bias=bias, device=dev, dtype=torch.float16,
                     backend="triton")
     x = torch.randn(n, 64, device=dev, dtype=torch.float16, requires_grad=True)
     gy = torch.randn(n, 64, device=dev, dtype=torch.float16)
@@ -339,15 +340,15 @@ def sweep_split(args):
 
 
 def sweep_padding(args):
-    """Train step with each width padded on its own (OWN_PADDING, the package's choice)
-    against every tile at the widest, interleaved twice; where the split's chain keeps
+    """Train step, with biases and without, with each width padded on its own
+    (OWN_PADDING, the package's choice) against every tile at the widest, interleaved twice; where the split's chain keeps
     its weights resident (hidden <= 32), also with two chain programs per SM (its shared
     memory shrinks with the narrower hidden tiles). Then both kernel by kernel."""
     dev = torch.device("cuda")
     rows = []
     own_split = tb._split_backward
-    for W in args.width or (32, 128):
-        m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev)
+    for W, bias in [(W, b) for W in args.width or (32, 128) for b in (True, False)]:
+        m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
         spec = m.spec(torch.float16)
         split = own_split(dev, spec)
         variants = ["own", "widest", "own", "widest"]
@@ -375,15 +376,16 @@ def sweep_padding(args):
             except Exception as e:  # out of resources, etc.
                 print(f"W{W} {v}: {type(e).__name__} {str(e)[:120]}", flush=True)
                 continue
-            best = _keep(rows, best, W, args.hidden, f"train {v}{_refused()}", ms)
-        print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
+            best = _keep(rows, best, W, args.hidden, f"train bias {bias} {v}{_refused()}", ms)
+        print(f"BEST W{W} L{args.hidden} bias {bias} train: {best}", flush=True)
         for v in ("own", "widest"):
             use(v)
             kernels = _profile_kernels(fn)
-            print(f"W{W} {v} per step, kernel by kernel:")
+            print(f"W{W} bias {bias} {v} per step, kernel by kernel:")
             for name, us in kernels:
                 print(f"   {us:9.1f} us  {name}")
-            rows.append(dict(width=W, hidden=args.hidden, variant=v, kernels_us=kernels))
+            rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=v,
+                             kernels_us=kernels))
     tb.OWN_PADDING, tb._split_backward = True, own_split
     _write(args, rows)
 
