@@ -180,7 +180,11 @@ def _split_nvidia(spec) -> Split | None:
     hidden weights; the persistent forward's limit too); deeper nets keep the layer loop
     (the split where hidden <= 32, the fused kernel otherwise), as swept before. fp32 is not
     swept: it keeps the fused kernel. An unrolled chain the device refuses steps down its
-    stages, then falls back to the layer loop (_fits)."""
+    stages, then falls back to the layer loop (_fits).
+    Since then the resident chain and the weight-gradient kernel pad each width on its own
+    (_chain_pads, _dw_pads): hidden 32, 3.07 ms a step against 3.38-3.51 with every tile
+    at 64; two chain programs per SM (88 KB of shared memory now) 3.11, so one stays
+    (h200-sweep-padding-20261130c.json)."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
