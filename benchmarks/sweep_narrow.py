@@ -191,6 +191,20 @@ def _grad_err(m, xs, gy, ref) -> float:
     return max(((a - b).norm() / b.norm()).item() for a, b in zip(got, ref))
 
 
+def _checked_train_ms(m, xs, gy, ref, fn, label):
+    """The median ms of the train step fn once the module's gradients on xs match ref;
+    None (said why) when they do not or the variant fails (out of resources, etc.)."""
+    try:
+        err = _grad_err(m, xs, gy, ref)
+        if not err < 2e-2:
+            print(f"{label}: WRONG (rel err {err:.2e})", flush=True)
+            return None
+        return triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
+    except Exception as e:  # out of resources, etc.
+        print(f"{label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+        return None
+
+
 def sweep_stages(args):
     """The layer loop's num_stages (``_layer_stages_nvidia``), 1-3, at 4 and 11 hidden
     layers: inference with the per-block forward (persistent off) and the train step
@@ -300,14 +314,8 @@ def sweep_split(args):
             label = "fused" if v is None else (
                 "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{} resident {}"
                 .format(*v))
-            try:
-                err = _grad_err(m, xs, gy, ref)
-                if not err < 2e-2:
-                    print(f"W{W} {label}: WRONG (rel err {err:.2e})", flush=True)
-                    return
-                ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
-            except Exception as e:  # out of resources, etc.
-                print(f"W{W} {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+            ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} {label}")
+            if ms is None:
                 return
             if tb._FIT:  # an unrolled kernel was refused: fewer stages or the layer loop ran
                 label += _refused()
@@ -367,14 +375,8 @@ def sweep_padding(args):
         best = None
         for v in variants:
             use(v)
-            try:
-                err = _grad_err(m, xs, gy, ref)
-                if not err < 2e-2:
-                    print(f"W{W} {v}: WRONG (rel err {err:.2e})", flush=True)
-                    continue
-                ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
-            except Exception as e:  # out of resources, etc.
-                print(f"W{W} {v}: {type(e).__name__} {str(e)[:120]}", flush=True)
+            ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} {v}")
+            if ms is None:
                 continue
             best = _keep(rows, best, W, args.hidden, f"train bias {bias} {v}{_refused()}", ms)
         print(f"BEST W{W} L{args.hidden} bias {bias} train: {best}", flush=True)
