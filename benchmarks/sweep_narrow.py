@@ -119,10 +119,16 @@ def sweep_persistent(args):
         # weights per block and 8 warps; the resident kernel at 64 and 128 rows, 2 and 3
         # per SM. Each width padded on its own makes the kernel lighter where hidden is
         # narrower (sm_90 compile at 64 -> 32 -> 64: 48 KB, 124 registers against 80 KB,
-        # 183), so up to 4 programs per SM may fit.
+        # 183), so up to 4 programs per SM may fit. Without biases (this sweep) the
+        # hidden-64 kernel at 64 rows / 4 warps takes 78-80 registers and 80 / 72 / 56 KB
+        # of shared memory at 3 / 2 / 1 stages (sm_90 compile, Triton 3.6): 2 / 3 / 4
+        # programs fit an SM. A grid of more than fit runs in more than one wave (the
+        # earlier 3 and 4 per SM at 3 stages, and 4 at 2 stages): 64/4/2/3 and 64/4/1/4
+        # are the variants with more blocks in flight that fit.
         variants = ["package", "package, widest padding", (128, 4)] + [
             (64, 4, 3, 2, True), (64, 4, 3, 3, True), (64, 4, 3, 4, True),
-            (64, 4, 2, 4, True), (128, 4, 3, 2, True), (128, 8, 3, 1, True)]
+            (64, 4, 2, 3, True), (64, 4, 1, 4, True), (128, 4, 3, 2, True),
+            (128, 8, 3, 1, True)]
         best = {}
         for v in variants:
             tb.OWN_PADDING = v != "package, widest padding"
