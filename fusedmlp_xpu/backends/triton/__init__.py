@@ -47,11 +47,18 @@ def _pow2(n: int) -> int:
 def _own_pads(spec) -> dict:
     """IN_P, H_P and OUT_P, each width padded to its own power of two (OWN_PADDING; fewer
     FLOPs where in, hidden and out differ: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer,
-    w128's 64 -> 128 -> 64 1.25x fewer), else all at the widest."""
+    w128's 64 -> 128 -> 64 1.25x fewer), else all at the widest. Shared: read, never
+    modify (a backward asks for it every call)."""
+    return _pads(spec, OWN_PADDING, 16)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pads(spec, own: bool, floor: int) -> dict:
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
-    if not OWN_PADDING:
+    if not own:
         IN = H = OUT = max(spec.widths)
-    return dict(IN_P=_pow2(IN), H_P=_pow2(H), OUT_P=_pow2(OUT))
+    return dict(IN_P=max(floor, _pow2(IN)), H_P=max(floor, _pow2(H)),
+                OUT_P=max(floor, _pow2(OUT)))
 
 
 # --- tuning, one named place per vendor ------------------------------------------------
@@ -387,13 +394,13 @@ class TritonBackend(Backend):
             with device_guard(x):
                 if not (split is not None and split.g_unroll and _fits(
                         "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
-                        dict(_chain_pads(meta, spec, resident), L_HID=L_HID, NEED_X=need_x,
-                             BLOCK_M=block_m, STAGES=split.g_stages, RESIDENT=resident),
-                        warps)):
+                        dict(meta, **_chain_pads(spec, resident), L_HID=L_HID,
+                             NEED_X=need_x, BLOCK_M=block_m, STAGES=split.g_stages,
+                             RESIDENT=resident), warps)):
                     # the fused kernel adds [T_P, T_P] partials into the scratch: T_P tiles
                     _launcher("bwd").launch(
                         (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
-                        dict(meta if split is None else _chain_pads(meta, spec, False),
+                        dict(meta, **({} if split is None else _chain_pads(spec, False)),
                              W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                              NEED_W=need_w and split is None, NEED_B=need_b and split is None,
                              STORE_G=split is not None, BLOCK_M=block_m), x.device,
@@ -407,14 +414,13 @@ class TritonBackend(Backend):
         return (gx if need_x else None), gws, gbs
 
 
-def _chain_pads(meta: dict, spec, resident: bool) -> dict:
-    """The split backward's input-gradient chain's constexprs: the resident chain pads
-    each width on its own; a chain that loads its weights per row block pads every tile to
-    the widest unless OWN_PADDING_CHAIN_PER_BLOCK (with in padded narrower than hidden it
-    gave wrong input gradients on the H200: history 19 of benchmarks/NOTES.md)."""
-    if resident or OWN_PADDING_CHAIN_PER_BLOCK:
-        return dict(meta, **_own_pads(spec))
-    return meta
+def _chain_pads(spec, resident: bool) -> dict:
+    """The split backward's input-gradient chain's tile widths over _launch_meta's (every
+    tile at the widest): the resident chain pads each width on its own; a chain that loads
+    its weights per row block keeps the widest unless OWN_PADDING_CHAIN_PER_BLOCK (with in
+    padded narrower than hidden it gave wrong input gradients on the H200: history 19 of
+    benchmarks/NOTES.md)."""
+    return _own_pads(spec) if resident or OWN_PADDING_CHAIN_PER_BLOCK else {}
 
 
 @functools.lru_cache(maxsize=512)
@@ -618,8 +624,7 @@ def _dw_pads(spec, T_P: int) -> dict:
     train step, kernel by kernel): in/out 64 around hidden 128, [64, 128] and [128, 64]
     tiles instead of [128, 128] for the first and last layer: 3.95 -> 3.17 ms; hidden 32
     between in/out 64, tiles of 32 instead of 64: 1.28-1.31 -> 1.37 ms, slower."""
-    floor = min(64, T_P)
-    return {k: max(v, floor) for k, v in _own_pads(spec).items()}
+    return _pads(spec, OWN_PADDING, min(64, T_P))
 
 
 def _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x):
