@@ -1,8 +1,15 @@
-"""Where the host time of the wide-gelu train step at 16 rows goes (GPU machine): the
-step's Python parts timed with perf_counter around each (launches by caller, torch.mm,
-sums, allocations, the op's forward and backward), per step, next to the whole step.
+"""Where the host time of a wide block's train step at 16 rows goes (GPU machine).
 
-Usage: PYTHONPATH=. python benchmarks/host_wide_train.py [--steps 300]
+1. Ours and eager interleaved (overhead.interleaved): the whole step; the forward alone
+   under grad; the step with the autograd engine's device threads off
+   (set_multithreading_enabled(False): backward runs on the calling thread).
+2. Device time a step: K steps queued behind a long torch.cuda._sleep, timed with events
+   from the sleep's end; the host's enqueue of the K steps must finish inside the sleep
+   (printed), else something in the step waited for the device.
+3. The step's Python parts timed with perf_counter around each (launches by caller,
+   torch.mm, sums, allocations, the op's forward and backward), next to the whole step.
+
+Usage: PYTHONPATH=. python benchmarks/host_wide_train.py [--steps 300] [--config wide-swiglu]
 """
 import argparse
 import collections
@@ -12,9 +19,11 @@ import time
 import torch
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu import op
+from fusedmlp_xpu import gated, op
 from fusedmlp_xpu.backends import memory
 from fusedmlp_xpu.backends.triton import launch
+from fusedmlp_xpu.bench_wide import CONFIGS, eager_model
+from overhead import interleaved  # benchmarks/, this script's folder
 
 SPENT = collections.defaultdict(float)
 CALLS = collections.Counter()
@@ -40,17 +49,48 @@ def timed(name, fn, where=False):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--config", choices=list(CONFIGS), default="wide-gelu")
     a = ap.parse_args()
     dt, dev = torch.bfloat16, "cuda"
-    seq = torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU("tanh"),
-                              torch.nn.Linear(16384, 4096)).to(dev, dt)
-    ws, bs = [seq[0].weight, seq[2].weight], [seq[0].bias, seq[2].bias]
-    x = torch.randn(16, 4096, device=dev, dtype=dt, requires_grad=True)
-    gy = torch.randn(16, 4096, device=dev, dtype=dt)
+    dims = CONFIGS[a.config]
+    seq = eager_model(a.config, dims, dev, dt)
+    x = torch.randn(16, dims[0], device=dev, dtype=dt, requires_grad=True)
+    gy = torch.randn(16, dims[0], device=dev, dtype=dt)
+    if dims[3]:  # gated: the GatedMLP sharing the Llama block's weights
+        ours = fm.GatedMLP.from_module(seq, backend="triton")
+        params = [seq.gate_proj.weight, seq.up_proj.weight, seq.down_proj.weight]
+    else:
+        ws, bs = [seq[0].weight, seq[2].weight], [seq[0].bias, seq[2].bias]
+        params = [*ws, *bs]
+
+        def ours(xx):
+            return fm.fused_mlp(xx, ws, bs, "gelu_tanh", backend="triton")
 
     def step():
-        y = fm.fused_mlp(x, ws, bs, "gelu_tanh", backend="triton")
-        torch.autograd.grad(y, [x, *ws, *bs], gy)
+        y = ours(x)
+        torch.autograd.grad(y, [x, *params], gy)
+
+    def eager_step():
+        y = seq(x)
+        torch.autograd.grad(y, [x, *params], gy)
+
+    def forward_only():
+        ours(x)
+
+    def eager_forward_only():
+        seq(x)
+
+    us = interleaved({"ours": step, "eager": eager_step, "ours forward": forward_only,
+                      "eager forward": eager_forward_only}, n=1400)
+    torch.autograd.set_multithreading_enabled(False)
+    us.update(interleaved({"ours one thread": step, "eager one thread": eager_step}, n=1400))
+    torch.autograd.set_multithreading_enabled(True)
+    for k, v in us.items():
+        print(f"host a step (interleaved, median of 7): {k:<18} {v:7.1f} us")
+    for name, fn in (("ours", step), ("eager", eager_step)):
+        d_us, host, sleep = device_per_step(fn)
+        print(f"device a step: {name:<6} {d_us:7.1f} us (enqueue of the steps {host:.0f} us "
+              f"inside a {sleep:.0f} us sleep: {'ok' if host < sleep else 'NOT hidden'})")
 
     for _ in range(50):
         step()
@@ -64,8 +104,9 @@ def main():
     torch.mm = timed("torch.mm", torch.mm, where=True)
     torch.sum = timed("torch.sum", torch.sum, where=True)
     memory.new_empty = timed("new_empty", memory.new_empty)
-    op._EagerMLP.forward = staticmethod(timed("op forward", op._EagerMLP.forward))
-    op._EagerMLP.backward = staticmethod(timed("op backward", op._EagerMLP.backward))
+    for fn in (op._EagerMLP, gated._EagerGated):
+        fn.forward = staticmethod(timed("op forward", fn.forward))
+        fn.backward = staticmethod(timed("op backward", fn.backward))
     tstep = timed("whole step", step)
     for _ in range(20):
         tstep()
@@ -78,6 +119,25 @@ def main():
     print(f"step without the timers: {whole:.1f} us")
     for k, v in sorted(SPENT.items(), key=lambda kv: -kv[1]):
         print(f"{v / a.steps * 1e6:9.1f} us a step  {CALLS[k] / a.steps:4.1f} calls  {k}")
+
+
+def device_per_step(fn, k=40, sleep_cycles=200_000_000):
+    """(device us a step, host us to enqueue the k steps, sleep us): the steps queued
+    behind a sleep kernel, timed on the device from the sleep's end."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    e0.record()
+    torch.cuda._sleep(sleep_cycles)
+    e1.record()
+    t = time.perf_counter()
+    for _ in range(k):
+        fn()
+    host = (time.perf_counter() - t) * 1e6
+    e2.record()
+    torch.cuda.synchronize()
+    return e1.elapsed_time(e2) * 1e3 / k, host, e0.elapsed_time(e1) * 1e3
 
 
 if __name__ == "__main__":

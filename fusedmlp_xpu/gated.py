@@ -166,8 +166,10 @@ _ARGS = ("Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor[]? biases,
          "str activation, str backend")
 
 
-def _run_forward(x, w_gate, w_up, w_down, biases, activation, backend, save):
-    impl = choose(x.device, backend or None)
+def _run_forward(x, w_gate, w_up, w_down, biases, activation, backend, save, impl=None):
+    impl = choose(x.device, backend or None) if impl is None else impl
+    if x.dim() == 2:  # already [rows, d]: no reshapes (host time at decode sizes)
+        return impl.gated_forward(x, w_gate, w_up, w_down, activation, save, biases)
     lead = x.shape[:-1]
     y, saved = impl.gated_forward(x.reshape(-1, x.shape[-1]), w_gate, w_up, w_down,
                                   activation, save, biases)
@@ -279,9 +281,11 @@ class _EagerGated(torch.autograd.Function):
     @staticmethod
     def forward(ctx, activation, backend, recompute, x, w_gate, w_up, w_down, *biases):
         bl = list(biases) if biases else None
+        # backward runs on the implementation that ran forward (it reads what that saved)
+        impl = choose(x.device, backend or None)
         y, saved = _run_forward(x, w_gate, w_up, w_down, bl, activation, backend,
-                                not recompute)
-        ctx.activation, ctx.backend, ctx.n_b = activation, backend, len(biases)
+                                not recompute, impl)
+        ctx.activation, ctx.impl, ctx.n_b = activation, impl, len(biases)
         ctx.save_for_backward(x, w_gate, w_up, w_down, *biases, *saved)
         return y
 
@@ -293,15 +297,21 @@ class _EagerGated(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_ws, need_bs = need[3], need[4:7], need[7:]
         need_w, need_b = any(need_ws), any(need_bs)
-        impl = choose(x.device, ctx.backend or None)
-        n = x.shape[:-1].numel()
-        gx, gw, gb = impl.gated_backward(
-            grad_y.reshape(n, grad_y.shape[-1]).contiguous(), x.reshape(n, x.shape[-1]),
-            w_gate, w_up, w_down, [s.reshape(n, s.shape[-1]) for s in t[4 + n_b:]],
-            ctx.activation, (need_x, need_w, need_b), biases)
+        saved = list(t[4 + n_b:])
+        flat = x.dim() == 2  # [rows, d] already: no reshapes (host time at decode sizes)
+        if not flat:
+            n = x.shape[:-1].numel()
+            grad_y = grad_y.reshape(n, grad_y.shape[-1])
+            x = x.reshape(n, x.shape[-1])
+            saved = [s.reshape(n, s.shape[-1]) for s in saved]
+        gx, gw, gb = ctx.impl.gated_backward(
+            grad_y if grad_y.is_contiguous() else grad_y.contiguous(), x,
+            w_gate, w_up, w_down, saved, ctx.activation, (need_x, need_w, need_b), biases)
         gw = [g if k else None for g, k in zip(gw, need_ws)] if need_w else [None] * 3
         gb = [g if k else None for g, k in zip(gb, need_bs)] if need_b else [None] * n_b
-        return None, None, None, gx.reshape(x.shape) if need_x else None, *gw, *gb
+        if need_x and not flat:
+            gx = gx.reshape(t[0].shape)
+        return None, None, None, gx if need_x else None, *gw, *gb
 
 
 # --- the functional entry ------------------------------------------------------------

@@ -39,8 +39,8 @@ def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
     return MLPSpec(widths, activation, output_activation, biases is not None, x.dtype)
 
 
-def _run_forward(x, weights, biases, spec, backend, save):
-    be = dispatch.choose(x.device, spec, backend or None)
+def _run_forward(x, weights, biases, spec, backend, save, be=None):
+    be = dispatch.choose(x.device, spec, backend or None) if be is None else be
     if x.dim() == 2:  # already [rows, in]: no reshapes (host time per call)
         y, saved = be.forward(x, weights, biases, spec, save)
         return (y, saved) if save else y
@@ -197,9 +197,11 @@ class _EagerMLP(torch.autograd.Function):
     def forward(ctx, spec, backend, recompute, x, *params):
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        out = _run_forward(x, weights, biases, spec, backend, not recompute)
+        # backward runs on the backend that ran forward (it reads what that one saved)
+        be = dispatch.choose(x.device, spec, backend)
+        out = _run_forward(x, weights, biases, spec, backend, not recompute, be)
         y, saved = (out, None) if recompute else out
-        ctx.spec, ctx.backend = spec, backend
+        ctx.spec, ctx.be = spec, be
         ctx.save_for_backward(x, *params, *(() if recompute else (saved,)))
         return y
 
@@ -213,16 +215,20 @@ class _EagerMLP(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_w = need[3], any(need[4 : 4 + n])
         need_b = spec.bias and any(need[4 + n :])
-        rows = x.shape[:-1].numel()
-        be = dispatch.choose(x.device, spec, ctx.backend)
-        gx, gw, gb = be.backward(
-            grad_y.reshape(rows, spec.out_features).contiguous(),
-            x.reshape(rows, spec.in_features), weights, biases,
-            None if saved is None else saved.reshape(rows, saved.shape[-1]), spec,
-            (need_x, need_w, need_b))
+        flat = x.dim() == 2  # [rows, in] already: no reshapes (host time at decode sizes)
+        if not flat:
+            rows = x.shape[:-1].numel()
+            grad_y = grad_y.reshape(rows, spec.out_features)
+            x = x.reshape(rows, spec.in_features)
+            saved = None if saved is None else saved.reshape(rows, saved.shape[-1])
+        gx, gw, gb = ctx.be.backward(
+            grad_y if grad_y.is_contiguous() else grad_y.contiguous(), x, weights, biases,
+            saved, spec, (need_x, need_w, need_b))
         gw = list(gw) if need_w else [None] * n
         gb = (list(gb) if need_b else [None] * n) if spec.bias else []
-        return (None, None, None, None if gx is None else gx.reshape(x.shape), *gw, *gb)
+        if gx is not None and not flat:
+            gx = gx.reshape(t[0].shape)
+        return (None, None, None, gx, *gw, *gb)
 
 
 def plain_eager(x) -> bool:

@@ -1151,16 +1151,19 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     prologue, no activation) on CUDA, torch.mm / addmm_ (_blas)."""
     M, K = g.shape
     N = w.shape[1]
+    if (M and (z is None or act == "none") and g_act == "none" and not store_h
+            and _blas(g.device)):
+        # torch.mm allocates its own output: one call less of host time than new_empty
+        # and mm(out=) (M = 16 train steps are host-bound); no 2^31-element limit here
+        out = torch.mm(g, w) if out is None else torch.mm(g, w, out=out)
+        if g2 is not None:  # the gated dx: dg Wg + du Wu
+            out.addmm_(g2, w2)
+        return out, None
     out = memory.new_empty(M, N, like=g) if out is None else out
     h = memory.new_empty(M, N, like=g) if store_h else None
     if M == 0:
         return out, h
     _check_size(g, w, out, g2, w2)
-    if (z is None or act == "none") and g_act == "none" and not store_h and _blas(g.device):
-        torch.mm(g, w, out=out)
-        if g2 is not None:  # the gated dx: dg Wg + du Wu
-            out.addmm_(g2, w2)
-        return out, h
     if z is not None and act != "none" and g_act == "none" and g2 is None and M > 64:
         cfg = _tma_config(g.device, "dx")
         if _tma_ok(g.device, M, N, cfg, g, w, z, out, *([h] if h is not None else [])):
@@ -1213,6 +1216,15 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     CUDA, dW is one torch.mm (_blas)."""
     M, N_out = g.shape
     N_in = h.shape[1]
+    # one row reduction, not sums of the A tiles inside the GEMM's loop: with those the
+    # wide-gelu train step took 14.8 ms on the H200, without them 11.1 (M 8192; not
+    # profiled, NOTES.md wide history 5), and with masked K tails they gave a wrong dW
+    # there under Triton 3.6 (wide history 2)
+    if M and g_act == "none" and _blas(g.device):
+        # the ops allocate their outputs (host time, as in grad_input)
+        db = _bias_grad(g, g_z, g_act) if bias_grad else None
+        dw = torch.mm(g.t(), h) if out is None else torch.mm(g.t(), h, out=out)
+        return dw, db
     dw = memory.new_empty(N_out, N_in, like=g) if out is None else out
     db = memory.new_empty(N_out, like=g) if bias_grad else None
     if M == 0:  # a sum over no rows
@@ -1223,14 +1235,7 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
     _check_size(g, h, dw)
     zg = g_z if g_z is not None else g
     if db is not None:
-        # one row reduction, not sums of the A tiles inside the GEMM's loop: with those
-        # the wide-gelu train step took 14.8 ms on the H200, without them 11.1 (M 8192;
-        # not profiled, NOTES.md wide history 5), and with masked K tails they gave a
-        # wrong dW there under Triton 3.6 (wide history 2)
         _bias_grad(g, g_z, g_act, out=db)
-    if g_act == "none" and _blas(g.device):
-        torch.mm(g.t(), h, out=dw)
-        return dw, db
     with _guard(g):
         # K of this GEMM is the batch; bucket the output rows (N_out) like any M
         _kernel("dw", g.device).launch(
@@ -1304,10 +1309,15 @@ def _hidden_layer_grads(g, w, z, act, g_z, g_act, need_b):
     """For a hidden layer i > 0: g_{i-1} = (g' W_i) * act'(z_{i-1}) and dW_i = g'^T h_{i-1},
     h_{i-1} rebuilt chunk by chunk of columns in the epilogue of the g_{i-1} GEMM."""
     M, n_in = z.shape
+    db = _bias_grad(g, g_z, g_act) if need_b else None
+    chunks = _col_chunks(M, n_in, g.element_size())
+    if len(chunks) == 1:  # no column views to make (host time at decode sizes)
+        g_next, h = grad_input(g, w, z, act, g_z, g_act, store_h=True)
+        dw, _ = grad_weight(g, h, g_z, g_act)
+        return g_next, dw, db
     g_next = memory.new_empty(M, n_in, like=g)
     dw = memory.new_empty(w.shape[0], n_in, like=g)
-    db = _bias_grad(g, g_z, g_act) if need_b else None
-    for c0, c1 in _col_chunks(M, n_in, g.element_size()):
+    for c0, c1 in chunks:
         _, h = grad_input(g, w[:, c0:c1], z[:, c0:c1], act, g_z, g_act, store_h=True,
                           out=g_next[:, c0:c1])
         grad_weight(g, h, g_z, g_act, out=dw[:, c0:c1])
@@ -1326,7 +1336,11 @@ def backward(grad_y, x, weights, biases, saved, spec, needs):
     need_b = need_b and biases is not None
     if saved is None:
         _, saved = forward(x, weights, biases, spec, True)
-    saved = [z.contiguous() for z in saved.split(saved_widths(spec), dim=-1)]
+    widths = saved_widths(spec)
+    if len(widths) == 1 and saved.is_contiguous():  # the usual FFN: z itself, no views
+        saved = [saved]
+    else:
+        saved = [z.contiguous() for z in saved.split(widths, dim=-1)]
     L = len(weights)
     act = spec.activation
     g, g_z, g_act = grad_y, None, "none"
@@ -1489,10 +1503,15 @@ def _gated_bwd_pointer(grad_y, w_down, g, u, act, need_w, need_b):
     M, H = g.shape
     dwd = dbd = None
     if need_w:
-        dwd = memory.new_empty(w_down.shape[0], H, like=g)
         dbd = _bias_grad(grad_y, None, "none") if need_b else None
         fn = activations.ACTIVATIONS[act].fn
-        for c0, c1 in _col_chunks(M, H, g.element_size()):
+        chunks = _col_chunks(M, H, g.element_size())
+        if len(chunks) == 1:  # no column views (host time at decode sizes)
+            dwd, _ = grad_weight(grad_y, fn(g) * u)
+            chunks = ()
+        else:
+            dwd = memory.new_empty(w_down.shape[0], H, like=g)
+        for c0, c1 in chunks:
             h = fn(g[:, c0:c1]) * u[:, c0:c1]
             grad_weight(grad_y, h, out=dwd[:, c0:c1])
             del h
