@@ -467,6 +467,61 @@ def test_wide_linear_plan_reuses_a_kernel_only_for_the_same_specialization(
     assert general and len(fn.direct) == 3 and len(plan._entries) == 5
 
 
+def test_wide_dx_plan_launches_directly_only_with_dense_strides(fake_cuda, monkeypatch):
+    """grad_input's pointer-kernel plan (wide._DxLaunch): with every operand dense and
+    aligned the strides are fixed by the plan's widths, so a call of an earlier row bucket
+    and row specialization is launched directly with the same tensors and the chosen
+    tiles' grid; column views (other strides) and misaligned pointers take the general
+    path every time."""
+    wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
+    names = ["g_ptr", "w_ptr", "zg_ptr", "g2_ptr", "w2_ptr", "z_ptr", "out_ptr", "h_ptr", "M",
+             "N", "K", "K2", "M_BUCKET", "s_gm", "s_gk", "s_wn", "s_wk", "s_zgm", "s_zgk",
+             "s_g2m", "s_g2k", "s_w2n", "s_w2k", "s_zm", "s_zn", "s_om", "s_on", "s_hm", "s_hn"]
+    fn = _RecordingKernel()
+    fn.params = [_Param(n, False) for n in names]
+    kernel = _tuned_fake(wide, fn, lambda args: 32 if args[12] <= 16 else 64)
+    monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    N, K = 96, 40  # w: [K, N] (the layer's [out, in])
+    plan = wide._DxLaunch(fake_cuda, torch.float16, N, K, K, "none", "gelu", False, True)
+    monkeypatch.setattr(wide, "_dx_plan", lambda *key: plan)
+    w = torch.randn(K, N, dtype=torch.float16)
+
+    def call(rows, offset=0, cols=None):
+        flat = torch.randn(rows * K + offset, dtype=torch.float16)
+        g = flat[offset:].view(rows, K)
+        z = torch.randn(rows, N, dtype=torch.float16)
+        ww, zz = (w, z) if cols is None else (w[:, :cols], z[:, :cols])
+        out, h = wide.grad_input(g, ww, zz, "gelu", store_h=True)
+        return g, ww, zz, out, h
+
+    call(13)
+    assert (fn.compiles, len(fn.direct)) == (1, 0)
+    g, ww, z, out, h = call(11)  # bucket 16, same specialization of rows
+    assert (fn.compiles, len(fn.direct)) == (1, 1)
+    a = fn.direct[-1]
+    assert a[0] == (N + 31) // 32
+    assert a[9:17] == (g, ww, g, g, ww, z, out, h) and all(
+        x is y for x, y in zip(a[9:17], (g, ww, g, g, ww, z, out, h)))
+    assert a[17:] == (11, N, K, K, 16, K, 1, 1, N, K, 1, K, 1, 1, N, N, 1, N, 1, N, 1)
+    for changed in [dict(rows=16), dict(rows=40)]:
+        before = fn.compiles
+        call(**changed)
+        assert fn.compiles == before + 1, changed
+    general = []  # launch.py's own key is built only on the general path
+    real_key = launch.args_key
+    monkeypatch.setattr(launch, "args_key", lambda args: general.append(1) or real_key(args))
+    for changed in [dict(rows=11, offset=1), dict(rows=11, cols=64)]:  # misaligned g;
+        for _ in range(2):  # column views of w and z (strides not dense): never kept
+            general.clear()
+            call(**changed)
+            assert general and len(plan._direct.entries) == 3, changed
+    general.clear()
+    direct = len(fn.direct)
+    call(11)
+    assert not general and len(fn.direct) == direct + 1
+
+
 def test_wide_gated_plan_reuses_a_kernel_only_for_the_same_specialization(
         fake_cuda, monkeypatch):
     """The gated GEMM's plan (wide._GatedForward) as the linear one: a direct launch only

@@ -1174,20 +1174,50 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     zz = z if z is not None else out
     hh = h if h is not None else out
     g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
-    with _guard(g):
-        _kernel("dx", g.device).launch(
-            _grid(M, N), (
-                g, w, zg, g2_, w2_, zz, out, hh,
-                M, N, K, w2_.shape[0], _bucket(M),
-                g.stride(0), g.stride(1), w.stride(1), w.stride(0), zg.stride(0), zg.stride(1),
-                g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
-                zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0), hh.stride(1),
-            ),
-            dict(G_ACT=_ACT[g_act], ACT=_ACT[act] if z is not None else 0, DUAL=g2 is not None,
-                 STORE_H=store_h, **_meta(g)),
-            g.device,
-        )
+    K2 = w2_.shape[0]
+    strides = (g.stride(0), g.stride(1), w.stride(1), w.stride(0), zg.stride(0), zg.stride(1),
+               g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
+               zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0),
+               hh.stride(1))
+    _dx_plan(g.device, g.dtype, N, K, K2, g_act, act if z is not None else "none",
+             g2 is not None, store_h).launch(M, (g, w, zg, g2_, w2_, zz, out, hh), strides)
     return out, h
+
+
+@functools.lru_cache(maxsize=1024)
+def _dx_plan(device, dtype, N, K, K2, g_act, act, dual, store_h) -> "_DxLaunch":
+    return _DxLaunch(device, dtype, N, K, K2, g_act, act, dual, store_h)
+
+
+class _DxLaunch:
+    """grad_input's pointer-kernel launches for one (device, dtype, N, K, K2, prologue,
+    epilogue, dual?, h?). When every operand has the dense strides of its shape (a
+    decode-sized backward: no column chunks), the strides Triton specializes on are fixed
+    by N, K and K2, so the launches go through _Direct keyed on the row bucket and M's
+    specialization alone (host time: the general path builds a key over ~30 arguments
+    every call); other strides take the general path."""
+
+    def __init__(self, device, dtype, N, K, K2, g_act, act, dual, store_h):
+        self.device, self.N, self.K, self.K2 = device, N, K, K2
+        self.consts = dict(G_ACT=_ACT[g_act], ACT=_ACT[act], DUAL=dual, STORE_H=store_h,
+                           **_meta_for(device, dtype))
+        # g [M, K], w [K, N] (as w.stride(1), w.stride(0)), zg [M, K], g2 [M, K2],
+        # w2 [K2, N], z, out, h [M, N]: the strides in launch order when all are dense
+        self.dense = (K, 1, 1, N, K, 1, K2, 1, 1, N, N, 1, N, 1, N, 1)
+        self.lean = launch.enabled(device)
+        self._direct = _Direct(_kernel("dx", device), device)
+
+    def launch(self, M, tensors, strides):
+        key = None
+        if self.lean and strides == self.dense:
+            ptrs = 0
+            for t in tensors:
+                ptrs |= t.data_ptr()
+            if not ptrs & 15:  # every pointer 16-byte aligned
+                key = (_bucket(M), int_key(M))
+        self._direct.launch(key, M, self.N,
+                            (*tensors, M, self.N, self.K, self.K2, _bucket(M), *strides),
+                            self.consts)
 
 
 #: FUSEDMLP_WIDE_BLAS=0: the GEMMs with nothing to fuse take the Triton kernels on CUDA too
