@@ -1175,10 +1175,10 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
     hh = h if h is not None else out
     g2_, w2_ = (g2, w2) if g2 is not None else (g, w)
     K2 = w2_.shape[0]
-    strides = (g.stride(0), g.stride(1), w.stride(1), w.stride(0), zg.stride(0), zg.stride(1),
-               g2_.stride(0), g2_.stride(1), w2_.stride(1), w2_.stride(0),
-               zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), hh.stride(0),
-               hh.stride(1))
+    # W [out, in] goes in as B[n = in, k = out]: its strides swapped
+    (wk, wn), (w2k, w2n) = w.stride(), w2_.stride()
+    strides = (*g.stride(), wn, wk, *zg.stride(), *g2_.stride(), w2n, w2k, *zz.stride(),
+               *out.stride(), *hh.stride())
     _dx_plan(g.device, g.dtype, N, K, K2, g_act, act if z is not None else "none",
              g2 is not None, store_h).launch(M, (g, w, zg, g2_, w2_, zz, out, hh), strides)
     return out, h
