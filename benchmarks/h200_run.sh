@@ -21,6 +21,7 @@ for s in $steps; do
     split) timeout ${SPLIT_S:-240} python3 benchmarks/sweep_narrow.py --split --out "$OUT/sweep-split.json" 2>&1 | tee "$OUT/sweep-split.log" | grep -E "BEST|WRONG|Error| us  |cuBLAS|kernel by kernel" ;;
     persistent) timeout ${PERS_S:-240} python3 benchmarks/sweep_narrow.py --persistent ${PERS_ARGS:-} --out "$OUT/sweep-persistent.json" 2>&1 | tee "$OUT/sweep-persistent.log" | grep -v Warn | grep -E "^W|BEST" ;;
     padding) timeout ${PAD_S:-240} python3 benchmarks/sweep_narrow.py --padding ${PAD_ARGS:-} --out "$OUT/sweep-padding.json" 2>&1 | tee "$OUT/sweep-padding.log" | grep -v Warn | grep -E "^W|BEST|^ +[0-9.]+ us" ;;
+    one-kernel) timeout ${ONE_S:-300} python3 benchmarks/sweep_narrow.py --one-kernel ${ONE_ARGS:-} --out "$OUT/sweep-one-kernel.json" 2>&1 | tee "$OUT/sweep-one-kernel.log" | grep -v Warn | grep -E "^W|BEST|WRONG|Error|^ +[0-9.]+ us" ;;
     stages) timeout ${STAGES_S:-240} python3 benchmarks/sweep_narrow.py --stages --out "$OUT/sweep-stages.json" 2>&1 | tee "$OUT/sweep-stages.log" | grep -E "BEST|WRONG|Error" ;;
     sweep) for w in 32 64 128; do for m in fwd bwd; do  # one process each: a fault ends one
              python3 benchmarks/sweep_narrow.py --width $w --mode $m 2>&1 | tee -a "$OUT/sweep.log" | grep -E "BEST|WRONG|Error"; done; done ;;

@@ -7,7 +7,8 @@
    from the sleep's end; the host's enqueue of the K steps must finish inside the sleep
    (printed), else something in the step waited for the device.
 3. The step's Python parts timed with perf_counter around each (launches by caller,
-   torch.mm, sums, allocations, the op's forward and backward), next to the whole step.
+   torch.mm, sums, allocations, the op's forward and backward, autograd.grad), next to
+   the whole step, ours and eager, with the device threads on and off.
 
 Usage: PYTHONPATH=. python benchmarks/host_wide_train.py [--steps 300] [--config wide-swiglu]
 """
@@ -107,18 +108,24 @@ def main():
     for fn in (op._EagerMLP, gated._EagerGated):
         fn.forward = staticmethod(timed("op forward", fn.forward))
         fn.backward = staticmethod(timed("op backward", fn.backward))
-    tstep = timed("whole step", step)
-    for _ in range(20):
-        tstep()
-    SPENT.clear()
-    CALLS.clear()
-    torch.cuda.synchronize()
-    for _ in range(a.steps):
-        tstep()
-    torch.cuda.synchronize()
+    torch.autograd.grad = timed("autograd.grad", torch.autograd.grad)
     print(f"step without the timers: {whole:.1f} us")
-    for k, v in sorted(SPENT.items(), key=lambda kv: -kv[1]):
-        print(f"{v / a.steps * 1e6:9.1f} us a step  {CALLS[k] / a.steps:4.1f} calls  {k}")
+    for threads in (True, False):  # the backward on autograd's device thread, or not
+        torch.autograd.set_multithreading_enabled(threads)
+        for name, fn in (("ours", step), ("eager", eager_step)):
+            tstep = timed("whole step", fn)
+            for _ in range(20):
+                tstep()
+            torch.cuda.synchronize()
+            SPENT.clear()
+            CALLS.clear()
+            for _ in range(a.steps):
+                tstep()
+            torch.cuda.synchronize()
+            print(f"-- {name}, backward on {'the device' if threads else 'the calling'} thread")
+            for k, v in sorted(SPENT.items(), key=lambda kv: -kv[1]):
+                print(f"{v / a.steps * 1e6:9.1f} us a step  {CALLS[k] / a.steps:4.1f} calls  {k}")
+    torch.autograd.set_multithreading_enabled(True)
 
 
 def device_per_step(fn, k=40, sleep_cycles=200_000_000):

@@ -35,6 +35,10 @@ def main():
     ap.add_argument("--padding", action="store_true",
                     help="train step: each width padded on its own against every tile at "
                          "the widest (forward and split backward), kernel by kernel")
+    ap.add_argument("--one-kernel", action="store_true",
+                    help="train step: the split backward's two kernels against the resident "
+                         "chain summing the weight gradients itself (Split.g_dw), with and "
+                         "without biases, interleaved twice, then kernel by kernel")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -48,6 +52,8 @@ def main():
         return sweep_split(args)
     if args.padding:
         return sweep_padding(args)
+    if args.one_kernel:
+        return sweep_one_kernel(args)
     dev = torch.device("cuda")
     rows = []
     for W in args.width or (32, 64, 128):
@@ -395,6 +401,71 @@ def sweep_padding(args):
             rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=v,
                              kernels_us=kernels))
     tb.OWN_PADDING, tb._split_backward = True, own_split
+    _write(args, rows)
+
+
+def sweep_one_kernel(args):
+    """Train step with the package's split backward (two kernels, or one where it already
+    chose Split.g_dw) against the resident chain that also sums every layer's weight
+    gradient (Split.g_dw) at several (rows, warps, stages), with and without biases,
+    interleaved twice. Each variant is checked first on 8192 rows (_checked_train_ms) and
+    on all rows (every program then sums many row blocks): the weight gradients against
+    eager's. Then the package's and the best one-kernel variant kernel by kernel."""
+    dev = torch.device("cuda")
+    rows = []
+    own_split = tb._split_backward
+    for W, bias in [(W, b) for W in args.width or (32, 64) for b in (False, True)]:
+        m, seq, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
+        spec = m.spec(torch.float16)
+        package = own_split(dev, spec)
+        base = (package or tb.Split(128, 4, 2))._replace(
+            g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
+        ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st)
+                for bm, w, st in ((64, 4, 2), (128, 8, 2), (128, 8, 3), (64, 8, 2))]
+        seq(x).backward(gy)  # eager's weight gradients over every row
+        full = [p.grad.float() for p in seq.parameters()]
+
+        def fn():
+            m(x).backward(gy)
+
+        def full_err():
+            for p in m.parameters():
+                p.grad = None
+            fn()
+            return max(((p.grad.float() - r).norm() / r.norm()).item()
+                       for p, r in zip(m.parameters(), full))
+
+        timed = {}
+        best = None
+        for v in [package, *ones, package, *ones]:
+            tb._split_backward = lambda d, sp, v=v: v
+            _replan(m)
+            label = "package" if v is package else "one kernel bm{} w{} st{}".format(
+                v.g_block_m, v.g_warps, v.g_stages)
+            ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} bias {bias} {label}")
+            if ms is None:
+                continue
+            err = full_err()
+            if not err < 2e-2:
+                print(f"W{W} bias {bias} {label}: WRONG on all rows (rel err {err:.2e})")
+                continue
+            label = f"train bias {bias} {label}{_refused()} (all rows rel err {err:.1e})"
+            timed.setdefault(v, []).append(ms)
+            best = _keep(rows, best, W, args.hidden, label, ms)
+        print(f"BEST W{W} L{args.hidden} bias {bias} train: {best}", flush=True)
+        picks = [package] + ([min((v for v in timed if v is not package),
+                                  key=lambda v: min(timed[v]))]
+                             if len(timed) > 1 else [])
+        for v in picks:
+            tb._split_backward = lambda d, sp, v=v: v
+            _replan(m)
+            kernels = _profile_kernels(fn)
+            print(f"W{W} bias {bias} {v} per step, kernel by kernel:")
+            for name, us in kernels:
+                print(f"   {us:9.1f} us  {name}")
+            rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=str(v),
+                             kernels_us=kernels))
+    tb._split_backward = own_split
     _write(args, rows)
 
 

@@ -190,25 +190,39 @@ def test_noncontiguous_parameters(backend, grad, widths):
                          ids=["0hidden", "2hidden-odd", "1hidden-128"])
 @pytest.mark.parametrize("out_act", ["none", "tanh"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-@pytest.mark.parametrize("g", [(1, False, False), (0, False, False), (1, True, False),
-                               (0, True, False), (1, True, True)],
+@pytest.mark.parametrize("g", [(1, False, False, False), (0, False, False, False),
+                               (1, True, False, False), (0, True, False, False),
+                               (1, True, True, False), (1, True, True, True)],
                          ids=["g-persistent", "g-per-block", "g-unrolled", "g-unrolled-per-block",
-                              "g-unrolled-resident"])
+                              "g-unrolled-resident", "resident-one-kernel"])
 def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     """The narrow backward split in two kernels (stored g, then weight gradients summed in
     registers), forced on: every gradient against the reference, with the input-gradient
     kernel persistent or one program per row block, its layer loop unrolled or not, its
-    weights loaded per row block or once per program (resident)."""
+    weights loaded per row block or once per program (resident); and the resident chain
+    summing the weight gradients itself (one kernel, Split.g_dw). Three programs, so
+    each walks several row blocks."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    per_sm, unroll, resident = g
+    per_sm, unroll, resident, dw = g
     split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=unroll,
-                     g_stages=2, g_resident=resident)
+                     g_stages=2, g_resident=resident, g_dw=dw)
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
+    # three programs: each strides over several row blocks on a GPU too (its partial
+    # sums carried from block to block)
+    monkeypatch.setattr(tb, "_n_programs", lambda device, n_blocks, per_sm=1:
+                        max(1, min(n_blocks, 3)))
+    launched = []  # which backward kernels ran
+    for mode in ("bwd_resident", "g", "bwd", "dw"):
+        la = tb._launcher(mode)
+        monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
+                            launched.append(_m) or _l(*a, **k))
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
         lead=(1037,))
+    assert set(launched) == ({"bwd_resident"} if dw else {"g", "dw"} if unroll else
+                             {"bwd", "dw"}), launched
 
 
 def test_split_backward_partial_grads(backend, monkeypatch):

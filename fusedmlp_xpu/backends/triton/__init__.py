@@ -145,7 +145,10 @@ class Split(NamedTuple):
     ``g_resident``: that kernel loads every weight tile once per program, up to 4
     hidden-to-hidden weights), then the weight
     gradients summed in registers (_mlp_dw_kernel: ``block_m`` rows, ``warps``,
-    ``stages`` of its loop)."""
+    ``stages`` of its loop). ``g_dw`` (with ``g_resident``): instead, one kernel does
+    both, the resident chain adding every layer's weight gradient to partial sums held in
+    registers across its row blocks (_mlp_bwd_resident_kernel; no g buffer); where the
+    device refuses it, the two kernels run."""
     block_m: int
     warps: int
     stages: int
@@ -155,6 +158,7 @@ class Split(NamedTuple):
     g_unroll: bool = False
     g_stages: int = 1
     g_resident: bool = False
+    g_dw: bool = False
 
 
 def _split_nvidia(spec) -> Split | None:
@@ -380,17 +384,23 @@ class TritonBackend(Backend):
             P = n_blocks
         else:
             P = _n_programs(x.device, n_blocks, split.g_per_sm if split is not None else 1)
+        resident = split is not None and split.g_resident and L_HID <= 4
         g = acc = grad_y  # placeholders for pointers a launch does not use
+        ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z, gx)
+        strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0))
+        if M > 0 and resident and split.g_dw:  # the backward in one kernel, if it fits
+            acc = _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split,
+                                     need_x, need_w, need_b, T_P, W_SLOT, SLOT)
+            if acc is not None:
+                gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
+                return (gx if need_x else None), gws, gbs
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
                 OUT if spec.output_activation != "none" else 0), like=x)
         elif need_wb:  # every program adds into its slot: zeros first
             acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
         if M > 0:
-            ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1],
-                    z, gx)
-            strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0))
-            resident = split is not None and split.g_resident and L_HID <= 4
+            strides = (*strides, g.stride(0))
             with device_guard(x):
                 if not (split is not None and split.g_unroll and _fits(
                         "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
@@ -412,6 +422,26 @@ class TritonBackend(Backend):
         if need_wb:
             gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
         return (gx if need_x else None), gws, gbs
+
+
+def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x, need_w,
+                       need_b, T_P, W_SLOT, SLOT):
+    """The split backward as ONE kernel (``Split.g_dw``): the resident chain also sums
+    the weight gradients (_mlp_bwd_resident_kernel) -> the per-program partials acc
+    [P, layers, SLOT], or None where the device refuses it at every stage count (then the
+    two kernels run). Every program writes all its slots: no zero-fill."""
+    x = ptrs[1]
+    IN, H, OUT, L_HID = spec.in_features, spec.widths[1], spec.out_features, spec.n_layers - 2
+    acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
+    consts = dict(_own_pads(spec), L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
+                  ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=need_x, NEED_W=need_w,
+                  NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
+                  BLOCK_M=split.g_block_m, STAGES=split.g_stages)
+    with device_guard(x):
+        if _fits("bwd_resident", x.device, spec, (P,),
+                 (*ptrs, acc, M, IN, H, OUT, n_blocks, *strides), consts, split.g_warps):
+            return acc
+    return None
 
 
 def _chain_pads(spec, resident: bool) -> dict:
@@ -669,6 +699,7 @@ def _launcher(mode: str):
         la = _LAUNCHERS[mode] = Launcher({
             "fwd": narrow._mlp_fwd_kernel, "fwd_persistent": narrow._mlp_fwd_persistent_kernel,
             "bwd": narrow._mlp_bwd_kernel, "g": narrow._mlp_g_kernel,
+            "bwd_resident": narrow._mlp_bwd_resident_kernel,
             "reduce": narrow._reduce_grads_kernel,
             "dw": narrow._mlp_dw_kernel}[mode])
     return la

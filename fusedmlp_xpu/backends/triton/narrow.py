@@ -454,6 +454,139 @@ def _mlp_g_kernel(
 
 
 @triton.jit
+def _store_partial(slot, a, R_P: tl.constexpr, C_P: tl.constexpr, T_P: tl.constexpr):
+    """A program's [R_P, C_P] partial sum into its [T_P, T_P] weight slot (row-major; the
+    reduction reads only the real [out, in])."""
+    r = tl.arange(0, R_P)
+    c = tl.arange(0, C_P)
+    tl.store(slot + r[:, None] * T_P + c[None, :], a)
+
+
+@triton.jit
+def _store_bias_partial(slot, ab, R_P: tl.constexpr):
+    """The bias partial from g^T @ ones [.., 16]: one of the equal columns (a sum of it
+    and zeros is exact)."""
+    first = tl.arange(0, 16)[None, :] == 0
+    tl.store(slot + tl.arange(0, R_P), tl.sum(tl.where(first, ab, 0.0), axis=1))
+
+
+@triton.jit
+def _mlp_bwd_resident_kernel(
+    gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, acc_ptr,
+    M, IN, H, OUT, n_blocks,
+    s_gym, s_xm, s_xk, s_zm,
+    L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    T_P: tl.constexpr, W_SLOT: tl.constexpr, SLOT: tl.constexpr,
+    ACT: tl.constexpr, OUT_ACT: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr,
+    NEED_B: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """The whole backward in one pass over the rows, for nets whose weights stay on chip
+    (L_HID <= 4 hidden-to-hidden weights, narrow hidden width): every weight tile loaded
+    once per program; per row block the input-gradient chain as _mlp_g_kernel, and every
+    layer's weight gradient g^T act(z) (bias: g^T @ ones) added to a partial sum held in
+    registers across the program's row blocks; at the end each program writes its
+    partials to its slots of acc [programs, layers, SLOT] (the layout
+    _reduce_grads_kernel sums). No g buffer, no second pass over g and z, no scratch
+    traffic per block. Each layer kind's tiles are padded to its own widths."""
+    tl.static_assert(L_HID <= 4)
+    pid = tl.program_id(0)
+    n_layers = L_HID + 2
+    dt = x_ptr.dtype.element_ty
+    wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
+    w0t = wlt  # a placeholder when x needs no gradient (never read)
+    if NEED_X:
+        w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
+    w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID,
+                                       tl.zeros([H_P, H_P], wlt.dtype), False)
+    ci = tl.arange(0, IN_P)
+    ch = tl.arange(0, H_P)
+    co = tl.arange(0, OUT_P)
+    a0 = tl.zeros([H_P, IN_P], tl.float32)
+    a1 = tl.zeros([H_P, H_P], tl.float32)
+    a2 = tl.zeros([H_P, H_P], tl.float32)
+    a3 = tl.zeros([H_P, H_P], tl.float32)
+    a4 = tl.zeros([H_P, H_P], tl.float32)
+    al = tl.zeros([OUT_P, H_P], tl.float32)
+    b0 = tl.zeros([H_P, 16], tl.float32)
+    b1 = tl.zeros([H_P, 16], tl.float32)
+    b2 = tl.zeros([H_P, 16], tl.float32)
+    b3 = tl.zeros([H_P, 16], tl.float32)
+    b4 = tl.zeros([H_P, 16], tl.float32)
+    bl = tl.zeros([OUT_P, 16], tl.float32)
+    ones = tl.full([BLOCK_M, 16], 1.0, dt)
+    for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+        rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        hmask = rmask[:, None] & (ch[None, :] < H)
+        omask = rmask[:, None] & (co[None, :] < OUT)
+        go = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask,
+                     other=0.0).to(tl.float32)
+        if OUT_ACT != 0:
+            zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :],
+                         mask=omask, other=0.0)
+            go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+        zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                     other=0.0).to(tl.float32)
+        god = go.to(dt)
+        if NEED_W:
+            al += _dot(tl.trans(god), _act(zp, ACT).to(dt), F32, PREC)
+        if NEED_B:
+            bl += _dot(tl.trans(god), ones, F32, PREC)
+        g = _dot(god, wlt, F32, PREC) * _act_grad(zp, ACT)
+        for j in tl.static_range(L_HID):
+            l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
+            zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                         other=0.0).to(tl.float32)
+            gh = g.to(dt)
+            if NEED_W:
+                d = _dot(tl.trans(gh), _act(zh, ACT).to(dt), F32, PREC)
+                if l == 0:
+                    a1 += d
+                if l == 1:
+                    a2 += d
+                if l == 2:
+                    a3 += d
+                if l == 3:
+                    a4 += d
+            if NEED_B:
+                e = _dot(tl.trans(gh), ones, F32, PREC)
+                if l == 0:
+                    b1 += e
+                if l == 1:
+                    b2 += e
+                if l == 2:
+                    b3 += e
+                if l == 3:
+                    b4 += e
+            g = _dot(gh, _pick(l, w1t, w2t, w3t, w4t, True), F32, PREC) * _act_grad(zh, ACT)
+        gd = g.to(dt)
+        if NEED_W:
+            x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                        mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
+            a0 += _dot(tl.trans(gd), x.to(dt), F32, PREC)
+        if NEED_B:
+            b0 += _dot(tl.trans(gd), ones, F32, PREC)
+        if NEED_X:
+            gx = _dot(gd, w0t, F32, PREC)
+            tl.store(gx_ptr + rows[:, None] * IN + ci[None, :], gx.to(dt),
+                     mask=rmask[:, None] & (ci[None, :] < IN))
+    base = acc_ptr + pid.to(tl.int64) * n_layers * SLOT
+    if NEED_W:
+        _store_partial(base, a0, H_P, IN_P, T_P)
+        for l in tl.static_range(L_HID):
+            _store_partial(base + (l + 1) * SLOT, _pick(l, a1, a2, a3, a4, True), H_P, H_P,
+                           T_P)
+        _store_partial(base + (n_layers - 1) * SLOT, al, OUT_P, H_P, T_P)
+    if NEED_B:
+        _store_bias_partial(base + W_SLOT, b0, H_P)
+        for l in tl.static_range(L_HID):
+            _store_bias_partial(base + (l + 1) * SLOT + W_SLOT, _pick(l, b1, b2, b3, b4, True),
+                                H_P)
+        _store_bias_partial(base + (n_layers - 1) * SLOT + W_SLOT, bl, OUT_P)
+
+
+@triton.jit
 def _dw_layer(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blocks, slot,
               G_P: tl.constexpr, K_P: tl.constexpr, T_P: tl.constexpr,
               W_SLOT: tl.constexpr, ACT: tl.constexpr, HAS_ACT: tl.constexpr,
