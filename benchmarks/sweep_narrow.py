@@ -5,6 +5,7 @@ _tuning_nvidia() in fusedmlp_xpu/backends/triton/__init__.py with these numbers 
 reason. Usage: PYTHONPATH=. python benchmarks/sweep_narrow.py [--out results.json]
 """
 import argparse
+import copy
 import importlib
 import json
 
@@ -410,7 +411,7 @@ def sweep_one_kernel(args):
     gradient (Split.g_dw) at several (rows, warps, stages), with and without biases,
     interleaved twice. Each variant is checked first on 8192 rows (_checked_train_ms) and
     on all rows (every program then sums many row blocks): the weight gradients against
-    eager's. Then the package's and the best one-kernel variant kernel by kernel."""
+    eager's in fp32. Then the package's and the best one-kernel variant kernel by kernel."""
     dev = torch.device("cuda")
     rows = []
     own_split = tb._split_backward
@@ -422,8 +423,12 @@ def sweep_one_kernel(args):
             g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
         ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st)
                 for bm, w, st in ((64, 4, 2), (128, 8, 2), (128, 8, 3), (64, 8, 2))]
-        seq(x).backward(gy)  # eager's weight gradients over every row
-        full = [p.grad.float() for p in seq.parameters()]
+        # the weight gradients over every row in fp32 (eager fp16's cuBLAS may reduce a
+        # K of 2^22 in fp16 pieces: 4-6% off in a first run)
+        seq32 = copy.deepcopy(seq).float()
+        seq32(x.detach().float()).backward(gy.float())
+        full = [p.grad for p in seq32.parameters()]
+        del seq32
 
         def fn():
             m(x).backward(gy)
