@@ -40,6 +40,7 @@ def main():
                     help="train step: the split backward's two kernels against the resident "
                          "chain summing the weight gradients itself (Split.g_dw), with and "
                          "without biases, interleaved twice, then kernel by kernel")
+    ap.add_argument("--nobias", action="store_true", help="--one-kernel: without biases only")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -415,14 +416,20 @@ def sweep_one_kernel(args):
     dev = torch.device("cuda")
     rows = []
     own_split = tb._split_backward
-    for W, bias in [(W, b) for W in args.width or (32, 64) for b in (False, True)]:
+    biases = (False,) if args.nobias else (False, True)
+    for W, bias in [(W, b) for W in args.width or (32, 64) for b in biases]:
         m, seq, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
         spec = m.spec(torch.float16)
         package = own_split(dev, spec)
-        base = (package or tb.Split(128, 4, 2))._replace(
-            g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
+        # the two kernels as chosen before the one-kernel variant (resident chain at 3
+        # stages where hidden <= 32)
+        two = (package or tb.Split(128, 4, 2))._replace(g_dw=False)
+        if two.g_resident:
+            two = two._replace(g_stages=3)
+        base = two._replace(g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
         ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st)
-                for bm, w, st in ((64, 4, 2), (128, 8, 2), (128, 8, 3), (64, 8, 2))]
+                for bm, w, st in ((64, 4, 2), (128, 8, 2), (64, 8, 2))]
+        ones = [v for v in ones if v != package]
         # the weight gradients over every row in fp32 (eager fp16's cuBLAS may reduce a
         # K of 2^22 in fp16 pieces: 4-6% off in a first run)
         seq32 = copy.deepcopy(seq).float()
@@ -442,25 +449,26 @@ def sweep_one_kernel(args):
 
         timed = {}
         best = None
-        for v in [package, *ones, package, *ones]:
+        for v in [package, two, *ones, package, two, *ones]:
             tb._split_backward = lambda d, sp, v=v: v
             _replan(m)
-            label = "package" if v is package else "one kernel bm{} w{} st{}".format(
-                v.g_block_m, v.g_warps, v.g_stages)
+            label = ("package" if v is package else "two kernels" if v is two else
+                     "one kernel") + " bm{} w{} st{}".format(v.g_block_m, v.g_warps,
+                                                           v.g_stages) + (
+                " (one kernel)" if v is package and v.g_dw else "")
             ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} bias {bias} {label}")
             if ms is None:
                 continue
-            err = full_err()
-            if not err < 2e-2:
+            err = full_err()  # fp16 steps against fp32: ~2e-2 for the two kernels too
+            if not err < 4e-2:
                 print(f"W{W} bias {bias} {label}: WRONG on all rows (rel err {err:.2e})")
                 continue
             label = f"train bias {bias} {label}{_refused()} (all rows rel err {err:.1e})"
             timed.setdefault(v, []).append(ms)
             best = _keep(rows, best, W, args.hidden, label, ms)
         print(f"BEST W{W} L{args.hidden} bias {bias} train: {best}", flush=True)
-        picks = [package] + ([min((v for v in timed if v is not package),
-                                  key=lambda v: min(timed[v]))]
-                             if len(timed) > 1 else [])
+        picks = [two] + ([min((v for v in timed if v is not two),
+                              key=lambda v: min(timed[v]))] if len(timed) > 1 else [])
         for v in picks:
             tb._split_backward = lambda d, sp, v=v: v
             _replan(m)

@@ -287,8 +287,10 @@ def test_split_choice_follows_the_sweeps():
 
     for hidden in (32, 64):
         assert split((64,) + (hidden,) * 4 + (64,)).g_unroll
-    # resident weights in the chain where the sweep timed them faster (hidden 32)
-    assert split((64, 32, 32, 64)).g_resident
+    # resident weights in the chain where the sweep timed them faster (hidden 32), and
+    # there the chain sums the weight gradients itself (one kernel)
+    assert split((64, 32, 32, 64)).g_resident and split((64, 32, 32, 64)).g_dw
+    assert not split((64, 64, 64, 64)).g_dw
     assert not split((64, 64, 64, 64)).g_resident
     assert split((64,) + (32,) * 11 + (64,)).g_unroll is False
     assert split((64,) + (64,) * 11 + (64,)) is None

@@ -202,13 +202,18 @@ def _split_nvidia(spec) -> Split | None:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4 and spec.widths[1] <= 32:
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
-                     g_stages=3, g_resident=True)
+                     g_stages=2, g_resident=True, g_dw=ONE_KERNEL_BACKWARD)
     if spec.n_layers - 2 <= 4:
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
                      g_stages=3)
     if spec.widths[1] <= 32:
         return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_sm=0)
     return None
+
+
+#: the resident chain sums the weight gradients itself (Split.g_dw) where _split_nvidia
+#: keeps the weights resident; off: the two kernels (the sweeps compare both)
+ONE_KERNEL_BACKWARD = True
 
 
 def _layer_stages_nvidia(spec, mode: str) -> int:
@@ -433,7 +438,13 @@ def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x,
     x = ptrs[1]
     IN, H, OUT, L_HID = spec.in_features, spec.widths[1], spec.out_features, spec.n_layers - 2
     acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
-    consts = dict(_own_pads(spec), L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
+    pads = _own_pads(spec)
+    if pads["IN_P"] < pads["H_P"]:
+        # in padded narrower than hidden, with hidden-to-hidden layers (17 -> 33 x 3 ->
+        # 9): the first layer's weight gradient came out NaN on the H200 (Triton 3.6;
+        # right in the interpreter; benchmarks/repro_padding.py --chain one-kernel)
+        pads = dict(pads, IN_P=pads["H_P"])
+    consts = dict(pads, L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
                   ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=need_x, NEED_W=need_w,
                   NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
                   BLOCK_M=split.g_block_m, STAGES=split.g_stages)
