@@ -201,8 +201,11 @@ def _split_nvidia(spec) -> Split | None:
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4 and spec.widths[1] <= 32:
+        if ONE_KERNEL_BACKWARD:
+            return Split(128, 4, 2, g_block_m=128, g_warps=8, g_per_sm=1, g_unroll=True,
+                         g_stages=2, g_resident=True, g_dw=True)
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
-                     g_stages=2, g_resident=True, g_dw=ONE_KERNEL_BACKWARD)
+                     g_stages=3, g_resident=True)
     if spec.n_layers - 2 <= 4:
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
                      g_stages=3)
