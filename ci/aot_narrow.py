@@ -6,7 +6,8 @@ Like ci/aot_wide.py: CPU CI runs the kernels in Triton's interpreter, which acce
 the GPU compiler rejects (seen: a loop-carried tile whose shape changed compiled in the
 interpreter and failed on the H200). This compiles the forward (one program per row
 block, and persistent), the backward (fused, and split in two) kernels for
-sm_<arch> with the tuning the H200 uses, for every padded width and activation family,
+sm_<arch> with the tuning the H200 uses (and the backward in one kernel), for every
+padded width and activation family,
 and prints shared memory, MMA family, registers and spills. Must run WITHOUT
 TRITON_INTERPRET.
 """
@@ -101,9 +102,26 @@ def main(argv=None) -> int:
                           RESIDENT=True)) if P == 64 else None,
                     ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
-                          IN_P=64, OUT_P=64)) if P == 128 else None]
+                          IN_P=64, OUT_P=64)) if P == 128 else None,
+                    # the backward in one kernel (the resident chain summing the weight
+                    # gradients in registers), with the hidden-32 choice's tuning: at
+                    # width P, and at hidden 32 between in/out 64 (narrow-w32, no biases)
+                    ("one_kernel", narrow._mlp_bwd_resident_kernel, "one",
+                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
+                          NEED_W=True, NEED_B=True, L_HID=3)) if P <= 64 else None,
+                    ("one_kernel_own_p", narrow._mlp_bwd_resident_kernel, "one",
+                     dict(base, H_P=P // 2, T_P=P, W_SLOT=P * P, SLOT=P * P + P,
+                          NEED_X=True, NEED_W=True, NEED_B=False, L_HID=3))
+                    if P == 64 else None]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
+            one = tb._split_nvidia(MLPSpec((64, 32, 32, 32, 32, 64), dtype=torch.float16))
             for name, fn, mode, consts in filter(None, jobs):
+                if mode == "one":  # the one-kernel backward's tuning (hidden <= 32)
+                    consts.update(BLOCK_M=one.g_block_m, STAGES=one.g_stages)
+                    smem, mma, info = compile_kernel(fn, consts, args.arch, one.g_warps)
+                    print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {one.g_block_m:<4} "
+                          f"w{one.g_warps} {smem // 1024:>4} KB smem {mma:<6} {info}")
+                    continue
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident",
                                                   "g_res_own_p"):
