@@ -289,8 +289,11 @@ def test_split_choice_follows_the_sweeps():
     for hidden in (32, 64):
         assert split((64,) + (hidden,) * 4 + (64,)).g_unroll
     # resident weights in the chain where the sweep timed them faster (hidden 32), and
-    # there the chain sums the weight gradients itself (one kernel)
-    assert split((64, 32, 32, 64)).g_resident and split((64, 32, 32, 64)).g_dw
+    # there, without biases, the chain sums the weight gradients itself (one kernel)
+    no_bias = tb._split_nvidia(MLPSpec((64, 32, 32, 64), bias=False, dtype=torch.float16))
+    assert no_bias.g_resident and no_bias.g_dw
+    with_bias = split((64, 32, 32, 64))  # MLPSpec's default: biases
+    assert with_bias.g_resident and not with_bias.g_dw and with_bias.g_stages == 3
     assert not split((64, 64, 64, 64)).g_dw
     assert not split((64, 64, 64, 64)).g_resident
     assert split((64,) + (32,) * 11 + (64,)).g_unroll is False

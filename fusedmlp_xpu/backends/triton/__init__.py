@@ -195,13 +195,16 @@ def _split_nvidia(spec) -> Split | None:
     Since then the resident chain and the weight-gradient kernel pad each width on its own
     (_chain_pads, _dw_pads): hidden 32, 3.07 ms a step against 3.38-3.51 with every tile
     at 64; two chain programs per SM (88 KB of shared memory now) 3.11, so one stays
-    (h200-sweep-padding-20261130c.json)."""
+    (h200-sweep-padding-20261130c.json).
+    The backward in one kernel (Split.g_dw, ONE_KERNEL_BACKWARD; hidden 32, no biases,
+    h200-sweep-one-kernel-20261201.json): 2.383 ms a step at 128 rows / 8 warps / 2
+    stages, 2.430 at 64/4/2, 2.783 at 64/8/2, against 3.072 for the two kernels."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4 and spec.widths[1] <= 32:
-        if ONE_KERNEL_BACKWARD:
+        if ONE_KERNEL_BACKWARD and not spec.bias:
             return Split(128, 4, 2, g_block_m=128, g_warps=8, g_per_sm=1, g_unroll=True,
                          g_stages=2, g_resident=True, g_dw=True)
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
@@ -215,7 +218,10 @@ def _split_nvidia(spec) -> Split | None:
 
 
 #: the resident chain sums the weight gradients itself (Split.g_dw) where _split_nvidia
-#: keeps the weights resident; off: the two kernels (the sweeps compare both)
+#: keeps the weights resident and the net has no biases; off: the two kernels (the
+#: sweeps compare both). With biases the sm_90 compile spills (204 B with relu, 1960 B
+#: with gelu_tanh and an output activation, 128 rows / 8 warps / 2 stages) and it was
+#: not timed, so those nets keep the two kernels.
 ONE_KERNEL_BACKWARD = True
 
 
