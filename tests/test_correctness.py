@@ -226,13 +226,19 @@ def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
                              {"bwd", "dw"}), launched
 
 
-def test_split_backward_partial_grads(backend, monkeypatch):
-    """The split backward when x needs no gradient and one bias needs none."""
+@pytest.mark.parametrize("one_kernel", [False, True], ids=["two-kernels", "one-kernel"])
+def test_split_backward_partial_grads(backend, monkeypatch, one_kernel):
+    """The split backward (two kernels, or the resident chain summing the weight
+    gradients itself) when x needs no gradient and one bias needs none."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(64, 4, 2))
+    split = tb.Split(64, 4, 2)
+    if one_kernel:
+        split = split._replace(g_block_m=64, g_warps=4, g_unroll=True, g_stages=2,
+                               g_resident=True, g_dw=True)
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
     test_partial_grads(backend)
 
 
