@@ -471,6 +471,21 @@ def _store_bias_partial(slot, ab, R_P: tl.constexpr):
 
 
 @triton.jit
+def _add_at(l: tl.constexpr, d, a1, a2, a3, a4):
+    """Partial sum l + 1 of the four (hidden-to-hidden weight l < 4) plus d; all four
+    back."""
+    if l == 0:
+        a1 += d
+    if l == 1:
+        a2 += d
+    if l == 2:
+        a3 += d
+    if l == 3:
+        a4 += d
+    return a1, a2, a3, a4
+
+
+@triton.jit
 def _mlp_bwd_resident_kernel(
     gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, acc_ptr,
     M, IN, H, OUT, n_blocks,
@@ -540,25 +555,10 @@ def _mlp_bwd_resident_kernel(
                          other=0.0).to(tl.float32)
             gh = g.to(dt)
             if NEED_W:
-                d = _dot(tl.trans(gh), _act(zh, ACT).to(dt), F32, PREC)
-                if l == 0:
-                    a1 += d
-                if l == 1:
-                    a2 += d
-                if l == 2:
-                    a3 += d
-                if l == 3:
-                    a4 += d
+                a1, a2, a3, a4 = _add_at(l, _dot(tl.trans(gh), _act(zh, ACT).to(dt), F32, PREC),
+                                         a1, a2, a3, a4)
             if NEED_B:
-                e = _dot(tl.trans(gh), ones, F32, PREC)
-                if l == 0:
-                    b1 += e
-                if l == 1:
-                    b2 += e
-                if l == 2:
-                    b3 += e
-                if l == 3:
-                    b4 += e
+                b1, b2, b3, b4 = _add_at(l, _dot(tl.trans(gh), ones, F32, PREC), b1, b2, b3, b4)
             g = _dot(gh, _pick(l, w1t, w2t, w3t, w4t, True), F32, PREC) * _act_grad(zh, ACT)
         gd = g.to(dt)
         if NEED_W:
