@@ -17,33 +17,12 @@ import torch
 from overhead import interleaved  # benchmarks/, this script's folder
 
 
-class PyIdentity(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
+class PyNode(torch.autograd.Function):
+    """y = x; backward: OPS small ops from Python (six: a wide train step's count), then
+    BUSY iterations of a pure-Python loop (no ops, no GIL release). Set both before a
+    call."""
 
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class PySixOps(torch.autograd.Function):
-    """y = x; backward: six small ops from Python (the count of a wide train step's)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        for _ in range(5):
-            g = g * 1.0
-        return g * 1.0
-
-
-class PyBusy(torch.autograd.Function):
-    """y = x; backward: BUSY iterations of a pure-Python loop (no ops, no GIL release)."""
-
+    OPS = 0
     BUSY = 0
 
     @staticmethod
@@ -52,10 +31,17 @@ class PyBusy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        for _ in range(PyNode.OPS):
+            g = g * 1.0
         n = 0
-        for i in range(PyBusy.BUSY):
+        for i in range(PyNode.BUSY):
             n += i
         return g
+
+
+def _py_node(x, ops, busy):
+    PyNode.OPS, PyNode.BUSY = ops, busy
+    return PyNode.apply(x)
 
 
 def main():
@@ -71,23 +57,23 @@ def main():
             y = y * 1.0
         torch.autograd.grad(y, [x], gy)
 
-    def py_one():
-        torch.autograd.grad(PyIdentity.apply(x) * 1.0, [x], gy)
-
-    def py_six():
-        torch.autograd.grad(PySixOps.apply(x) * 1.0, [x], gy)
-
-    def py_busy():
-        torch.autograd.grad(PyBusy.apply(x) * 1.0, [x], gy)
-
     # a loop of ~100 us on the calling thread
-    PyBusy.BUSY = 1000
-    t = time.perf_counter()
+    t, iters = time.perf_counter(), 1000
     for _ in range(100):
         n = 0
-        for i in range(PyBusy.BUSY):
+        for i in range(iters):
             n += i
-    PyBusy.BUSY = int(PyBusy.BUSY * 100e-6 / ((time.perf_counter() - t) / 100))
+    busy = int(iters * 100e-6 / ((time.perf_counter() - t) / 100))
+
+    def py_one():
+        torch.autograd.grad(_py_node(x, 0, 0) * 1.0, [x], gy)
+
+    def py_six():
+        torch.autograd.grad(_py_node(x, 6, 0) * 1.0, [x], gy)
+
+    def py_busy():
+        torch.autograd.grad(_py_node(x, 0, busy) * 1.0, [x], gy)
+
     fns = {"C++ node": cpp_one, "Python node": py_one, "6 C++ nodes": cpp_six,
            "Python node, 6 ops": py_six, "Python node, ~100 us loop": py_busy}
     for threads in (True, False):

@@ -83,6 +83,22 @@ def _hidden_tiles(wh_ptr, H, H_P: tl.constexpr, L_HID: tl.constexpr, fill,
 
 
 @triton.jit
+def _chain_tiles(w0_ptr, wh_ptr, wl_ptr, IN, H, OUT, IN_P: tl.constexpr, H_P: tl.constexpr,
+                 OUT_P: tl.constexpr, L_HID: tl.constexpr, NEED_X: tl.constexpr):
+    """Every weight tile of the backward chain (_load_w's layout), for the kernels that
+    keep them resident (L_HID <= 4): first, hidden 0..3 (the absent ones zeros), last;
+    the first is a placeholder (the last's tile) when x needs no gradient."""
+    tl.static_assert(L_HID <= 4)
+    wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
+    w0t = wlt
+    if NEED_X:
+        w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
+    w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID,
+                                       tl.zeros([H_P, H_P], wlt.dtype), False)
+    return w0t, w1t, w2t, w3t, w4t, wlt
+
+
+@triton.jit
 def _hidden_layer(h, l, wh_ptr, bh_ptr, z_ptr, rows, hmask, H, L_HID, s_zm,
                   H_P: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                   SAVE: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
@@ -437,13 +453,8 @@ def _mlp_g_kernel(
     w4t = 0
     wlt = 0
     if RESIDENT:
-        tl.static_assert(L_HID <= 4)
-        wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
-        w0t = wlt  # a placeholder when x needs no gradient (never read)
-        if NEED_X:
-            w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
-        w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID,
-                                           tl.zeros([H_P, H_P], wlt.dtype), False)
+        w0t, w1t, w2t, w3t, w4t, wlt = _chain_tiles(w0_ptr, wh_ptr, wl_ptr, IN, H, OUT, IN_P,
+                                                    H_P, OUT_P, L_HID, NEED_X)
     for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
         rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
         _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
@@ -508,12 +519,8 @@ def _mlp_bwd_resident_kernel(
     pid = tl.program_id(0)
     n_layers = L_HID + 2
     dt = x_ptr.dtype.element_ty
-    wlt = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
-    w0t = wlt  # a placeholder when x needs no gradient (never read)
-    if NEED_X:
-        w0t = _load_w(w0_ptr, IN, H, IN_P, H_P)
-    w1t, w2t, w3t, w4t = _hidden_tiles(wh_ptr, H, H_P, L_HID,
-                                       tl.zeros([H_P, H_P], wlt.dtype), False)
+    w0t, w1t, w2t, w3t, w4t, wlt = _chain_tiles(w0_ptr, wh_ptr, wl_ptr, IN, H, OUT, IN_P, H_P,
+                                                OUT_P, L_HID, NEED_X)
     ci = tl.arange(0, IN_P)
     ch = tl.arange(0, H_P)
     co = tl.arange(0, OUT_P)
