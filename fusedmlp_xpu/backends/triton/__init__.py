@@ -370,7 +370,9 @@ class TritonBackend(Backend):
         its weight/bias partials into an fp32 scratch. Split (``_split_backward``): that
         kernel only stores every layer's g (no weight-gradient work in it), then
         _mlp_dw_kernel sums g^T act(z) per program in registers into the same scratch
-        layout (costs a [M, S] g buffer beside z). Either way one reduction follows."""
+        layout (costs a [M, S] g buffer beside z). One kernel (``Split.g_dw``, weights
+        resident): the chain sums those itself, with no g buffer. Either way one
+        reduction follows."""
         if not _narrow(spec):
             from . import wide
 
@@ -710,7 +712,7 @@ _LAUNCHERS: dict = {}
 
 def _launcher(mode: str):
     """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "g", "dw",
-    "reduce") behind the lean launch path (launch.py)."""
+    "bwd_resident", "reduce") behind the lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from . import narrow
