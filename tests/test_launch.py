@@ -352,8 +352,8 @@ def test_forward_pads_each_width_on_its_own(fake_cuda, monkeypatch, hidden_layer
         assert len(k.direct) == 1 and k.direct[-1][-3:] == pads, own
 
 
-@pytest.mark.parametrize("chain", ["resident", "unrolled", "layer-loop", None],
-                         ids=["resident", "unrolled", "layer-loop", "fused"])
+@pytest.mark.parametrize("chain", ["resident", "unrolled", "layer-loop", None, "one-kernel"],
+                         ids=["resident", "unrolled", "layer-loop", "fused", "one-kernel"])
 def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
     """The split backward's input-gradient chain, where it keeps its weights resident,
     gets in, hidden and out padded each to its own power of two (128 -> 32 -> 16), its
@@ -381,7 +381,8 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
     monkeypatch.setattr(tb, "_FIT", {})
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: None if chain is None else
                         tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_unroll=chain != "layer-loop",
-                                 g_resident=chain == "resident"))
+                                 g_resident=chain in ("resident", "one-kernel"),
+                                 g_dw=chain == "one-kernel"))
     widest = (128, 128, 128)
     for own, pads, dw in ((True, (128, 32, 16), (128, 64, 64)), (False, widest, widest)):
         monkeypatch.setattr(tb, "OWN_PADDING", own)
@@ -391,11 +392,26 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
                if m != "reduce"}
         if chain is None:
             assert got == {"bwd": widest}, own
+        elif chain == "one-kernel":  # the chain sums the weight gradients: no dW kernel
+            assert got == {"bwd_resident": pads}, own
+            assert dict(launched)["bwd_resident"]["T_P"] == 128
         else:
             assert got == {"bwd" if chain == "layer-loop" else "g":
                            pads if chain == "resident" else widest, "dw": dw}, own
             assert dict(launched)["dw"]["T_P"] == 128
         assert dict(launched)["reduce"]["T_P"] == 128
+
+
+def test_one_kernel_backward_pads_in_no_narrower_than_hidden(monkeypatch):
+    """The one-kernel backward pads each width on its own, except in, which it pads no
+    narrower than hidden (a NaN first-layer weight gradient on the H200 otherwise)."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "OWN_PADDING", True)
+    pads = tb._one_kernel_pads(fm.MLPSpec((17, 33, 33, 33, 9), dtype=torch.float16))
+    assert pads == dict(IN_P=64, H_P=64, OUT_P=16)
+    assert tb._own_pads(fm.MLPSpec((17, 33, 33, 33, 9), dtype=torch.float16))["IN_P"] == 32
+    pads = tb._one_kernel_pads(fm.MLPSpec((64, 32, 32, 48), dtype=torch.float16))
+    assert pads == dict(IN_P=64, H_P=32, OUT_P=64)
 
 
 def _tuned_fake(wide, fn, block_n):

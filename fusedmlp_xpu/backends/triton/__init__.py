@@ -53,10 +53,12 @@ def _own_pads(spec) -> dict:
 
 
 @functools.lru_cache(maxsize=1024)
-def _pads(spec, own: bool, floor: int) -> dict:
+def _pads(spec, own: bool, floor: int, in_at_least_hidden: bool = False) -> dict:
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
     if not own:
         IN = H = OUT = max(spec.widths)
+    if in_at_least_hidden:
+        IN = max(IN, H)
     return dict(IN_P=max(floor, _pow2(IN)), H_P=max(floor, _pow2(H)),
                 OUT_P=max(floor, _pow2(OUT)))
 
@@ -449,13 +451,7 @@ def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x,
     x = ptrs[1]
     IN, H, OUT, L_HID = spec.in_features, spec.widths[1], spec.out_features, spec.n_layers - 2
     acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
-    pads = _own_pads(spec)
-    if pads["IN_P"] < pads["H_P"]:
-        # in padded narrower than hidden, with hidden-to-hidden layers (17 -> 33 x 3 ->
-        # 9): the first layer's weight gradient came out NaN on the H200 (Triton 3.6;
-        # right in the interpreter; benchmarks/repro_padding.py --chain one-kernel)
-        pads = dict(pads, IN_P=pads["H_P"])
-    consts = dict(pads, L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
+    consts = dict(_one_kernel_pads(spec), L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
                   ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=need_x, NEED_W=need_w,
                   NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
                   BLOCK_M=split.g_block_m, STAGES=split.g_stages)
@@ -464,6 +460,15 @@ def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x,
                  (*ptrs, acc, M, IN, H, OUT, n_blocks, *strides), consts, split.g_warps):
             return acc
     return None
+
+
+def _one_kernel_pads(spec) -> dict:
+    """The one-kernel backward's tile widths: each its own (_own_pads), but in no
+    narrower than hidden. With in padded narrower than hidden and hidden-to-hidden layers
+    (17 -> 33 x 3 -> 9) the first layer's weight gradient came out NaN on the H200
+    (Triton 3.6; right in the interpreter; benchmarks/repro_padding.py --chain
+    one-kernel, NOTES history 22). Shared: read, never modify."""
+    return _pads(spec, OWN_PADDING, 16, True)
 
 
 def _chain_pads(spec, resident: bool) -> dict:

@@ -628,10 +628,9 @@ def _dw_layer(g_ptr, s_gm, h_ptr, s_hm, s_hk, M, n_out, n_in, pid, n_prog, n_blo
         acc += _dot(gt, h.to(dt), F32, PREC)
         if NEED_B:
             accb += _dot(gt, ones, F32, PREC)
-    tl.store(slot + cg[:, None] * T_P + ck[None, :], acc)
-    if NEED_B:  # one of the equal columns: a sum of it and zeros is exact
-        first = tl.arange(0, 16)[None, :] == 0
-        tl.store(slot + W_SLOT + cg, tl.sum(tl.where(first, accb, 0.0), axis=1))
+    _store_partial(slot, acc, G_P, K_P, T_P)
+    if NEED_B:
+        _store_bias_partial(slot + W_SLOT, accb, G_P)
 
 
 @triton.jit
