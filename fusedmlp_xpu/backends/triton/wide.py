@@ -1209,14 +1209,15 @@ class _DxLaunch:
 
     def launch(self, M, tensors, strides):
         key = None
+        bucket = _bucket(M)
         if self.lean and strides == self.dense:
             ptrs = 0
             for t in tensors:
                 ptrs |= t.data_ptr()
             if not ptrs & 15:  # every pointer 16-byte aligned
-                key = (_bucket(M), int_key(M))
+                key = (bucket, int_key(M))
         self._direct.launch(key, M, self.N,
-                            (*tensors, M, self.N, self.K, self.K2, _bucket(M), *strides),
+                            (*tensors, M, self.N, self.K, self.K2, bucket, *strides),
                             self.consts)
 
 
