@@ -7,13 +7,13 @@ import contextlib
 import copy
 import importlib
 import json
-import time
 
 import torch
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch, op
 from fusedmlp_xpu.backends import memory
+from fusedmlp_xpu.bench import interleaved_us
 
 
 def per_call_us(fn, n=3500, rounds=7):
@@ -24,20 +24,8 @@ def per_call_us(fn, n=3500, rounds=7):
 def interleaved(fns: dict, n=3500, rounds=7) -> dict:
     """Like per_call_us for several functions, their rounds taken in turn: the H200 host's
     single-call times drift by tens of us over seconds, which would otherwise land on
-    whichever function was timed then."""
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    torch.cuda.synchronize()
-    per = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            for _ in range(n // rounds):
-                fn()
-            per[k].append((time.perf_counter() - t) / (n // rounds) * 1e6)
-            torch.cuda.synchronize()
-    return {k: sorted(v)[rounds // 2] for k, v in per.items()}
+    whichever function was timed then (fusedmlp_xpu.bench.interleaved_us)."""
+    return interleaved_us(fns, torch.device("cuda"), n, rounds, warm=200)
 
 
 def main():

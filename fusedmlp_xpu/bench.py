@@ -236,30 +236,39 @@ def _graph_ms(run, device, timer) -> float | None:
         return None
 
 
+def interleaved_us(fns: dict, device, n=2100, rounds=7, warm=50) -> dict:
+    """Host us per call of each function: the median of ``rounds`` rounds of n / rounds
+    calls, the functions' rounds taken in turn (a host's speed drifts by tens of us over
+    seconds; interleaved, the drift lands on every function alike), after ``warm`` calls
+    of each and a garbage collection (a collection of a benchmark's leftovers inside one
+    short window once added ~10 us a call to whichever was measured first)."""
+    for fn in fns.values():
+        for _ in range(warm):
+            fn()
+    _sync(device)
+    gc.collect()
+    per = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(n // rounds):
+                fn()
+            per[k].append((time.perf_counter() - t) / (n // rounds) * 1e6)
+            _sync(device)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
 def host_overhead_us(model, device, dtype, n=2100, rounds=7) -> tuple[float, float]:
     """Host time of one eager no-grad call at 1 row (the GPU keeps up, so the host bounds),
-    and of one ``F.linear`` (the model's first layer, same input) as this host's yardstick:
-    each the median of ``rounds`` rounds of n / rounds calls, the two taken in turn, after
-    a garbage collection (a collection of the benchmark's leftovers inside one short
-    window once added ~10 us a call to whichever dtype was measured first)."""
+    and of one ``F.linear`` (the model's first layer, same input) as this host's yardstick,
+    interleaved (``interleaved_us``)."""
     x = torch.randn(1, model.in_features, device=device, dtype=dtype)
     w0 = model.weights()[0]
-    fns = (lambda: model(x), lambda: torch.nn.functional.linear(x, w0))
-    per = ([], [])
     with torch.no_grad():
-        for fn in fns:
-            for _ in range(50):
-                fn()
-        _sync(device)
-        gc.collect()
-        for _ in range(rounds):
-            for fn, times in zip(fns, per):
-                t = time.perf_counter()
-                for _ in range(n // rounds):
-                    fn()
-                times.append((time.perf_counter() - t) / (n // rounds) * 1e6)
-                _sync(device)
-    return statistics.median(per[0]), statistics.median(per[1])
+        us = interleaved_us({"model": lambda: model(x),
+                             "linear": lambda: torch.nn.functional.linear(x, w0)},
+                            device, n, rounds)
+    return us["model"], us["linear"]
 
 
 def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer, log):
