@@ -41,6 +41,8 @@ def main():
                          "chain summing the weight gradients itself (Split.g_dw), with and "
                          "without biases, interleaved twice, then kernel by kernel")
     ap.add_argument("--nobias", action="store_true", help="--one-kernel: without biases only")
+    ap.add_argument("--recompute", action="store_true",
+                    help="--one-kernel: also each one-kernel variant with recompute=True")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -421,15 +423,20 @@ def sweep_one_kernel(args):
         m, seq, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
         spec = m.spec(torch.float16)
         package = own_split(dev, spec)
-        # the two kernels as chosen before the one-kernel variant (resident chain at 3
-        # stages where hidden <= 32)
-        two = (package or tb.Split(128, 4, 2))._replace(g_dw=False)
-        if two.g_resident:
-            two = two._replace(g_stages=3)
+        # the two kernels, as the package chooses them without the one kernel
+        tb.ONE_KERNEL_BACKWARD = False
+        two = own_split(dev, spec) or tb.Split(128, 4, 2)
+        tb.ONE_KERNEL_BACKWARD = True
         base = two._replace(g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
         ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st)
                 for bm, w, st in ((64, 4, 2), (128, 8, 2), (64, 8, 2))]
         ones = [v for v in ones if v != package]
+        # (split, recompute): with --recompute, the package's choice and each one-kernel
+        # variant also with FusedMLP(recompute=True) (no z saved; the one kernel
+        # computes it again from x)
+        variants = [(v, False) for v in (package, two, *ones)]
+        if args.recompute:
+            variants += [(v, True) for v in (package, *ones) if v is not None and v.g_dw]
         # the weight gradients over every row in fp32 (eager fp16's cuBLAS may reduce a
         # K of 2^22 in fp16 pieces: 4-6% off in a first run)
         seq32 = copy.deepcopy(seq).float()
@@ -449,13 +456,15 @@ def sweep_one_kernel(args):
 
         timed = {}
         best = None
-        for v in [package, two, *ones, package, two, *ones]:
+        for v, rc in variants * 2:
             tb._split_backward = lambda d, sp, v=v: v
             _replan(m)
+            m.recompute = rc
             label = ("package" if v is package else "two kernels" if v is two else
                      "one kernel") + " bm{} w{} st{}".format(v.g_block_m, v.g_warps,
                                                            v.g_stages) + (
-                " (one kernel)" if v is package and v.g_dw else "")
+                " (one kernel)" if v is package and v.g_dw else "") + (
+                " recompute" if rc else "")
             ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} bias {bias} {label}")
             if ms is None:
                 continue
@@ -464,20 +473,22 @@ def sweep_one_kernel(args):
                 print(f"W{W} bias {bias} {label}: WRONG on all rows (rel err {err:.2e})")
                 continue
             label = f"train bias {bias} {label}{_refused()} (all rows rel err {err:.1e})"
-            timed.setdefault(v, []).append(ms)
+            timed.setdefault((v, rc), []).append(ms)
             best = _keep(rows, best, W, args.hidden, label, ms)
         print(f"BEST W{W} L{args.hidden} bias {bias} train: {best}", flush=True)
-        picks = [two] + ([min((v for v in timed if v is not two),
-                              key=lambda v: min(timed[v]))] if len(timed) > 1 else [])
-        for v in picks:
+        picks = [(two, False)] + ([min((k for k in timed if k[0] is not two),
+                                       key=lambda k: min(timed[k]))] if len(timed) > 1 else [])
+        for v, rc in picks:
             tb._split_backward = lambda d, sp, v=v: v
             _replan(m)
+            m.recompute = rc
             kernels = _profile_kernels(fn)
-            print(f"W{W} bias {bias} {v} per step, kernel by kernel:")
+            print(f"W{W} bias {bias} {v} recompute {rc} per step, kernel by kernel:")
             for name, us in kernels:
                 print(f"   {us:9.1f} us  {name}")
             rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=str(v),
-                             kernels_us=kernels))
+                             recompute=rc, kernels_us=kernels))
+        m.recompute = False
     tb._split_backward = own_split
     _write(args, rows)
 

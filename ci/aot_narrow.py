@@ -104,19 +104,31 @@ def main(argv=None) -> int:
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
                           IN_P=64, OUT_P=64)) if P == 128 else None,
                     # the backward in one kernel (the resident chain summing the weight
-                    # gradients in registers), with the hidden-32 choice's tuning: at
-                    # width P, and at hidden 32 between in/out 64 (narrow-w32, no biases)
+                    # gradients in registers): at width P with biases, and at hidden 32
+                    # between in/out 64 (narrow-w32, no biases); reading the saved z, or
+                    # computing it again from x (the default in training)
                     ("one_kernel", narrow._mlp_bwd_resident_kernel, "one",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
-                          NEED_W=True, NEED_B=True, L_HID=3)) if P <= 64 else None,
+                          NEED_W=True, NEED_B=True, L_HID=3, RECOMPUTE=False,
+                          HAS_BIAS=False)) if P <= 64 else None,
                     ("one_kernel_own_p", narrow._mlp_bwd_resident_kernel, "one",
                      dict(base, H_P=P // 2, T_P=P, W_SLOT=P * P, SLOT=P * P + P,
-                          NEED_X=True, NEED_W=True, NEED_B=False, L_HID=3))
-                    if P == 64 else None]
+                          NEED_X=True, NEED_W=True, NEED_B=False, L_HID=3, RECOMPUTE=False,
+                          HAS_BIAS=False)) if P == 64 else None,
+                    ("one_recompute", narrow._mlp_bwd_resident_kernel, "one",
+                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
+                          NEED_W=True, NEED_B=True, L_HID=3, RECOMPUTE=True,
+                          HAS_BIAS=True)) if P <= 64 else None,
+                    ("one_recompute_own_p", narrow._mlp_bwd_resident_kernel, "one",
+                     dict(base, H_P=P // 2, T_P=P, W_SLOT=P * P, SLOT=P * P + P,
+                          NEED_X=True, NEED_W=True, NEED_B=False, L_HID=3, RECOMPUTE=True,
+                          HAS_BIAS=False)) if P == 64 else None]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
-            one = tb._split_nvidia(MLPSpec((64, 32, 32, 32, 32, 64), dtype=torch.float16))
             for name, fn, mode, consts in filter(None, jobs):
-                if mode == "one":  # the one-kernel backward's tuning (hidden <= 32)
+                if mode == "one":  # the one-kernel backward's own tuning at its widths
+                    one = tb._split_nvidia(MLPSpec(
+                        (64,) + (consts["H_P"],) * (consts["L_HID"] + 1) + (64,),
+                        bias=consts["NEED_B"], dtype=torch.float16))
                     consts.update(BLOCK_M=one.g_block_m, STAGES=one.g_stages)
                     smem, mma, info = compile_kernel(fn, consts, args.arch, one.g_warps)
                     print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {one.g_block_m:<4} "

@@ -60,6 +60,9 @@ SUITES = {
 }
 CHECK_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3}  # tests/conftest.py
 GRAPH_MAX_N = 2 ** 18  # at or below this, also time CUDA-graph replay (launch-bound sizes)
+#: what one timed train step is (in every JSON's notes)
+TRAIN_STEP = ("train step: x.grad = None, forward, backward of a given grad_y (x's gradient "
+              "new each step; parameter gradients accumulate; no optimizer step)")
 L2_ROTATE_BYTES = 256 * 2 ** 20  # rotate inputs until their total exceeds 4x a 60 MB L2
 
 
@@ -213,6 +216,9 @@ def _runner(model, xs, mode, grads):
     else:
         def run(i):
             x = xs[i % len(xs)]
+            x.grad = None  # a fresh input each step, as in training: its gradient is new,
+            # not added to the last one's (that would time an [N, in] add kernel, ~0.37 ms
+            # at 2^22 x 64 fp16 on the H200, for every baseline alike)
             model(x).backward(grads[i % len(grads)])
     return run
 
@@ -363,6 +369,7 @@ def run_bench(args) -> dict:
                 f"{linear_us:.1f} us)")
     notes += _pass_disagreements(records)
     notes.append(lean_launches_note())
+    notes.append(TRAIN_STEP)
     notes.append(f"compile timed for: {args.compile}; mode "
                  f"{os.environ.get('FUSEDMLP_COMPILE_MODE', 'max-autotune-no-cudagraphs')}")
     return {"schema": "fusedmlp-bench/1", "env": env, "ceilings": ceil, "records": records,

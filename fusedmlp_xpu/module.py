@@ -21,14 +21,16 @@ class FusedMLP(nn.Module):
 
     ``hidden_layers`` counts hidden layers as tiny-cuda-nn does: hidden_layers + 1
     matmuls (in->hidden, hidden_layers-1 x hidden->hidden, hidden->out); 0 gives a
-    single in->out layer. ``backend`` forces a backend for this module; ``recompute``
-    makes training recompute hidden activations in backward instead of saving them.
+    single in->out layer. ``backend`` forces a backend for this module; ``recompute``:
+    True makes training recompute the hidden activations in backward instead of saving
+    them, False saves them, None (default) lets the backend choose (Triton on CUDA
+    recomputes where its backward is one kernel that does it on chip; the others save).
     """
 
     def __init__(self, in_features: int, out_features: int, hidden_features: int,
                  hidden_layers: int, activation: str = "relu",
                  output_activation: str = "none", bias: bool = True, device=None,
-                 dtype=None, *, backend: str | None = None, recompute: bool = False):
+                 dtype=None, *, backend: str | None = None, recompute: bool | None = None):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features),
                         ("hidden_features", hidden_features)):
@@ -187,7 +189,7 @@ class FusedMLP(nn.Module):
 
     @classmethod
     def from_sequential(cls, seq: nn.Sequential, *, backend: str | None = None,
-                        recompute: bool = False) -> "FusedMLP":
+                        recompute: bool | None = None) -> "FusedMLP":
         """A FusedMLP with exactly the parameter values of ``seq`` (shared copies, not views).
 
         seq must be Linear, act, Linear, act, ..., Linear[, out_act] with one hidden

@@ -199,6 +199,8 @@ class _EagerMLP(torch.autograd.Function):
         weights, biases = params[:n], (params[n:] if spec.bias else None)
         # backward runs on the backend that ran forward (it reads what that one saved)
         be = dispatch.choose(x.device, spec, backend)
+        if recompute is None:  # the backend's choice
+            recompute = be.recomputes(spec, x.device)
         out = _run_forward(x, weights, biases, spec, backend, not recompute, be)
         y, saved = (out, None) if recompute else out
         ctx.spec, ctx.be = spec, be
@@ -240,7 +242,7 @@ def plain_eager(x) -> bool:
             and type(x) is torch.Tensor and _dispatch_modes() == 0)
 
 
-def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool):
+def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool | None):
     """Run the op on already validated inputs (the module's lean per-call path)."""
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or any(w.requires_grad for w in weights)
@@ -266,14 +268,16 @@ def fused_mlp(
     activation: str = "relu",
     output_activation: str = "none",
     backend: str | None = None,
-    recompute: bool = False,
+    recompute: bool | None = None,
 ) -> torch.Tensor:
     """y = out_act(W_L · act(... act(W_1 · x + b_1) ...) + b_L), all layers in one op.
 
     x: [..., in_features]; weights[i]: [out_i, in_i] as in nn.Linear; biases: None or
     [out_i] each. Returns [..., out_features]. ``backend`` forces a backend (else
-    $FUSEDMLP_BACKEND, else the dispatcher's choice); ``recompute`` trades the saved
-    hidden activations of training for recomputing them in backward.
+    $FUSEDMLP_BACKEND, else the dispatcher's choice); ``recompute=True`` trades the saved
+    hidden activations of training for recomputing them in backward, False saves them,
+    None lets the backend choose (``Backend.recomputes``; under torch.compile or
+    tracing: save).
     """
     if isinstance(weights, torch.Tensor):
         raise TypeError("weights: expected a list of 2-D tensors, got a single Tensor")

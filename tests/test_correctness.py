@@ -153,8 +153,9 @@ def test_narrow_triton_kernels_compile_for_hopper():
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
     # 7 kernels at two widths, 4 with each width padded on its own, and the one-kernel
-    # backward at width 64 and at hidden 32 between in/out 64, all on tensor cores
-    assert out.count("wgmma") == 20, out
+    # backward (reading z, or recomputing it) at width 64 and at hidden 32 between in/out
+    # 64, all on tensor cores
+    assert out.count("wgmma") == 22, out
 
 
 @pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
@@ -193,21 +194,25 @@ def test_noncontiguous_parameters(backend, grad, widths):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("g", [(1, False, False, False), (0, False, False, False),
                                (1, True, False, False), (0, True, False, False),
-                               (1, True, True, False), (1, True, True, True)],
+                               (1, True, True, False), (1, True, True, True),
+                               (1, True, True, True, True)],
                          ids=["g-persistent", "g-per-block", "g-unrolled", "g-unrolled-per-block",
-                              "g-unrolled-resident", "resident-one-kernel"])
+                              "g-unrolled-resident", "resident-one-kernel",
+                              "one-kernel-recompute"])
 def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     """The narrow backward split in two kernels (stored g, then weight gradients summed in
     registers), forced on: every gradient against the reference, with the input-gradient
     kernel persistent or one program per row block, its layer loop unrolled or not, its
     weights loaded per row block or once per program (resident); and the resident chain
-    summing the weight gradients itself (one kernel, Split.g_dw). Three programs, so
-    each walks several row blocks."""
+    summing the weight gradients itself (one kernel, Split.g_dw); with recompute=True
+    that kernel computes the pre-activations again from x and nothing runs the forward
+    a second time. Three programs, so each walks several row blocks."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    per_sm, unroll, resident, dw = g
+    per_sm, unroll, resident, dw, *recompute = g
+    recompute = bool(recompute)
     split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=unroll,
                      g_stages=2, g_resident=resident, g_dw=dw)
     monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
@@ -216,14 +221,23 @@ def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     monkeypatch.setattr(tb, "_n_programs", lambda device, n_blocks, per_sm=1:
                         max(1, min(n_blocks, 3)))
     launched = []  # which backward kernels ran
-    for mode in ("bwd_resident", "g", "bwd", "dw"):
+    for mode in ("bwd_resident", "bwd_recompute", "g", "bwd", "dw"):
         la = tb._launcher(mode)
         monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
                             launched.append(_m) or _l(*a, **k))
+    saves = []  # the forward's save flags
+    forward = tb.TritonBackend.forward
+    monkeypatch.setattr(tb.TritonBackend, "forward", lambda self, *a: saves.append(a[-1])
+                        or forward(self, *a))
+    # recompute: left to the backend (None), which recomputes where the backward is the
+    # one kernel; the other variants save explicitly
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=bias, grad=True,
-        lead=(1037,))
-    assert set(launched) == ({"bwd_resident"} if dw else {"g", "dw"} if unroll else
-                             {"bwd", "dw"}), launched
+        lead=(1037,), recompute=None if recompute else False)
+    assert set(launched) == ({"bwd_recompute"} if recompute else {"bwd_resident"} if dw
+                             else {"g", "dw"} if unroll else {"bwd", "dw"}), launched
+    # the call's forward, then the reference's lookup of the saved z (saved_z): the
+    # backward ran none
+    assert saves == [not recompute, True], saves
 
 
 @pytest.mark.parametrize("one_kernel", [False, True], ids=["two-kernels", "one-kernel"])
@@ -279,7 +293,7 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
     assert [(k[0], v) for k, v in tb._FIT.items()] == [("g", fits_at)]
 
 
-def test_split_choice_follows_the_sweeps():
+def test_split_choice_follows_the_sweeps(monkeypatch):
     """The split backward goes on where it was measured faster: up to 5 hidden layers
     (timed at 4) at padded width <= 64 with the input-gradient chain unrolled; deeper only
     at hidden width <= 32, keyed by the hidden width, not the padded one (hidden 32 with
@@ -294,14 +308,29 @@ def test_split_choice_follows_the_sweeps():
 
     for hidden in (32, 64):
         assert split((64,) + (hidden,) * 4 + (64,)).g_unroll
-    # resident weights in the chain where the sweep timed them faster (hidden 32), and
-    # there, without biases, the chain sums the weight gradients itself (one kernel)
-    no_bias = tb._split_nvidia(MLPSpec((64, 32, 32, 64), bias=False, dtype=torch.float16))
-    assert no_bias.g_resident and no_bias.g_dw
-    with_bias = split((64, 32, 32, 64))  # MLPSpec's default: biases
-    assert with_bias.g_resident and not with_bias.g_dw and with_bias.g_stages == 3
-    assert not split((64, 64, 64, 64)).g_dw
+    # up to 4 hidden-to-hidden weights at hidden <= 64, with biases or not: one kernel
+    # (the resident chain summing the weight gradients itself), and training recomputes
+    # the pre-activations in it by default
+    be, cuda = tb.TritonBackend(), torch.device("cuda")
+    for widths in ((64, 32, 32, 64), (64,) + (64,) * 5 + (64,), (16, 16, 16)):
+        for bias in (False, True):
+            spec = MLPSpec(widths, bias=bias, dtype=torch.float16)
+            one = tb._split_nvidia(spec)
+            assert one.g_resident and one.g_dw, (widths, bias)
+            assert be.recomputes(spec, cuda), (widths, bias)
+    # without the one kernel: the two kernels, the chain resident at hidden 32 only
+    monkeypatch.setattr(tb, "ONE_KERNEL_BACKWARD", False)
+    two = split((64, 32, 32, 64))
+    assert two.g_resident and not two.g_dw and two.g_stages == 3
     assert not split((64, 64, 64, 64)).g_resident
+    assert not be.recomputes(MLPSpec((64, 32, 32, 64), dtype=torch.float16), cuda)
+    monkeypatch.undo()
+    # deeper, wider, fp32 or not on CUDA: saved
+    for widths, dtype, dev in [((64,) + (32,) * 6 + (64,), torch.float16, cuda),
+                               ((64, 128, 128, 64), torch.float16, cuda),
+                               ((64, 32, 32, 64), torch.float32, cuda),
+                               ((64, 32, 32, 64), torch.float16, torch.device("cpu"))]:
+        assert not be.recomputes(MLPSpec(widths, dtype=dtype), dev), (widths, dtype, dev)
     assert split((64,) + (32,) * 11 + (64,)).g_unroll is False
     assert split((64,) + (64,) * 11 + (64,)) is None
     assert split((64, 128, 128, 128, 128, 64)).g_unroll is False

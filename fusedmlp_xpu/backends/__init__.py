@@ -42,6 +42,13 @@ class Backend:
         layers side by side, then z_L when the output activation is not none."""
         raise NotImplementedError
 
+    def recomputes(self, spec: MLPSpec, device: torch.device) -> bool:
+        """Whether training on ``device`` should save nothing and recompute in backward
+        when the caller leaves ``recompute`` to the backend (None): where its backward
+        recomputes the pre-activations on chip faster than a saving forward writes them
+        and backward reads them back."""
+        return False
+
     def backward(
         self, grad_y: torch.Tensor, x: torch.Tensor, weights: Sequence[torch.Tensor],
         biases: Sequence[torch.Tensor] | None, saved: torch.Tensor | None,

@@ -200,31 +200,39 @@ def _split_nvidia(spec) -> Split | None:
     (h200-sweep-padding-20261130c.json).
     The backward in one kernel (Split.g_dw, ONE_KERNEL_BACKWARD; hidden 32, no biases,
     h200-sweep-one-kernel-20261201.json): 2.383 ms a step at 128 rows / 8 warps / 2
-    stages, 2.430 at 64/4/2, 2.783 at 64/8/2, against 3.072 for the two kernels."""
+    stages, 2.430 at 64/4/2, 2.783 at 64/8/2, against 3.072 for the two kernels. Then at
+    hidden 64 and with biases (h200-sweep-one-kernel-20261201c/d/e.json; z saved; ms a
+    step, one kernel at 128/8/2 against the two kernels as chosen before):
+      4 hidden, no biases: hidden 64 3.34 against 4.11 (64/4/2 4.22-4.32, 64/8/2 4.28-4.30)
+      4 hidden, biases:    hidden 64 3.76-3.79 against 4.12-4.14; hidden 32 3.26 against
+                           3.07 (slower; but by default that net recomputes: 2.15 ms)
+      5 hidden, no biases: hidden 32 2.69 against 3.43; hidden 64 4.12 against 5.46
+    So every net up to 4 hidden-to-hidden weights at hidden <= 64 takes it."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
-    if spec.n_layers - 2 <= 4 and spec.widths[1] <= 32:
-        if ONE_KERNEL_BACKWARD and not spec.bias:
+    if spec.n_layers - 2 <= 4:
+        if ONE_KERNEL_BACKWARD:
             return Split(128, 4, 2, g_block_m=128, g_warps=8, g_per_sm=1, g_unroll=True,
                          g_stages=2, g_resident=True, g_dw=True)
         return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
-                     g_stages=3, g_resident=True)
-    if spec.n_layers - 2 <= 4:
-        return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
-                     g_stages=3)
+                     g_stages=3, g_resident=spec.widths[1] <= 32)
     if spec.widths[1] <= 32:
         return Split(128, 4, 2, g_block_m=128, g_warps=4, g_per_sm=0)
     return None
 
 
-#: the resident chain sums the weight gradients itself (Split.g_dw) where _split_nvidia
-#: keeps the weights resident and the net has no biases; off: the two kernels (the
-#: sweeps compare both). With biases the sm_90 compile spills (204 B with relu, 1960 B
-#: with gelu_tanh and an output activation, 128 rows / 8 warps / 2 stages) and it was
-#: not timed, so those nets keep the two kernels.
+#: the resident chain sums the weight gradients itself (Split.g_dw) up to 4 hidden-to-
+#: hidden weights at hidden width <= 64; off: the two kernels (the sweeps compare both)
 ONE_KERNEL_BACKWARD = True
+#: where the backward is that one kernel, training by default (recompute=None) saves no
+#: pre-activations: the kernel computes them again from x (TritonBackend.recomputes;
+#: h200-sweep-one-kernel-20261201d/e.json, train step, 2^22 rows, fp16, in/out 64):
+#:   4 hidden, no biases: hidden 32 1.854 ms against 2.367 saving; hidden 64 2.577 / 3.336
+#:   4 hidden, biases:    hidden 32 2.152 / 3.261 (two kernels 3.070); 64 3.737 / 3.757
+#:   5 hidden, no biases: hidden 32 2.048 / 2.688; hidden 64 3.529 / 4.116
+RECOMPUTE_ON_CHIP = True
 
 
 def _layer_stages_nvidia(spec, mode: str) -> int:
@@ -367,6 +375,16 @@ class TritonBackend(Backend):
             return None
         return _forward_plan(spec, device, False).bind(weights, biases)
 
+    def recomputes(self, spec, device):
+        """Where the backward is the one kernel (Split.g_dw): it computes every row block's
+        pre-activations again from x on chip, so the forward saves nothing (measured
+        faster: RECOMPUTE_ON_CHIP)."""
+        if not (RECOMPUTE_ON_CHIP and _narrow(spec)):
+            return False
+        split = _split_backward(device, spec)
+        return (split is not None and split.g_dw and split.g_resident
+                and spec.n_layers - 2 <= 4)
+
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Fused: one persistent kernel walks the rows back through every layer and adds
         its weight/bias partials into an fp32 scratch. Split (``_split_backward``): that
@@ -381,19 +399,20 @@ class TritonBackend(Backend):
             return wide.backward(grad_y, x, weights, biases, saved, spec, needs)
         need_x, need_w, need_b = needs
         weights, biases = _dense(weights), _dense(biases)
-        if saved is None:  # recompute: the forward once more, saving this time
-            _, saved = self.forward(x, weights, biases, spec, save=True)
         narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
         M = x.shape[0]
         L_HID = spec.n_layers - 2
-        z = saved if saved.stride(-1) == 1 else saved.contiguous()
+        need_wb = need_w or need_b
+        split = _split_backward(x.device, spec) if M > 0 and need_wb else None
+        one_kernel = split is not None and split.g_dw and split.g_resident and L_HID <= 4
+        if saved is None and not one_kernel:  # recompute: the forward once more, saving
+            _, saved = self.forward(x, weights, biases, spec, save=True)
+        z = x if saved is None else saved if saved.stride(-1) == 1 else saved.contiguous()
         grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
         T_P = meta["H_P"]  # every tile is padded to this one width
         gx = memory.new_empty(M, IN, like=x) if need_x else x
         # per program and layer: the padded weight tile's partial sum, then the bias's
         W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
-        need_wb = need_w or need_b
-        split = _split_backward(x.device, spec) if M > 0 and need_wb else None
         block_m, warps, stages = _tuning(x.device, spec, "bwd" if split is None else "g")
         if split is not None:  # the input-gradient chain's rows and warps are the split's
             block_m, warps = split.g_block_m, split.g_warps
@@ -406,12 +425,17 @@ class TritonBackend(Backend):
         g = acc = grad_y  # placeholders for pointers a launch does not use
         ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z, gx)
         strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0))
-        if M > 0 and resident and split.g_dw:  # the backward in one kernel, if it fits
+        if one_kernel:  # the backward in one kernel, if it fits
             acc = _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split,
-                                     need_x, need_w, need_b, T_P, W_SLOT, SLOT)
+                                     need_x, need_w, need_b, T_P, W_SLOT, SLOT,
+                                     saved is None, biases)
             if acc is not None:
                 gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
                 return (gx if need_x else None), gws, gbs
+            if saved is None:  # refused at every stage count: the two kernels, saving
+                _, z = self.forward(x, weights, biases, spec, save=True)
+                ptrs = ptrs[:5] + (z, gx)
+                strides = strides[:3] + (z.stride(0),)
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
                 OUT if spec.output_activation != "none" else 0), like=x)
@@ -443,21 +467,29 @@ class TritonBackend(Backend):
 
 
 def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x, need_w,
-                       need_b, T_P, W_SLOT, SLOT):
+                       need_b, T_P, W_SLOT, SLOT, recompute, biases):
     """The split backward as ONE kernel (``Split.g_dw``): the resident chain also sums
     the weight gradients (_mlp_bwd_resident_kernel) -> the per-program partials acc
     [P, layers, SLOT], or None where the device refuses it at every stage count (then the
-    two kernels run). Every program writes all its slots: no zero-fill."""
+    two kernels run). Every program writes all its slots: no zero-fill.
+    ``recompute``: nothing was saved (ptrs' z is a placeholder); the kernel computes the
+    pre-activations again from x, with ``biases``."""
     x = ptrs[1]
     IN, H, OUT, L_HID = spec.in_features, spec.widths[1], spec.out_features, spec.n_layers - 2
+    b0 = bh = bl = x
+    if recompute and biases is not None:
+        b0, bl = biases[0], biases[-1]
+        bh = _stacked(biases[1:-1]) if L_HID else x
     acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
     consts = dict(_one_kernel_pads(spec), L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
                   ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=need_x, NEED_W=need_w,
                   NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
-                  BLOCK_M=split.g_block_m, STAGES=split.g_stages)
+                  BLOCK_M=split.g_block_m, STAGES=split.g_stages, RECOMPUTE=recompute,
+                  HAS_BIAS=recompute and spec.bias)
     with device_guard(x):
-        if _fits("bwd_resident", x.device, spec, (P,),
-                 (*ptrs, acc, M, IN, H, OUT, n_blocks, *strides), consts, split.g_warps):
+        if _fits("bwd_recompute" if recompute else "bwd_resident", x.device, spec, (P,),
+                 (*ptrs, acc, b0, bh, bl, M, IN, H, OUT, n_blocks, *strides), consts,
+                 split.g_warps):
             return acc
     return None
 
@@ -727,6 +759,7 @@ def _launcher(mode: str):
             "fwd": narrow._mlp_fwd_kernel, "fwd_persistent": narrow._mlp_fwd_persistent_kernel,
             "bwd": narrow._mlp_bwd_kernel, "g": narrow._mlp_g_kernel,
             "bwd_resident": narrow._mlp_bwd_resident_kernel,
+            "bwd_recompute": narrow._mlp_bwd_resident_kernel,
             "reduce": narrow._reduce_grads_kernel,
             "dw": narrow._mlp_dw_kernel}[mode])
     return la

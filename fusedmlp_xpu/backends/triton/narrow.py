@@ -497,15 +497,87 @@ def _add_at(l: tl.constexpr, d, a1, a2, a3, a4):
 
 
 @triton.jit
+def _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P: tl.constexpr, OUT_P: tl.constexpr,
+                     L_HID: tl.constexpr, LOAD: tl.constexpr):
+    """Every bias as an fp32 vector, loaded once per program (first, hidden 0..3, last);
+    zeros where absent or not LOAD."""
+    c0 = tl.zeros([H_P], tl.float32)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    c4 = c0
+    cl = tl.zeros([OUT_P], tl.float32)
+    if LOAD:
+        c0 = _load_b(b0_ptr, H, H_P)
+        cl = _load_b(bl_ptr, OUT, OUT_P)
+        if L_HID > 0:
+            c1 = _load_b(bh_ptr, H, H_P)
+        if L_HID > 1:
+            c2 = _load_b(bh_ptr + H, H, H_P)
+        if L_HID > 2:
+            c3 = _load_b(bh_ptr + 2 * H, H, H_P)
+        if L_HID > 3:
+            c4 = _load_b(bh_ptr + 3 * H, H, H_P)
+    return c0, c1, c2, c3, c4, cl
+
+
+@triton.jit
+def _recompute_z(x, w0t, w1t, w2t, w3t, w4t, wlt, c0, c1, c2, c3, c4, cl, L_HID: tl.constexpr,
+                 ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 F32: tl.constexpr, PREC: tl.constexpr):
+    """A row block's forward again from x (x.dtype) with the backward chain's resident
+    tiles (_load_w's layout, so transposed here): the hidden pre-activations z0..z4
+    (the absent ones z0) and the output layer's (when OUT_ACT), rounded to x.dtype as the
+    saving forward stores them; each next layer takes act of the unrounded z, as there."""
+    dt = x.dtype
+    z = _dot(x, tl.trans(w0t), F32, PREC)
+    if HAS_BIAS:
+        z += c0[None, :]
+    z0 = z.to(dt)
+    z1 = z0
+    z2 = z0
+    z3 = z0
+    z4 = z0
+    for l in tl.static_range(L_HID):
+        z = _dot(_act(z, ACT).to(dt), tl.trans(_pick(l, w1t, w2t, w3t, w4t, True)), F32, PREC)
+        if HAS_BIAS:
+            z += _pick(l, c1, c2, c3, c4, True)[None, :]
+        if l == 0:
+            z1 = z.to(dt)
+        if l == 1:
+            z2 = z.to(dt)
+        if l == 2:
+            z3 = z.to(dt)
+        if l == 3:
+            z4 = z.to(dt)
+    zo = tl.zeros([x.shape[0], wlt.shape[0]], dt)
+    if OUT_ACT != 0:
+        zo = _dot(_act(z, ACT).to(dt), tl.trans(wlt), F32, PREC)
+        if HAS_BIAS:
+            zo += cl[None, :]
+        zo = zo.to(dt)
+    return z0, z1, z2, z3, z4, zo
+
+
+@triton.jit
+def _z_at(l: tl.constexpr, z0, z1, z2, z3, z4):
+    """The recomputed pre-activation of hidden layer l (0..4)."""
+    z = z0
+    if l > 0:
+        z = _pick(l - 1, z1, z2, z3, z4, True)
+    return z
+
+
+@triton.jit
 def _mlp_bwd_resident_kernel(
-    gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, acc_ptr,
+    gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, acc_ptr, b0_ptr, bh_ptr, bl_ptr,
     M, IN, H, OUT, n_blocks,
     s_gym, s_xm, s_xk, s_zm,
     L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     T_P: tl.constexpr, W_SLOT: tl.constexpr, SLOT: tl.constexpr,
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr,
     NEED_B: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, RECOMPUTE: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
 ):
     """The whole backward in one pass over the rows, for nets whose weights stay on chip
     (L_HID <= 4 hidden-to-hidden weights, narrow hidden width): every weight tile loaded
@@ -514,12 +586,18 @@ def _mlp_bwd_resident_kernel(
     registers across the program's row blocks; at the end each program writes its
     partials to its slots of acc [programs, layers, SLOT] (the layout
     _reduce_grads_kernel sums). No g buffer, no second pass over g and z, no scratch
-    traffic per block. Each layer kind's tiles are padded to its own widths."""
+    traffic per block. Each layer kind's tiles are padded to its own widths.
+    RECOMPUTE: nothing was saved (z_ptr unused): each row block's pre-activations are
+    computed again from x on chip (_recompute_z, the chain's resident tiles transposed,
+    biases from b*_ptr when HAS_BIAS) instead of read back, so the forward writes no z
+    and this kernel reads none."""
     pid = tl.program_id(0)
     n_layers = L_HID + 2
     dt = x_ptr.dtype.element_ty
     w0t, w1t, w2t, w3t, w4t, wlt = _chain_tiles(w0_ptr, wh_ptr, wl_ptr, IN, H, OUT, IN_P, H_P,
-                                                OUT_P, L_HID, NEED_X)
+                                                OUT_P, L_HID, NEED_X or RECOMPUTE)
+    c0, c1, c2, c3, c4, cl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P, L_HID,
+                                              RECOMPUTE and HAS_BIAS)
     ci = tl.arange(0, IN_P)
     ch = tl.arange(0, H_P)
     co = tl.arange(0, OUT_P)
@@ -543,12 +621,24 @@ def _mlp_bwd_resident_kernel(
         omask = rmask[:, None] & (co[None, :] < OUT)
         go = tl.load(gy_ptr + rows[:, None] * s_gym + co[None, :], mask=omask,
                      other=0.0).to(tl.float32)
-        if OUT_ACT != 0:
-            zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :],
-                         mask=omask, other=0.0)
-            go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
-        zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
-                     other=0.0).to(tl.float32)
+        x = go  # a placeholder until loaded
+        if RECOMPUTE or NEED_W:
+            x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
+                        mask=rmask[:, None] & (ci[None, :] < IN), other=0.0).to(dt)
+        if RECOMPUTE:
+            z0, z1, z2, z3, z4, zo = _recompute_z(x, w0t, w1t, w2t, w3t, w4t, wlt, c0, c1, c2,
+                                                  c3, c4, cl, L_HID, ACT, OUT_ACT, HAS_BIAS,
+                                                  F32, PREC)
+            if OUT_ACT != 0:
+                go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+            zp = _z_at(L_HID, z0, z1, z2, z3, z4).to(tl.float32)
+        else:
+            if OUT_ACT != 0:
+                zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :],
+                             mask=omask, other=0.0)
+                go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+            zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                         other=0.0).to(tl.float32)
         god = go.to(dt)
         if NEED_W:
             al += _dot(tl.trans(god), _act(zp, ACT).to(dt), F32, PREC)
@@ -557,8 +647,11 @@ def _mlp_bwd_resident_kernel(
         g = _dot(god, wlt, F32, PREC) * _act_grad(zp, ACT)
         for j in tl.static_range(L_HID):
             l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
-            zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
-                         other=0.0).to(tl.float32)
+            if RECOMPUTE:
+                zh = _z_at(l, z0, z1, z2, z3, z4).to(tl.float32)
+            else:
+                zh = tl.load(z_ptr + l * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
+                             other=0.0).to(tl.float32)
             gh = g.to(dt)
             if NEED_W:
                 a1, a2, a3, a4 = _add_at(l, _dot(tl.trans(gh), _act(zh, ACT).to(dt), F32, PREC),
@@ -568,9 +661,7 @@ def _mlp_bwd_resident_kernel(
             g = _dot(gh, _pick(l, w1t, w2t, w3t, w4t, True), F32, PREC) * _act_grad(zh, ACT)
         gd = g.to(dt)
         if NEED_W:
-            x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
-                        mask=rmask[:, None] & (ci[None, :] < IN), other=0.0)
-            a0 += _dot(tl.trans(gd), x.to(dt), F32, PREC)
+            a0 += _dot(tl.trans(gd), x, F32, PREC)
         if NEED_B:
             b0 += _dot(tl.trans(gd), ones, F32, PREC)
         if NEED_X:
