@@ -428,8 +428,10 @@ def sweep_one_kernel(args):
         two = own_split(dev, spec) or tb.Split(128, 4, 2)
         tb.ONE_KERNEL_BACKWARD = True
         base = two._replace(g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
-        ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st)
-                for bm, w, st in ((64, 4, 2), (128, 8, 2), (64, 8, 2))]
+        # (rows, warps, stages, programs per SM)
+        ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st, g_per_sm=ps)
+                for bm, w, st, ps in ((64, 4, 2, 1), (128, 8, 2, 1), (64, 8, 2, 1),
+                                      (64, 4, 2, 2))]
         ones = [v for v in ones if v != package]
         # (split, recompute): with --recompute, the package's choice and each one-kernel
         # variant also with FusedMLP(recompute=True) (no z saved; the one kernel
@@ -463,6 +465,7 @@ def sweep_one_kernel(args):
             label = ("package" if v is package else "two kernels" if v is two else
                      "one kernel") + " bm{} w{} st{}".format(v.g_block_m, v.g_warps,
                                                            v.g_stages) + (
+                " per SM {}".format(v.g_per_sm) if v.g_per_sm != 1 else "") + (
                 " (one kernel)" if v is package and v.g_dw else "") + (
                 " recompute" if rc else "")
             ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} bias {bias} {label}")

@@ -293,6 +293,40 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
     assert [(k[0], v) for k, v in tb._FIT.items()] == [("g", fits_at)]
 
 
+def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
+    """The one-kernel backward that recomputes z, refused at 2 stages, is not tried at 1
+    (64 rows / 4 warps / 1 stage read out of bounds on the H200): the backward saves by
+    running the forward again, and the two kernels run; still right."""
+    name, _ = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+
+    class OutOfResources(Exception):
+        pass
+
+    tries, launched = [], []
+
+    def refuse(grid, args, consts, *rest, **kwargs):
+        tries.append(consts["STAGES"])
+        raise OutOfResources("shared memory")
+
+    monkeypatch.setattr(tb._launcher("bwd_recompute"), "launch", refuse)
+    for mode in ("g", "dw"):
+        other = tb._launcher(mode)
+        monkeypatch.setattr(other, "launch", lambda *a, _l=other.launch, _m=mode, **k:
+                            launched.append(_m) or _l(*a, **k))
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+        64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=2, g_unroll=True, g_stages=2,
+        g_resident=True, g_dw=True))
+    for _ in range(2):
+        run(backend, (17, 33, 33, 9), torch.float16, act="gelu", grad=True, lead=(300,),
+            recompute=True)
+    assert tries == [2]  # then remembered: the second step did not try again
+    assert set(launched) == {"g", "dw"}
+
+
 def test_split_choice_follows_the_sweeps(monkeypatch):
     """The split backward goes on where it was measured faster: up to 5 hidden layers
     (timed at 4) at padded width <= 64 with the input-gradient chain unrolled; deeper only
@@ -318,6 +352,7 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
             one = tb._split_nvidia(spec)
             assert one.g_resident and one.g_dw, (widths, bias)
             assert be.recomputes(spec, cuda), (widths, bias)
+            assert "recomputing the pre-activations" in be.supports(spec, cuda)[1]  # explain()
     # without the one kernel: the two kernels, the chain resident at hidden 32 only
     monkeypatch.setattr(tb, "ONE_KERNEL_BACKWARD", False)
     two = split((64, 32, 32, 64))

@@ -207,12 +207,23 @@ def _split_nvidia(spec) -> Split | None:
       4 hidden, biases:    hidden 64 3.76-3.79 against 4.12-4.14; hidden 32 3.26 against
                            3.07 (slower; but by default that net recomputes: 2.15 ms)
       5 hidden, no biases: hidden 32 2.69 against 3.43; hidden 64 4.12 against 5.46
-    So every net up to 4 hidden-to-hidden weights at hidden <= 64 takes it."""
+    So every net up to 4 hidden-to-hidden weights at hidden <= 64 takes it. Its tuning,
+    with z recomputed (the default, RECOMPUTE_ON_CHIP), rows / warps / stages / programs
+    per SM (h200-sweep-one-kernel-20261201g/h/i.json):
+      hidden 32: 64/4/2/2 1.60 ms (biases 1.91; 5 hidden 1.73) against 128/8/2/1 1.87
+                 (2.16; 2.06), 64/4/2/1 1.94, 64/8/2/1 2.33
+      hidden 64: 128/8/2/1 2.59 (biases 3.76) against 64/4/2/2 3.61 (5.50), 64/4/2/1 4.02
+    64/4/1/2 recomputing (hidden 32, no biases) read out of bounds on the H200
+    (h200-sweep-one-kernel-20261201f.txt; the same kernel saving z ran right at 1 stage),
+    so that kernel never steps down to 1 stage (_resident_backward)."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4:
+        if ONE_KERNEL_BACKWARD and spec.widths[1] <= 32:
+            return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=2, g_unroll=True,
+                         g_stages=2, g_resident=True, g_dw=True)
         if ONE_KERNEL_BACKWARD:
             return Split(128, 4, 2, g_block_m=128, g_warps=8, g_per_sm=1, g_unroll=True,
                          g_stages=2, g_resident=True, g_dw=True)
@@ -228,10 +239,12 @@ def _split_nvidia(spec) -> Split | None:
 ONE_KERNEL_BACKWARD = True
 #: where the backward is that one kernel, training by default (recompute=None) saves no
 #: pre-activations: the kernel computes them again from x (TritonBackend.recomputes;
-#: h200-sweep-one-kernel-20261201d/e.json, train step, 2^22 rows, fp16, in/out 64):
-#:   4 hidden, no biases: hidden 32 1.854 ms against 2.367 saving; hidden 64 2.577 / 3.336
+#: h200-sweep-one-kernel-20261201d/e.json, train step, 2^22 rows, fp16, in/out 64, the one
+#: kernel at 128 rows / 8 warps / 2 stages, recomputing against saving):
+#:   4 hidden, no biases: hidden 32 1.854 ms against 2.367; hidden 64 2.577 against 3.336
 #:   4 hidden, biases:    hidden 32 2.152 / 3.261 (two kernels 3.070); 64 3.737 / 3.757
 #:   5 hidden, no biases: hidden 32 2.048 / 2.688; hidden 64 3.529 / 4.116
+#: (hidden 32 then took 64 rows / 4 warps / 2 per SM: 1.60 recomputing, 2.03 saving)
 RECOMPUTE_ON_CHIP = True
 
 
@@ -291,17 +304,18 @@ def _split_backward(device: torch.device, spec) -> Split | None:
 _FIT: dict = {}
 
 
-def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps) -> bool:
+def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
+          least: int = 1) -> bool:
     """Launch the unrolled kernel ``mode`` ("fwd_persistent", "g") with up to
     consts["STAGES"] pipeline stages. Where the device refuses it (Triton's OutOfResources:
     every layer's tiles are buffered per stage; seen with a newer Triton's pipeliner, and
     for deep nets), one stage fewer, down to 1; the count that fits is remembered for
     (mode, device, spec). False when none fits: the caller launches the kernel with the
-    layer loop instead."""
+    layer loop instead. ``least``: the fewest stages to try."""
     most = consts["STAGES"]
     return fitting(_FIT, (mode, device.index, spec), most, lambda s: _launcher(mode).launch(
         grid, args, consts if s == most else dict(consts, STAGES=s), device, num_warps=warps,
-        num_stages=NUM_STAGES))
+        num_stages=NUM_STAGES), least)
 
 
 def _persistent(device: torch.device, spec) -> tuple[int, int, int, int, bool] | None:
@@ -349,7 +363,11 @@ class TritonBackend(Backend):
         if not _narrow(spec):
             return True, ("wide layers: one GEMM per layer with bias and activation fused in "
                           "the epilogue (wide.py)")
-        return True, f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
+        why = f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
+        if self.recomputes(spec, device):
+            why += ("; training: the backward in one kernel too, recomputing the "
+                    "pre-activations on chip (the forward saves none)")
+        return True, why
 
     # -- launches -----------------------------------------------------------------------
     def _common(self, x, weights, biases, spec):
@@ -487,9 +505,11 @@ def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x,
                   BLOCK_M=split.g_block_m, STAGES=split.g_stages, RECOMPUTE=recompute,
                   HAS_BIAS=recompute and spec.bias)
     with device_guard(x):
+        # recomputing, never at 1 stage: 64 rows / 4 warps / 1 stage, two programs per SM
+        # (hidden 32, no biases) read out of bounds on the H200 (NOTES narrow history 23)
         if _fits("bwd_recompute" if recompute else "bwd_resident", x.device, spec, (P,),
                  (*ptrs, acc, b0, bh, bl, M, IN, H, OUT, n_blocks, *strides), consts,
-                 split.g_warps):
+                 split.g_warps, 2 if recompute else 1):
             return acc
     return None
 

@@ -91,13 +91,13 @@ def args_key(args) -> tuple:
     return tuple(out)
 
 
-def fitting(memo: dict, key, stages: int, run) -> bool:
+def fitting(memo: dict, key, stages: int, run, least: int = 1) -> bool:
     """``run(s)`` launches a kernel with ``s`` pipeline stages; try up to ``stages``. Where
     the device refuses the shared memory that asks (Triton's OutOfResources), one stage
-    fewer, down to 1; the count that fits is remembered in ``memo[key]`` (0: none), so
-    later calls start there. False when not even one stage fits."""
+    fewer, down to ``least``; the count that fits is remembered in ``memo[key]``, so
+    later calls start there. False when not even ``least`` stages fit."""
     stages = min(stages, memo.get(key, stages))
-    while stages > 0:
+    while stages >= least:
         try:
             run(stages)
             return True
