@@ -69,8 +69,19 @@ def cases():
         y = fm.fused_mlp(xg, ws, bs, "gelu_tanh", backend="triton")
         torch.autograd.grad(y, [xg, *ws, *bs], gy)
 
+    # the narrow train step as on the H200: the backward in one kernel, z recomputed
+    tb = __import__("fusedmlp_xpu.backends.triton", fromlist=["_split_nvidia"])
+    tb._split_backward = lambda device, spec: tb._split_nvidia(spec)
+    narrow_t = fm.FusedMLP(64, 64, 32, 4, bias=False, dtype=dt, backend="triton")
+    xt = x16.clone().requires_grad_()
+
+    def narrow_train():
+        xt.grad = None
+        narrow_t(xt).backward(gy)
+
     # (what, call, grad enabled)
     return [("narrow FusedMLP(64, 64, 64, 4), 1 row, no grad", lambda: narrow(x1), False),
+            ("narrow FusedMLP(64, 64, 32, 4), 16 rows, train step", narrow_train, True),
             ("wide fused_mlp 64 -> 256 -> 64, 16 rows, no grad", wide, False),
             ("GatedMLP(64, 256), 16 rows, no grad", lambda: gated(x16), False),
             ("wide fused_mlp, 16 rows, train step", wide_train, True)]
