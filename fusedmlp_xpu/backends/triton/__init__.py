@@ -309,9 +309,10 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
     """Launch the unrolled kernel ``mode`` ("fwd_persistent", "g") with up to
     consts["STAGES"] pipeline stages. Where the device refuses it (Triton's OutOfResources:
     every layer's tiles are buffered per stage; seen with a newer Triton's pipeliner, and
-    for deep nets), one stage fewer, down to 1; the count that fits is remembered for
-    (mode, device, spec). False when none fits: the caller launches the kernel with the
-    layer loop instead. ``least``: the fewest stages to try."""
+    for deep nets), one stage fewer, down to ``least`` (1 unless said); the count that
+    fits is remembered for (mode, device, spec). False when none fits: the caller launches
+    the kernel with the layer loop instead (or, for the one-kernel backward, the two
+    kernels)."""
     most = consts["STAGES"]
     return fitting(_FIT, (mode, device.index, spec), most, lambda s: _launcher(mode).launch(
         grid, args, consts if s == most else dict(consts, STAGES=s), device, num_warps=warps,

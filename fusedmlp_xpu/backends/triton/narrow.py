@@ -191,6 +191,31 @@ def _resident_layer(h, w, b, z_ptr, col0, rows, rmask, N, s_zm, N_P: tl.constexp
 
 
 @triton.jit
+def _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P: tl.constexpr, OUT_P: tl.constexpr,
+                     L_HID: tl.constexpr, LOAD: tl.constexpr):
+    """Every bias as an fp32 vector, loaded once per program (first, hidden 0..3, last);
+    zeros where absent or not LOAD."""
+    c0 = tl.zeros([H_P], tl.float32)
+    c1 = c0
+    c2 = c0
+    c3 = c0
+    c4 = c0
+    cl = tl.zeros([OUT_P], tl.float32)
+    if LOAD:
+        c0 = _load_b(b0_ptr, H, H_P)
+        cl = _load_b(bl_ptr, OUT, OUT_P)
+        if L_HID > 0:
+            c1 = _load_b(bh_ptr, H, H_P)
+        if L_HID > 1:
+            c2 = _load_b(bh_ptr + H, H, H_P)
+        if L_HID > 2:
+            c3 = _load_b(bh_ptr + 2 * H, H, H_P)
+        if L_HID > 3:
+            c4 = _load_b(bh_ptr + 3 * H, H, H_P)
+    return c0, c1, c2, c3, c4, cl
+
+
+@triton.jit
 def _mlp_fwd_persistent_kernel(
     x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
     M, IN, H, OUT,
@@ -219,23 +244,8 @@ def _mlp_fwd_persistent_kernel(
         wl = _load_wT(wl_ptr, H, OUT, H_P, OUT_P)
         w1, w2, w3, w4 = _hidden_tiles(wh_ptr, H, H_P, L_HID,
                                        tl.zeros([H_P, H_P], w0.dtype), True)
-        b0 = tl.zeros([H_P], tl.float32)
-        b1 = b0
-        b2 = b0
-        b3 = b0
-        b4 = b0
-        bl = tl.zeros([OUT_P], tl.float32)
-        if HAS_BIAS:
-            b0 = _load_b(b0_ptr, H, H_P)
-            bl = _load_b(bl_ptr, OUT, OUT_P)
-            if L_HID > 0:
-                b1 = _load_b(bh_ptr, H, H_P)
-            if L_HID > 1:
-                b2 = _load_b(bh_ptr + H, H, H_P)
-            if L_HID > 2:
-                b3 = _load_b(bh_ptr + 2 * H, H, H_P)
-            if L_HID > 3:
-                b4 = _load_b(bh_ptr + 3 * H, H, H_P)
+        b0, b1, b2, b3, b4, bl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P,
+                                                  L_HID, HAS_BIAS)
         for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
             rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
             rmask = rows < M
@@ -494,31 +504,6 @@ def _add_at(l: tl.constexpr, d, a1, a2, a3, a4):
     if l == 3:
         a4 += d
     return a1, a2, a3, a4
-
-
-@triton.jit
-def _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P: tl.constexpr, OUT_P: tl.constexpr,
-                     L_HID: tl.constexpr, LOAD: tl.constexpr):
-    """Every bias as an fp32 vector, loaded once per program (first, hidden 0..3, last);
-    zeros where absent or not LOAD."""
-    c0 = tl.zeros([H_P], tl.float32)
-    c1 = c0
-    c2 = c0
-    c3 = c0
-    c4 = c0
-    cl = tl.zeros([OUT_P], tl.float32)
-    if LOAD:
-        c0 = _load_b(b0_ptr, H, H_P)
-        cl = _load_b(bl_ptr, OUT, OUT_P)
-        if L_HID > 0:
-            c1 = _load_b(bh_ptr, H, H_P)
-        if L_HID > 1:
-            c2 = _load_b(bh_ptr + H, H, H_P)
-        if L_HID > 2:
-            c3 = _load_b(bh_ptr + 2 * H, H, H_P)
-        if L_HID > 3:
-            c4 = _load_b(bh_ptr + 3 * H, H, H_P)
-    return c0, c1, c2, c3, c4, cl
 
 
 @triton.jit
