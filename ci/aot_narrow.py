@@ -102,27 +102,21 @@ def main(argv=None) -> int:
                           RESIDENT=True)) if P == 64 else None,
                     ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
-                          IN_P=64, OUT_P=64)) if P == 128 else None,
-                    # the backward in one kernel (the resident chain summing the weight
-                    # gradients in registers): at width P with biases, and at hidden 32
-                    # between in/out 64 (narrow-w32, no biases); reading the saved z, or
-                    # computing it again from x (the default in training)
-                    ("one_kernel", narrow._mlp_bwd_resident_kernel, "one",
-                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
-                          NEED_W=True, NEED_B=True, L_HID=3, RECOMPUTE=False,
-                          HAS_BIAS=False)) if P <= 64 else None,
-                    ("one_kernel_own_p", narrow._mlp_bwd_resident_kernel, "one",
-                     dict(base, H_P=P // 2, T_P=P, W_SLOT=P * P, SLOT=P * P + P,
-                          NEED_X=True, NEED_W=True, NEED_B=False, L_HID=3, RECOMPUTE=False,
-                          HAS_BIAS=False)) if P == 64 else None,
-                    ("one_recompute", narrow._mlp_bwd_resident_kernel, "one",
-                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
-                          NEED_W=True, NEED_B=True, L_HID=3, RECOMPUTE=True,
-                          HAS_BIAS=True)) if P <= 64 else None,
-                    ("one_recompute_own_p", narrow._mlp_bwd_resident_kernel, "one",
-                     dict(base, H_P=P // 2, T_P=P, W_SLOT=P * P, SLOT=P * P + P,
-                          NEED_X=True, NEED_W=True, NEED_B=False, L_HID=3, RECOMPUTE=True,
-                          HAS_BIAS=False)) if P == 64 else None]
+                          IN_P=64, OUT_P=64)) if P == 128 else None]
+            # the backward in one kernel (the resident chain summing the weight gradients
+            # in registers): at width P with biases, and at hidden 32 between in/out 64
+            # (narrow-w32, no biases); reading the saved z, or computing it again from x
+            # (the default in training)
+            one_base = dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
+                            NEED_W=True, L_HID=3)
+            for rc, tag in ((False, "one_kernel"), (True, "one_recompute")):
+                jobs += [(tag, narrow._mlp_bwd_resident_kernel, "one",
+                          dict(one_base, NEED_B=True, RECOMPUTE=rc, HAS_BIAS=rc))
+                         if P <= 64 else None,
+                         (tag + "_own_p", narrow._mlp_bwd_resident_kernel, "one",
+                          dict(one_base, H_P=P // 2, NEED_B=False, RECOMPUTE=rc,
+                               HAS_BIAS=False))
+                         if P == 64 else None]
             split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
             for name, fn, mode, consts in filter(None, jobs):
                 if mode == "one":  # the one-kernel backward's own tuning at its widths
