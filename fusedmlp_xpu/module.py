@@ -118,6 +118,10 @@ class FusedMLP(nn.Module):
 
     def spec(self, dtype: torch.dtype | None = None) -> MLPSpec:
         dtype = dtype or self._modules[self._names[0]].weight.dtype
+        if torch.compiler.is_compiling():  # no cache: filling it would fail a guard of
+            # the traced code and compile it a second time
+            return MLPSpec(self.widths, self.activation, self.output_activation,
+                           self.has_bias, dtype)
         s = self._specs.get(dtype)
         if s is None:
             s = self._specs[dtype] = MLPSpec(self.widths, self.activation,

@@ -242,6 +242,15 @@ def plain_eager(x) -> bool:
             and type(x) is torch.Tensor and _dispatch_modes() == 0)
 
 
+@torch.compiler.assume_constant_result
+def _recomputes(device, widths, activation, output_activation, bias, dtype, backend) -> bool:
+    """recompute=None resolved for the ops (Backend.recomputes of the chosen backend).
+    torch.compile calls it once while tracing and keeps the answer as a constant: no
+    guard on the dispatcher's caches (each new entry would compile the graph again)."""
+    spec = MLPSpec(widths, activation, output_activation, bias, dtype)
+    return dispatch.choose(device, spec, backend).recomputes(spec, device)
+
+
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool | None):
     """Run the op on already validated inputs (the module's lean per-call path)."""
     needs_grad = torch.is_grad_enabled() and (
@@ -256,6 +265,9 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
             return _run_forward(x, weights, biases, spec, backend, False)
         return _EagerMLP.apply(spec, backend, recompute, x, *weights, *(biases or ()))
     args = (x, weights, biases, spec.activation, spec.output_activation, backend or "")
+    if needs_grad and recompute is None:
+        recompute = _recomputes(x.device, spec.widths, spec.activation,
+                                spec.output_activation, spec.bias, spec.dtype, backend)
     if needs_grad and not recompute:
         return torch.ops.fusedmlp.mlp_train.default(*args)[0]
     return torch.ops.fusedmlp.mlp.default(*args)
@@ -276,8 +288,8 @@ def fused_mlp(
     [out_i] each. Returns [..., out_features]. ``backend`` forces a backend (else
     $FUSEDMLP_BACKEND, else the dispatcher's choice); ``recompute=True`` trades the saved
     hidden activations of training for recomputing them in backward, False saves them,
-    None lets the backend choose (``Backend.recomputes``; under torch.compile or
-    tracing: save).
+    None lets the backend choose (``Backend.recomputes``; under torch.compile, once,
+    when the graph is traced).
     """
     if isinstance(weights, torch.Tensor):
         raise TypeError("weights: expected a list of 2-D tensors, got a single Tensor")

@@ -62,6 +62,39 @@ def test_compile_fullgraph_matches_eager(backend):
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
+@pytest.mark.parametrize("recompute", [None, False, True], ids=["backend", "save", "recompute"])
+def test_compile_takes_the_backends_recompute_choice(recompute, monkeypatch):
+    """Under torch.compile, recompute=None asks the backend once, while tracing (here a
+    reference backend that says "recompute"): the graph holds the recomputing op, not the
+    saving one, and right gradients; an explicit choice wins. Two calls, one graph: the
+    answer is a constant, not guarded on the dispatcher's or the module's caches."""
+    from torch._dynamo.utils import counters
+
+    be = dispatch.REGISTRY["reference"]
+    monkeypatch.setattr(type(be), "recomputes", lambda self, spec, device: True)
+    torch._dynamo.reset()
+    counters.clear()
+    ops = []
+    mlp = fm.FusedMLP(16, 8, 32, 2, activation="gelu", backend="reference",
+                      recompute=recompute)
+
+    def backend_of_graph(gm, example_inputs):
+        ops.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    compiled = torch.compile(mlp, fullgraph=True, backend=backend_of_graph)
+    x = torch.randn(5, 7, 16, requires_grad=True)
+    for _ in range(2):
+        x.grad = None
+        compiled(x).sum().backward()
+        dispatch.choose(x.device, fm.MLPSpec((3, 5, 7)))  # the dispatcher's cache grows
+    saving = torch.ops.fusedmlp.mlp_train.default in ops
+    assert saving == (recompute is False), ops
+    assert counters["stats"]["unique_graphs"] == 1
+    (gx,) = torch.autograd.grad(mlp.to_sequential()(x).sum(), x)
+    torch.testing.assert_close(x.grad, gx)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_autocast_computes_in_autocast_dtype(backend, dtype):
     name, dev = backend
