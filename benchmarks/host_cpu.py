@@ -19,6 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the first launch of each shape
 import torch  # noqa: E402
 
 import fusedmlp_xpu as fm  # noqa: E402
+from fusedmlp_xpu.backends import triton as tb  # noqa: E402
 from fusedmlp_xpu.backends.triton import launch  # noqa: E402
 
 
@@ -69,8 +70,8 @@ def cases():
         y = fm.fused_mlp(xg, ws, bs, "gelu_tanh", backend="triton")
         torch.autograd.grad(y, [xg, *ws, *bs], gy)
 
-    # the narrow train step as on the H200: the backward in one kernel, z recomputed
-    tb = __import__("fusedmlp_xpu.backends.triton", fromlist=["_split_nvidia"])
+    # the narrow train step as on the H200 (CUDA's split backward for CPU tensors too):
+    # the backward in one kernel, z recomputed
     tb._split_backward = lambda device, spec: tb._split_nvidia(spec)
     narrow_t = fm.FusedMLP(64, 64, 32, 4, bias=False, dtype=dt, backend="triton")
     xt = x16.clone().requires_grad_()

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from . import activations, dispatch, envvars, op
-from .spec import MLPSpec
+from .spec import MLPSpec, check_recompute
 
 
 class FusedMLP(nn.Module):
@@ -50,6 +50,7 @@ class FusedMLP(nn.Module):
         self.widths = tuple(int(w) for w in widths)
         self.has_bias = bool(bias)
         self.backend = backend
+        check_recompute(recompute)
         self.recompute = recompute
         self._names = tuple(names)
         for name, a, b in zip(names, widths[:-1], widths[1:]):

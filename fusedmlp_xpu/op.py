@@ -17,7 +17,7 @@ import torch
 
 from . import dispatch
 from .backends import saved_widths
-from .spec import MLPSpec, _same, validate
+from .spec import MLPSpec, _same, check_recompute, validate
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu")
 
@@ -298,6 +298,7 @@ def fused_mlp(
     if isinstance(x, torch.Tensor):
         x, weights, biases = _autocast(x, weights, biases)
     spec = validate(x, weights, biases, activation, output_activation)
+    check_recompute(recompute)
     if backend is not None:
         dispatch.requested(backend)  # unknown names fail here, naming the argument
     return call(x, weights, biases, spec, backend, recompute)

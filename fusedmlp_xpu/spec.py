@@ -125,6 +125,12 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
 
 
 @functools.lru_cache(maxsize=1024)
+def check_recompute(recompute) -> None:
+    """``recompute`` must be None (the backend chooses), True or False."""
+    if recompute is not None and type(recompute) is not bool:
+        raise TypeError(f"recompute: expected None, True or False, got {recompute!r}")
+
+
 def _spec(widths, activation, output_activation, bias, dtype) -> MLPSpec:
     """One MLPSpec per distinct value (building the frozen dataclass costs ~2 us a call)."""
     return MLPSpec(widths, activation, output_activation, bias, dtype)

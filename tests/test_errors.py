@@ -51,6 +51,18 @@ def test_bad_backend_name():
         fm.fused_mlp(x, ws, bs, backend="fastest")
 
 
+def test_bad_recompute():
+    """recompute is None (the backend chooses), True or False: nothing else is read as
+    a truth value."""
+    x, ws, bs = _args()
+    with pytest.raises(TypeError, match="recompute: expected None, True or False, got 'no'"):
+        fm.fused_mlp(x, ws, bs, recompute="no")
+    with pytest.raises(TypeError, match="recompute: expected None, True or False, got 0"):
+        fm.FusedMLP(16, 8, 32, 2, recompute=0)
+    for ok in (None, True, False):
+        fm.fused_mlp(x, ws, bs, recompute=ok)
+
+
 def test_module_bad_input():
     m = fm.FusedMLP(16, 8, 32, 2)
     with pytest.raises(ValueError, match=r"weights\[0\]: expected in_features 12"):
