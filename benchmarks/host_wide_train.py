@@ -1,4 +1,5 @@
-"""Where the host time of a wide block's train step at 16 rows goes (GPU machine).
+"""Where the host time of a wide block's train step at 16 rows goes (GPU machine); with
+a narrow config (--config narrow-w32 --rows 65536), of a FusedMLP's train step (fp16).
 
 1. Ours and eager interleaved (overhead.interleaved): the whole step; the forward alone
    under grad; the step with the autograd engine's device threads off
@@ -11,6 +12,7 @@
    the whole step, ours and eager, with the device threads on and off.
 
 Usage: PYTHONPATH=. python benchmarks/host_wide_train.py [--steps 300] [--config wide-swiglu]
+       [--rows 16]
 """
 import argparse
 import collections
@@ -20,7 +22,7 @@ import time
 import torch
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu import gated, op
+from fusedmlp_xpu import configs, gated, op
 from fusedmlp_xpu.backends import memory
 from fusedmlp_xpu.backends.triton import launch
 from fusedmlp_xpu.bench_wide import CONFIGS, eager_model
@@ -47,25 +49,43 @@ def timed(name, fn, where=False):
     return wrapper
 
 
+def models(config, rows, narrow, dev="cuda"):
+    """(ours, eager, ours' parameters, eager's parameters, x, grad_y) on CUDA: a narrow
+    config's FusedMLP (fp16) and its nn.Sequential, each with its own weights; a wide
+    one's block (bf16) and fused_mlp or GatedMLP on the block's own weights."""
+    if config in narrow:
+        cfg, dt = configs.CONFIGS[config], torch.float16
+        ours = cfg.make(device=dev, dtype=dt, backend="triton")
+        seq = ours.to_sequential()
+        params, eager_params = list(ours.parameters()), list(seq.parameters())
+        d_in, d_out = cfg.in_features, cfg.out_features
+    else:
+        dims, dt = CONFIGS[config], torch.bfloat16
+        seq = eager_model(config, dims, dev, dt)
+        d_in = d_out = dims[0]
+        if dims[3]:  # gated: the GatedMLP sharing the Llama block's weights
+            ours = fm.GatedMLP.from_module(seq, backend="triton")
+            params = [seq.gate_proj.weight, seq.up_proj.weight, seq.down_proj.weight]
+        else:
+            ws, bs = [seq[0].weight, seq[2].weight], [seq[0].bias, seq[2].bias]
+            params = [*ws, *bs]
+
+            def ours(xx):
+                return fm.fused_mlp(xx, ws, bs, "gelu_tanh", backend="triton")
+        eager_params = params
+    x = torch.randn(rows, d_in, device=dev, dtype=dt, requires_grad=True)
+    gy = torch.randn(rows, d_out, device=dev, dtype=dt)
+    return ours, seq, params, eager_params, x, gy
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--config", choices=list(CONFIGS), default="wide-gelu")
+    narrow = [n for n, c in configs.CONFIGS.items() if c.regime == "narrow"]
+    ap.add_argument("--config", choices=list(CONFIGS) + narrow, default="wide-gelu")
+    ap.add_argument("--rows", type=int, default=16)
     a = ap.parse_args()
-    dt, dev = torch.bfloat16, "cuda"
-    dims = CONFIGS[a.config]
-    seq = eager_model(a.config, dims, dev, dt)
-    x = torch.randn(16, dims[0], device=dev, dtype=dt, requires_grad=True)
-    gy = torch.randn(16, dims[0], device=dev, dtype=dt)
-    if dims[3]:  # gated: the GatedMLP sharing the Llama block's weights
-        ours = fm.GatedMLP.from_module(seq, backend="triton")
-        params = [seq.gate_proj.weight, seq.up_proj.weight, seq.down_proj.weight]
-    else:
-        ws, bs = [seq[0].weight, seq[2].weight], [seq[0].bias, seq[2].bias]
-        params = [*ws, *bs]
-
-        def ours(xx):
-            return fm.fused_mlp(xx, ws, bs, "gelu_tanh", backend="triton")
+    ours, seq, params, eager_params, x, gy = models(a.config, a.rows, narrow)
 
     def step():
         y = ours(x)
@@ -73,7 +93,7 @@ def main():
 
     def eager_step():
         y = seq(x)
-        torch.autograd.grad(y, [x, *params], gy)
+        torch.autograd.grad(y, [x, *eager_params], gy)
 
     def forward_only():
         ours(x)
