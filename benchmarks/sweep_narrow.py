@@ -96,8 +96,7 @@ def main():
                                     def fn():
                                         m(x)  # x requires grad: the forward saves z
                                 else:
-                                    def fn():
-                                        m(x).backward(gy)
+                                    fn = _step(m, x, gy)
                                 ms = triton.testing.do_bench(fn, warmup=50, rep=300,
                                                              return_mode="median")
                             except Exception as e:  # out of resources, etc.
@@ -183,6 +182,16 @@ def _replan(*modules):
         m._bound = None
 
 
+def _step(m, x, gy):
+    """One train step as the bench times it: x's gradient new each step (x.grad = None,
+    bench.TRAIN_STEP; the sweep files up to h200-sweep-one-kernel-20261201i.json let it
+    accumulate: ~0.37 ms more a step at 2^22 x 64 fp16)."""
+    def fn():
+        x.grad = None
+        m(x).backward(gy)
+    return fn
+
+
 def _train_case(W, hidden, n, dev, bias=True):
     """A W-wide fp16 FusedMLP (in/out 64, biases unless told), x [n, 64] needing grad,
     grad_y, and the eager reference gradients (x and every parameter) on the first 8192
@@ -250,9 +259,7 @@ def sweep_stages(args):
                                     m(x)
                         else:
                             err = _grad_err(m, xs, gy, ref)
-
-                            def fn():
-                                m(x).backward(gy)
+                            fn = _step(m, x, gy)
                         if not err < 2e-2:
                             print(f"W{W} L{hidden} {label}: WRONG (rel err {err:.2e})")
                             continue
@@ -320,8 +327,7 @@ def sweep_split(args):
         best = None
         timed = {}
 
-        def fn():
-            m(x).backward(gy)
+        fn = _step(m, x, gy)
 
         def time_variant(v, W=W, m=m, xs=xs, gy=gy, ref=ref, timed=timed, fn=fn):
             nonlocal best
@@ -379,8 +385,7 @@ def sweep_padding(args):
         if split is not None and split.g_resident:
             variants.append("own, chain 2 per SM")
 
-        def fn():
-            m(x).backward(gy)
+        fn = _step(m, x, gy)
 
         def use(v):
             tb.OWN_PADDING = not v.startswith("widest")
@@ -446,8 +451,7 @@ def sweep_one_kernel(args):
         full = [p.grad for p in seq32.parameters()]
         del seq32
 
-        def fn():
-            m(x).backward(gy)
+        fn = _step(m, x, gy)
 
         def full_err():
             for p in m.parameters():
