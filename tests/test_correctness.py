@@ -240,6 +240,35 @@ def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     assert saves == [not recompute, True], saves
 
 
+def test_one_kernel_recomputes_for_the_input_gradient_alone(backend, monkeypatch):
+    """Frozen weights (only x needs a gradient) with nothing saved: the recomputing one
+    kernel runs, no forward runs again, no weight gradient is reduced, and x's gradient
+    is right."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+        64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=2, g_unroll=True, g_stages=2,
+        g_resident=True, g_dw=True))
+    launched, saves = [], []
+    for mode in ("bwd_recompute", "bwd_resident", "bwd", "g", "reduce"):
+        la = tb._launcher(mode)
+        monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
+                            launched.append(_m) or _l(*a, **k))
+    forward = tb.TritonBackend.forward
+    monkeypatch.setattr(tb.TritonBackend, "forward", lambda self, *a: saves.append(a[-1])
+                        or forward(self, *a))
+    ws, bs = make_params((17, 33, 33, 9), True, torch.float16, dev)
+    x = torch.randn(300, 17, device=dev).to(torch.float16).requires_grad_()
+    y = fm.fused_mlp(x, ws, bs, "gelu", backend=name)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    assert launched == ["bwd_recompute"] and saves == [False], (launched, saves)
+    _, rgx, _, _ = reference(x, ws, bs, "gelu", "none", grad_y=gy)
+    assert_close(x.grad, rgx, tolerance(name, torch.float16), "grad x")
+
+
 @pytest.mark.parametrize("one_kernel", [False, True], ids=["two-kernels", "one-kernel"])
 def test_split_backward_partial_grads(backend, monkeypatch, one_kernel):
     """The split backward (two kernels, or the resident chain summing the weight
@@ -296,7 +325,8 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
 def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
     """The one-kernel backward that recomputes z, refused at 2 stages, is not tried at 1
     (64 rows / 4 warps / 1 stage read out of bounds on the H200): the backward saves by
-    running the forward again, and the two kernels run; still right."""
+    running the forward again and goes on as with z saved (the one kernel reading it);
+    still right."""
     name, _ = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
@@ -312,7 +342,7 @@ def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
         raise OutOfResources("shared memory")
 
     monkeypatch.setattr(tb._launcher("bwd_recompute"), "launch", refuse)
-    for mode in ("g", "dw"):
+    for mode in ("bwd_resident", "g", "dw"):
         other = tb._launcher(mode)
         monkeypatch.setattr(other, "launch", lambda *a, _l=other.launch, _m=mode, **k:
                             launched.append(_m) or _l(*a, **k))
@@ -324,7 +354,7 @@ def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
         run(backend, (17, 33, 33, 9), torch.float16, act="gelu", grad=True, lead=(300,),
             recompute=True)
     assert tries == [2]  # then remembered: the second step did not try again
-    assert set(launched) == {"g", "dw"}
+    assert set(launched) == {"bwd_resident"}
 
 
 def test_split_choice_follows_the_sweeps(monkeypatch):

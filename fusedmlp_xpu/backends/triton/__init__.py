@@ -422,8 +422,12 @@ class TritonBackend(Backend):
         M = x.shape[0]
         L_HID = spec.n_layers - 2
         need_wb = need_w or need_b
-        split = _split_backward(x.device, spec) if M > 0 and need_wb else None
+        # nothing saved (recompute): the one kernel also when only x needs a gradient
+        split = (_split_backward(x.device, spec) if M > 0 and (need_wb or saved is None)
+                 else None)
         one_kernel = split is not None and split.g_dw and split.g_resident and L_HID <= 4
+        if not (need_wb or one_kernel):
+            split = None  # x's gradient alone: the fused kernel
         if saved is None and not one_kernel:  # recompute: the forward once more, saving
             _, saved = self.forward(x, weights, biases, spec, save=True)
         z = x if saved is None else saved if saved.stride(-1) == 1 else saved.contiguous()
@@ -449,12 +453,13 @@ class TritonBackend(Backend):
                                      need_x, need_w, need_b, T_P, W_SLOT, SLOT,
                                      saved is None, biases)
             if acc is not None:
-                gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
+                gws, gbs = [], []
+                if need_wb:
+                    gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
                 return (gx if need_x else None), gws, gbs
-            if saved is None:  # refused at every stage count: the two kernels, saving
-                _, z = self.forward(x, weights, biases, spec, save=True)
-                ptrs = ptrs[:5] + (z, gx)
-                strides = strides[:3] + (z.stride(0),)
+            if saved is None:  # refused at every stage count: save, then as if saved
+                _, saved = self.forward(x, weights, biases, spec, save=True)
+                return self.backward(grad_y, x, weights, biases, saved, spec, needs)
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
                 OUT if spec.output_activation != "none" else 0), like=x)
