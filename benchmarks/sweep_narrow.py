@@ -176,6 +176,7 @@ def _replan(*modules):
     """Make the next calls read the (patched) tuning again: the cached tuning, the
     forward plans (they keep theirs), the stage fits and the modules' bound calls."""
     tb._tuning_cached.cache_clear()
+    tb._split_cached.cache_clear()
     tb._forward_plan.cache_clear()
     tb._FIT.clear()
     for m in modules:

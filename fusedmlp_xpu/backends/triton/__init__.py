@@ -295,8 +295,22 @@ def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int, int]:
 
 
 def _split_backward(device: torch.device, spec) -> Split | None:
-    """The split backward's tuning here, or None for the fused backward."""
-    return _split_nvidia(spec) if device.type == "cuda" else None
+    """The split backward's tuning here, or None for the fused backward; worked out once
+    per spec (every train step asks: the forward's recompute choice, then backward)."""
+    return _split_cached(spec, ONE_KERNEL_BACKWARD) if device.type == "cuda" else None
+
+
+@functools.lru_cache(maxsize=512)
+def _split_cached(spec, one_kernel: bool) -> Split | None:
+    # one_kernel: the switch _split_nvidia reads, part of the key so flipping it counts
+    return _split_nvidia(spec)
+
+
+def _one_kernel(split: Split | None, spec) -> bool:
+    """Whether the backward with ``split`` is the one kernel: Split.g_dw with every weight
+    tile resident, which holds up to 4 hidden-to-hidden weights."""
+    return (split is not None and split.g_dw and split.g_resident
+            and spec.n_layers - 2 <= 4)
 
 
 #: (kernel, device index, spec) -> the most pipeline stages of its row-block loop with
@@ -398,11 +412,8 @@ class TritonBackend(Backend):
         """Where the backward is the one kernel (Split.g_dw): it computes every row block's
         pre-activations again from x on chip, so the forward saves nothing (measured
         faster: RECOMPUTE_ON_CHIP)."""
-        if not (RECOMPUTE_ON_CHIP and _narrow(spec)):
-            return False
-        split = _split_backward(device, spec)
-        return (split is not None and split.g_dw and split.g_resident
-                and spec.n_layers - 2 <= 4)
+        return RECOMPUTE_ON_CHIP and _narrow(spec) and _one_kernel(
+            _split_backward(device, spec), spec)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Fused: one persistent kernel walks the rows back through every layer and adds
@@ -425,7 +436,7 @@ class TritonBackend(Backend):
         # nothing saved (recompute): the one kernel also when only x needs a gradient
         split = (_split_backward(x.device, spec) if M > 0 and (need_wb or saved is None)
                  else None)
-        one_kernel = split is not None and split.g_dw and split.g_resident and L_HID <= 4
+        one_kernel = _one_kernel(split, spec)
         if not (need_wb or one_kernel):
             split = None  # x's gradient alone: the fused kernel
         if saved is None and not one_kernel:  # recompute: the forward once more, saving
