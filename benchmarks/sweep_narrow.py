@@ -178,6 +178,7 @@ def _replan(*modules):
     tb._tuning_cached.cache_clear()
     tb._split_cached.cache_clear()
     tb._forward_plan.cache_clear()
+    tb._backward_plan.cache_clear()
     tb._FIT.clear()
     for m in modules:
         m._bound = None

@@ -112,16 +112,25 @@ def tolerance(name: str, dtype: torch.dtype) -> float:
     return TOLERANCE[dtype]
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
+    """||out - ref|| / ||ref||, or over ``floor`` where ||ref|| is smaller (a sum that
+    cancelled by chance: its rounding error is that of its terms, not of the result)."""
     out = out.detach().to("cpu", torch.float64)
     assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     assert not torch.isnan(out).any(), "NaN in output (unwritten or poisoned elements)"
-    den = ref.norm().item()
+    den = max(ref.norm().item(), floor)
     return (out - ref).norm().item() / (den if den > 0 else 1.0)
 
 
-def assert_close(out, ref, tol, what="output"):
-    err = rel_error(out, ref)
+def chance_sum_size(terms: torch.Tensor) -> float:
+    """The size a sum over rows of random-signed ``terms`` [rows, n] has by chance:
+    sqrt(rows) x the mean |term|, per column, as a norm (rel_error's floor for it)."""
+    t = terms.detach().to("cpu", torch.float64).abs()
+    return (t.mean(0) * t.shape[0] ** 0.5).norm().item()
+
+
+def assert_close(out, ref, tol, what="output", floor: float = 0.0):
+    err = rel_error(out, ref, floor)
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
 
 

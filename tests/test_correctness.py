@@ -7,8 +7,8 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 
-from conftest import (assert_close, is_slow, make_params, reference, run_aot_compile, saved_z,
-                      tolerance)
+from conftest import (assert_close, chance_sum_size, is_slow, make_params, reference,
+                      run_aot_compile, saved_z, tolerance)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTS = sorted(activations.ACTIVATIONS)
@@ -46,7 +46,11 @@ def run(backend, widths, dtype, act="relu", out_act="none", bias=True, lead=(103
     for i, (w, r) in enumerate(zip(ws, rgw)):
         assert_close(w.grad, r, tol, f"grad weights[{i}]")
     for i, (b, r) in enumerate(zip(bs or [], rgb)):
-        assert_close(b.grad, r, tol, f"grad biases[{i}]")
+        # the output layer's bias gradient is gy summed over the rows: with one output, one
+        # number, which now and then cancels to near zero (fp32 failed at 8e-5 once)
+        floor = (chance_sum_size(gy.reshape(-1, gy.shape[-1]))
+                 if i == len(ws) - 1 and out_act == "none" else 0.0)
+        assert_close(b.grad, r, tol, f"grad biases[{i}]", floor)
 
 
 def _skip_big(backend, *sizes):

@@ -282,6 +282,97 @@ def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
     assert (k.compiles, len(k.direct)) == (before[0] + 1, before[1] + 1)
 
 
+@pytest.mark.parametrize("recompute, needs", [
+    (True, (True, True, True)), (False, (True, True, True)), (True, (True, False, False)),
+    (True, (False, True, False))], ids=["recompute", "saved", "x-only", "w-only"])
+def test_backward_plan_reuses_kernels_only_for_the_same_specialization(
+        fake_cuda, monkeypatch, recompute, needs):
+    """The one-kernel backward's plan (_OneKernelBackward) launches the chain and the
+    reduction directly once both compiled for a specialization: x's rows and strides, the
+    saved tensor's row stride, the row-block and program counts, the pointers'
+    alignment. Any change there compiles (a stand-in kernel records compiles and
+    launches); the gradients are views of the reduction's one output."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    kernels = {"bwd_recompute": _RecordingKernel(), "bwd_resident": _RecordingKernel(),
+               "reduce": _RecordingKernel()}
+    monkeypatch.setattr(tb, "_LAUNCHERS", {k: launch.Launcher(f) for k, f in kernels.items()})
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    from fusedmlp_xpu.backends import memory
+    made = []
+    real = memory.new_empty
+    monkeypatch.setattr(memory, "new_empty", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    spec = fm.MLPSpec((64, 32, 32, 32, 16), "relu", "none", True, torch.float16)
+    split = tb._split_nvidia(spec)
+    assert tb._one_kernel(split, spec)
+    plan = tb._OneKernelBackward(spec, fake_cuda, split, needs, recompute)
+    chain = kernels["bwd_recompute" if recompute else "bwd_resident"]
+    red = kernels["reduce"]
+    grads = needs[1] or needs[2]
+    ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
+    bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
+
+    def call(rows, offset=0, stride=64):
+        flat = torch.randn(rows * stride + offset, dtype=torch.float16)
+        x = flat[offset:].as_strided((rows, 64), (stride, 1))
+        gy = torch.randn(rows, 16, dtype=torch.float16)
+        z = None if recompute else torch.randn(rows, 64, dtype=torch.float16)
+        made.clear()
+        gx, gws, gbs = plan(gy, x, ws, bs, z)
+        assert (gx is made[0]) == needs[0] and (gx is None) != needs[0]
+        if grads:
+            out = made[-1]
+            assert [g.shape for g in gws] == ([w.shape for w in ws] if needs[1] else [])
+            assert [g.shape for g in gbs] == ([b.shape for b in bs] if needs[2] else [])
+            for g in gws + gbs:
+                assert g.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        else:
+            assert gws == [] and gbs == []
+        return gy, x, z
+
+    def counts():
+        return chain.compiles, len(chain.direct), red.compiles, len(red.direct)
+
+    call(45)
+    assert counts() == (1, 0, int(grads), 0)
+    gy, x, z = call(45)  # same specialization
+    assert counts() == (1, 1, int(grads), int(grads))
+    a = chain.direct[-1]
+    assert a[9] is gy and a[10] is x and a[11] is ws[0] and a[13] is ws[-1]
+    assert a[14] is (x if recompute else z) and a[15] is (made[0] if needs[0] else x)
+    acc = a[16]
+    assert acc.dtype == torch.float32 and acc.shape == (1, 4, 64 * 64 + 64)  # T_P 64
+    if recompute:  # the biases, for the pre-activations
+        assert a[17] is bs[0] and a[19] is bs[-1]
+    assert a[0] == 1 and a[20:29] == (45, 64, 32, 16, 1, 16, 64, 1, 64)
+    if grads:
+        r = red.direct[-1]
+        assert r[9] is acc and r[10] is made[-1] and r[11:16] == (1, 64, 32, 16, 2)
+    general = []  # launch.py's own key is built only off the plan's direct path
+    real_key = launch.args_key
+    monkeypatch.setattr(launch, "args_key", lambda args: general.append(1) or real_key(args))
+    call(45)
+    assert not general and counts() == (1, 2, int(grads), 2 * int(grads))
+    # 77 rows: M specializes as 45 does, but two row blocks (64 rows each) are not one
+    for changed in [dict(rows=77), dict(rows=48), dict(rows=1), dict(rows=45, stride=72),
+                    dict(rows=45, offset=1)]:
+        before = counts()
+        call(**changed)
+        assert counts()[0] == before[0] + 1 and counts()[1] == before[1], changed
+    assert call(77) and chain.direct[-1][0] == 2 and chain.direct[-1][20] == 77
+    n = len(chain.direct)
+    call(64 * 330 + 5)  # more row blocks than programs (2 per SM); as 77 rows
+    assert len(chain.direct) == n + 1 and chain.direct[-1][0] == 2 * 132
+    before = counts()
+    call(64 * 320 - 1)  # the same but for 320 row blocks, a multiple of 16
+    assert counts()[:2] == (before[0] + 1, before[1])
+    monkeypatch.setattr(launch, "_hooked", lambda: True)  # e.g. a profiler's launch hook
+    before = counts()
+    call(45)
+    assert counts()[:2] == (before[0] + 1, before[1])
+
+
 def test_bound_module_call_launches_with_the_current_addresses(fake_cuda, monkeypatch):
     """A FusedMLP's no-grad calls, once bound (module.py), launch the compiled kernel
     directly with the addresses of x, y and the parameters as ints; a parameter re-pointed
@@ -386,6 +477,9 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
     widest = (128, 128, 128)
     for own, pads, dw in ((True, (128, 32, 16), (128, 64, 64)), (False, widest, widest)):
         monkeypatch.setattr(tb, "OWN_PADDING", own)
+        # the one-kernel plan reads the padding when it is made
+        monkeypatch.setattr(tb, "_backward_plan", functools.lru_cache(maxsize=8)(
+            tb._OneKernelBackward))
         launched.clear()
         tb.TritonBackend().backward(gy, x, ws, bs, z, spec, (True, True, True))
         got = {m: tuple(c[k] for k in ("IN_P", "H_P", "OUT_P")) for m, c in launched

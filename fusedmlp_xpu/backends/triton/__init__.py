@@ -8,6 +8,7 @@ kernel (narrow.py); everything else layer by layer as GEMMs with fused epilogues
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -215,7 +216,7 @@ def _split_nvidia(spec) -> Split | None:
       hidden 64: 128/8/2/1 2.59 (biases 3.76) against 64/4/2/2 3.61 (5.50), 64/4/2/1 4.02
     64/4/1/2 recomputing (hidden 32, no biases) read out of bounds on the H200
     (h200-sweep-one-kernel-20261201f.txt; the same kernel saving z ran right at 1 stage),
-    so that kernel never steps down to 1 stage (_resident_backward)."""
+    so that kernel never steps down to 1 stage (_OneKernelBackward)."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
@@ -429,17 +430,24 @@ class TritonBackend(Backend):
             return wide.backward(grad_y, x, weights, biases, saved, spec, needs)
         need_x, need_w, need_b = needs
         weights, biases = _dense(weights), _dense(biases)
-        narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
         M = x.shape[0]
-        L_HID = spec.n_layers - 2
         need_wb = need_w or need_b
         # nothing saved (recompute): the one kernel also when only x needs a gradient
         split = (_split_backward(x.device, spec) if M > 0 and (need_wb or saved is None)
                  else None)
-        one_kernel = _one_kernel(split, spec)
-        if not (need_wb or one_kernel):
+        if _one_kernel(split, spec):  # the backward in one kernel, if it fits
+            out = _backward_plan(spec, x.device, split, needs, saved is None)(
+                grad_y, x, weights, biases, saved)
+            if out is not None:
+                return out
+            if saved is None:  # refused at every stage count: save, then as if saved
+                _, saved = self.forward(x, weights, biases, spec, save=True)
+                return self.backward(grad_y, x, weights, biases, saved, spec, needs)
+        narrow, IN, H, OUT, meta, wh = self._common(x, weights, biases, spec)
+        L_HID = spec.n_layers - 2
+        if not need_wb:
             split = None  # x's gradient alone: the fused kernel
-        if saved is None and not one_kernel:  # recompute: the forward once more, saving
+        if saved is None:  # recompute: the forward once more, saving
             _, saved = self.forward(x, weights, biases, spec, save=True)
         z = x if saved is None else saved if saved.stride(-1) == 1 else saved.contiguous()
         grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
@@ -459,18 +467,6 @@ class TritonBackend(Backend):
         g = acc = grad_y  # placeholders for pointers a launch does not use
         ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z, gx)
         strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0))
-        if one_kernel:  # the backward in one kernel, if it fits
-            acc = _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split,
-                                     need_x, need_w, need_b, T_P, W_SLOT, SLOT,
-                                     saved is None, biases)
-            if acc is not None:
-                gws, gbs = [], []
-                if need_wb:
-                    gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
-                return (gx if need_x else None), gws, gbs
-            if saved is None:  # refused at every stage count: save, then as if saved
-                _, saved = self.forward(x, weights, biases, spec, save=True)
-                return self.backward(grad_y, x, weights, biases, saved, spec, needs)
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
                 OUT if spec.output_activation != "none" else 0), like=x)
@@ -501,34 +497,124 @@ class TritonBackend(Backend):
         return (gx if need_x else None), gws, gbs
 
 
-def _resident_backward(ptrs, strides, M, n_blocks, P, spec, meta, split, need_x, need_w,
-                       need_b, T_P, W_SLOT, SLOT, recompute, biases):
-    """The split backward as ONE kernel (``Split.g_dw``): the resident chain also sums
-    the weight gradients (_mlp_bwd_resident_kernel) -> the per-program partials acc
-    [P, layers, SLOT], or None where the device refuses it at every stage count (then the
-    two kernels run). Every program writes all its slots: no zero-fill.
-    ``recompute``: nothing was saved (ptrs' z is a placeholder); the kernel computes the
-    pre-activations again from x, with ``biases``."""
-    x = ptrs[1]
-    IN, H, OUT, L_HID = spec.in_features, spec.widths[1], spec.out_features, spec.n_layers - 2
-    b0 = bh = bl = x
-    if recompute and biases is not None:
-        b0, bl = biases[0], biases[-1]
-        bh = _stacked(biases[1:-1]) if L_HID else x
-    acc = torch.empty(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
-    consts = dict(_one_kernel_pads(spec), L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
-                  ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=need_x, NEED_W=need_w,
-                  NEED_B=need_b, F32=meta["F32"], PREC=meta["PREC"],
-                  BLOCK_M=split.g_block_m, STAGES=split.g_stages, RECOMPUTE=recompute,
-                  HAS_BIAS=recompute and spec.bias)
-    with device_guard(x):
-        # recomputing, never at 1 stage: 64 rows / 4 warps / 1 stage, two programs per SM
-        # (hidden 32, no biases) read out of bounds on the H200 (NOTES narrow history 23)
-        if _fits("bwd_recompute" if recompute else "bwd_resident", x.device, spec, (P,),
-                 (*ptrs, acc, b0, bh, bl, M, IN, H, OUT, n_blocks, *strides), consts,
-                 split.g_warps, 2 if recompute else 1):
-            return acc
-    return None
+@functools.lru_cache(maxsize=512)
+def _backward_plan(spec, device: torch.device, split: Split, needs: tuple,
+                   recompute: bool) -> "_OneKernelBackward":
+    return _OneKernelBackward(spec, device, split, needs, recompute)
+
+
+class _OneKernelBackward:
+    """The backward as ONE kernel (``Split.g_dw``) for one (spec, device, split, needs,
+    recompute), worked out once: the resident chain also sums the weight gradients
+    (_mlp_bwd_resident_kernel) into per-program partials [P, layers, SLOT] (every program
+    writes all its slots: no zero-fill), then one reduction writes every gradient.
+    ``recompute``: nothing was saved; the kernel computes the pre-activations again from x.
+
+    As _NarrowForward: on CUDA, once both launches have compiled, a later call whose
+    arguments specialize alike (x's rows and strides, the pointers' alignment: the rest
+    is fixed by the spec) launches the two kept kernels directly: on a train step's
+    backward that host work is most of the cost at small row counts."""
+
+    def __init__(self, spec, device: torch.device, split: Split, needs: tuple,
+                 recompute: bool):
+        self.spec, self.device, self.split, self.recompute = spec, device, split, recompute
+        self.need_x, self.need_w, self.need_b = needs
+        self.IN, self.H, self.OUT = spec.in_features, spec.widths[1], spec.out_features
+        self.L_HID = L_HID = spec.n_layers - 2
+        meta = _launch_meta(spec, device.type)
+        T_P = meta["H_P"]  # the scratch's slots: a weight tile, then a bias
+        W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
+        self.SLOT = SLOT
+        self.mode = "bwd_recompute" if recompute else "bwd_resident"
+        self.consts = dict(
+            _one_kernel_pads(spec), L_HID=L_HID, T_P=T_P, W_SLOT=W_SLOT, SLOT=SLOT,
+            ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=self.need_x,
+            NEED_W=self.need_w, NEED_B=self.need_b, F32=meta["F32"], PREC=meta["PREC"],
+            BLOCK_M=split.g_block_m, STAGES=split.g_stages, RECOMPUTE=recompute,
+            HAS_BIAS=recompute and spec.bias)
+        self.grads = self.need_w or self.need_b
+        self.reduce = _reduce_layout(spec, T_P, W_SLOT, SLOT, self.need_w, self.need_b,
+                                     device.type)
+        self.lean = launch.enabled(device)
+        self._entries: dict = {}  # key bits -> (chain entry, reduction entry)
+        if self.lean:
+            self._max_programs = _n_programs(device, 1 << 62, max(1, split.g_per_sm))
+
+    def __call__(self, grad_y, x, weights, biases, z):
+        """-> (gx or None, weight gradients, bias gradients), or None where the device
+        refuses the kernel at every stage count (the caller then runs two kernels)."""
+        M, split = x.shape[0], self.split
+        z = x if z is None else z if z.stride(-1) == 1 else z.contiguous()
+        grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
+        wh = _stacked(weights[1:-1]) if self.L_HID else weights[0]
+        b0 = bh = bl = x
+        if self.recompute and biases is not None:
+            b0, bl = biases[0], biases[-1]
+            bh = _stacked(biases[1:-1]) if self.L_HID else x
+        gx = memory.new_empty(M, self.IN, like=x) if self.need_x else x
+        n_blocks = triton_cdiv(M, split.g_block_m)
+        if split.g_per_sm == 0:  # one program per row block
+            P = n_blocks
+        else:
+            P = (min(n_blocks, self._max_programs) if self.lean
+                 else _n_programs(self.device, n_blocks, split.g_per_sm))
+        acc = torch.empty(P, self.spec.n_layers, self.SLOT, device=x.device,
+                          dtype=torch.float32)
+        ptrs = (grad_y, x, weights[0], wh, weights[-1], z, gx, acc, b0, bh, bl)
+        xs0, xs1 = x.stride()
+        args = (*ptrs, M, self.IN, self.H, self.OUT, n_blocks, grad_y.stride(0), xs0, xs1,
+                z.stride(0))
+        out = memory.new_empty(self.reduce.numel, like=x) if self.grads else None
+        key = None
+        if self.lean:
+            aligned = not (grad_y.data_ptr() | x.data_ptr() | weights[0].data_ptr()
+                           | wh.data_ptr() | weights[-1].data_ptr() | z.data_ptr()
+                           | gx.data_ptr() | b0.data_ptr() | bh.data_ptr() | bl.data_ptr()
+                           | (0 if out is None else out.data_ptr())) & _ALIGN
+            # acc is fp32 from the allocator: always aligned; every other int is the spec's
+            key = (int_key(M) | int_key(xs0) << 3 | int_key(xs1) << 6
+                   | int_key(z.stride(0)) << 9 | int_key(n_blocks) << 12
+                   | int_key(P) << 15) if aligned else None
+            hit = None if key is None else self._entries.get(key)
+            if hit is not None and launch.direct_ok(self.device.index):
+                _launcher(self.mode).launch_entry(hit[0], (P,), args, self.device.index)
+                if out is not None:
+                    _launcher("reduce").launch_entry(
+                        hit[1], self.reduce.grid, (acc, out, P, self.IN, self.H, self.OUT,
+                                                   self.L_HID), self.device.index)
+                return self._grads(gx, out)
+        with device_guard(x):
+            # recomputing, never at 1 stage: 64 rows / 4 warps / 1 stage, two programs per
+            # SM (hidden 32, no biases) read out of bounds on the H200 (NOTES narrow
+            # history 23)
+            if not _fits(self.mode, self.device, self.spec, (P,), args, self.consts,
+                         split.g_warps, 2 if self.recompute else 1):
+                return None
+            if out is not None:
+                _reduce_launch(acc, out, self.reduce, self.IN, self.H, self.OUT,
+                               self.L_HID, self.device)
+        if key is not None and not launch._hooked():
+            self._keep(key, args, acc, out)
+        return self._grads(gx, out)
+
+    def _keep(self, key, args, acc, out):
+        """The two launches just made, kept for direct launches of this specialization."""
+        most = self.consts["STAGES"]
+        fit = _FIT.get((self.mode, self.device.index, self.spec), most)
+        chain = _launcher(self.mode).cached(
+            args, self.consts if fit == most else dict(self.consts, STAGES=fit),
+            self.device, num_warps=self.split.g_warps, num_stages=NUM_STAGES)
+        red = None
+        if out is not None:
+            red = _launcher("reduce").cached(
+                (acc, out, acc.shape[0], self.IN, self.H, self.OUT, self.L_HID),
+                self.reduce.consts, self.device, num_warps=4, num_stages=1)
+        if chain is not None and (out is None or red is not None):
+            self._entries[key] = (chain, red)
+
+    def _grads(self, gx, out):
+        gws, gbs = self.reduce.views(out) if out is not None else ([], [])
+        return (gx if self.need_x else None), gws, gbs
 
 
 def _one_kernel_pads(spec) -> dict:
@@ -753,32 +839,55 @@ def _dw_pads(spec, T_P: int) -> dict:
     return _pads(spec, OWN_PADDING, min(64, T_P))
 
 
+class _ReduceLayout(NamedTuple):
+    """Where _reduce_grads_kernel writes each gradient in its one output buffer (every
+    weight's, then every bias's if wanted), and its launch constants. ``like`` holds a
+    meta tensor of each gradient's shape: ``views`` makes them all in one call (~2x
+    faster than a slice and view each, host time)."""
+    numel: int
+    like: tuple
+    n_layers: int
+    need_w: bool
+    need_b: bool
+    consts: dict
+    grid: tuple
+
+    def views(self, out) -> tuple[list, list]:
+        vs = torch._utils._unflatten_dense_tensors(out, self.like)
+        n = self.n_layers
+        return (list(vs[:n]) if self.need_w else []), (list(vs[n:]) if self.need_b else [])
+
+
+@functools.lru_cache(maxsize=512)
+def _reduce_layout(spec, T_P: int, W_SLOT: int, SLOT: int, need_w: bool, need_b: bool,
+                   device_type: str) -> _ReduceLayout:
+    outs, ins = spec.widths[1:], spec.widths[:-1]
+    shapes = [(o, i) for o, i in zip(outs, ins)] + ([(o,) for o in outs] if need_b else [])
+    rows = min(T_P, 1024 // T_P)  # weight rows a program sums: spans of 1024 floats
+    consts = dict(NEED_W=need_w, NEED_B=need_b, T_P=T_P, ROWS=rows, W_SLOT=W_SLOT,
+                  SLOT=SLOT,
+                  # the interpreter runs <= 4 programs: 2 makes its loop take several steps
+                  BLOCK_P=2 if device_type == "cpu" else 8)
+    return _ReduceLayout(sum(math.prod(s) for s in shapes),
+                         tuple(torch.empty(s, device="meta") for s in shapes),
+                         spec.n_layers, need_w, need_b, consts, (spec.n_layers, T_P // rows + 1))
+
+
+def _reduce_launch(acc, out, layout: _ReduceLayout, IN, H, OUT, L_HID, device):
+    _launcher("reduce").launch(layout.grid, (acc, out, acc.shape[0], IN, H, OUT, L_HID),
+                               layout.consts, device, num_warps=4, num_stages=1)
+
+
 def _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x):
     """Every layer's weight and bias gradient from the backward's per-program partials:
     one kernel writing them, unpadded and in x's dtype, as views of one buffer (a sum and
     two copies a layer before: ~10 small launches a train step)."""
-    IN, H, OUT, L_HID = spec.in_features, spec.widths[1], spec.out_features, spec.n_layers - 2
-    outs, ins = spec.widths[1:], spec.widths[:-1]
-    w_sizes = [o * i for o, i in zip(outs, ins)]
-    w_total = sum(w_sizes)
-    out = memory.new_empty(w_total + (sum(outs) if need_b else 0), like=x)
-    rows = min(T_P, 1024 // T_P)  # weight rows a program sums: spans of 1024 floats
+    layout = _reduce_layout(spec, T_P, W_SLOT, SLOT, need_w, need_b, x.device.type)
+    out = memory.new_empty(layout.numel, like=x)
     with device_guard(x):
-        _launcher("reduce").launch(
-            (spec.n_layers, T_P // rows + 1), (acc, out, acc.shape[0], IN, H, OUT, L_HID),
-            dict(NEED_W=need_w, NEED_B=need_b, T_P=T_P, ROWS=rows, W_SLOT=W_SLOT, SLOT=SLOT,
-                 # the interpreter runs <= 4 programs: 2 makes its loop take several steps
-                 BLOCK_P=2 if x.device.type == "cpu" else 8), x.device, num_warps=4,
-            num_stages=1)
-    gws, gbs, off = [], [], 0
-    for o, i, n in zip(outs, ins, w_sizes):
-        gws.append(out[off : off + n].view(o, i))
-        off += n
-    if need_b:
-        for o in outs:
-            gbs.append(out[off : off + o])
-            off += o
-    return (gws if need_w else []), gbs
+        _reduce_launch(acc, out, layout, spec.in_features, spec.widths[1],
+                       spec.out_features, spec.n_layers - 2, x.device)
+    return layout.views(out)
 
 
 _LAUNCHERS: dict = {}
