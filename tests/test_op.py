@@ -7,7 +7,7 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 
-from conftest import assert_close, is_slow, make_params, reference, tolerance
+from conftest import BACKENDS, assert_close, is_slow, make_params, reference, tolerance
 
 
 def sample_inputs(device, dtype, requires_grad):
@@ -60,6 +60,42 @@ def test_compile_fullgraph_matches_eager(backend):
     torch.testing.assert_close(g_comp, g_eager)
     explanation = torch._dynamo.explain(mlp)(x)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b[0] == "triton" and b[1].type
+                                     == "cuda"], ids=lambda b: f"{b[0]}-{b[1].type}")
+def test_compiled_train_step_takes_the_recomputing_backward(backend, monkeypatch):
+    """A compiled fp16 narrow FusedMLP's train steps, where the backend recomputes (the
+    one-kernel backward): the forward saves nothing, and y and every gradient match the
+    float64 reference, over two row counts."""
+    name, dev = backend
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    dt = torch.float16
+    m = fm.FusedMLP(64, 64, 32, 4, "tanh", bias=True, device=dev, dtype=dt, backend=name)
+    if not dispatch.REGISTRY[name].recomputes(m.spec(dt), dev):
+        pytest.skip("this device's backward does not recompute (no one-kernel backward)")
+    saves = []
+    real = tb.TritonBackend.forward
+    monkeypatch.setattr(tb.TritonBackend, "forward",
+                        lambda self, *a: saves.append(a[-1]) or real(self, *a))
+    compiled = torch.compile(m, fullgraph=True)
+    tol = tolerance(name, dt)
+    for rows in (1037, 4096):
+        x = torch.randn(rows, 64, device=dev, dtype=dt, requires_grad=True)
+        m.zero_grad(set_to_none=True)
+        y = compiled(x)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        ry, rgx, rgw, rgb = reference(x, m.weights(), m.biases(), "tanh", "none", grad_y=gy)
+        assert_close(y, ry, tol, f"{rows} rows")
+        assert_close(x.grad, rgx, tol, f"grad x, {rows} rows")
+        for i, (w, b) in enumerate(zip(m.weights(), m.biases())):
+            assert_close(w.grad, rgw[i], tol, f"grad weights[{i}], {rows} rows")
+            assert_close(b.grad, rgb[i], tol, f"grad biases[{i}], {rows} rows")
+    assert saves and not any(saves), saves  # nothing saved, nothing run again to save
 
 
 @pytest.mark.parametrize("recompute", [None, False, True], ids=["backend", "save", "recompute"])
