@@ -233,6 +233,33 @@ def test_fast_backward_launches_follow_alignment_and_size_changes(backend):
         assert direct() > before  # the revisited specializations launched directly
 
 
+@pytest.mark.parametrize("tuning", [(1024, 2), (128, 32), (1024, 8)],
+                         ids=lambda t: f"span{t[0]}-step{t[1]}")
+def test_reduce_grads_sums_every_partial_at_each_tuning(monkeypatch, tuning):
+    """The backward's reduction (_reduce_grads_kernel, interpreter) at the tunings of each
+    device (_reduce_tuning): every layer's weight and bias gradient is the sum of its slot
+    over all programs' partials, unpadded; padded widths 16, 64 and 128, a program count
+    that no step divides."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    if not tb._interpreting():
+        pytest.skip("the triton backend takes CPU tensors only under TRITON_INTERPRET=1")
+    monkeypatch.setattr(tb, "_reduce_tuning", lambda device_type: tuning)
+    monkeypatch.setattr(tb, "_reduce_layout",
+                        functools.lru_cache(maxsize=8)(tb._reduce_layout.__wrapped__))
+    for widths in [(16, 8, 8, 12), (64, 32, 32, 32, 64), (100, 128, 128, 3)]:
+        spec = fm.MLPSpec(widths, "relu", "none", True, torch.float16)
+        T_P = tb._launch_meta(spec, "cpu")["H_P"]
+        W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
+        acc = torch.randn(37, spec.n_layers, SLOT)
+        gws, gbs = tb._reduce_grads(acc, spec, T_P, W_SLOT, SLOT, True, True,
+                                    torch.empty(1, dtype=torch.float16))
+        total = acc.double().sum(0)
+        for i, (n, o) in enumerate(zip(widths[:-1], widths[1:])):
+            assert_close(gws[i], total[i, :W_SLOT].view(T_P, T_P)[:o, :n], 1e-3,
+                         f"{widths}: weight {i}")
+            assert_close(gbs[i], total[i, W_SLOT:W_SLOT + o], 1e-3, f"{widths}: bias {i}")
+
+
 def test_args_key_is_arg_key_of_each():
     buf = torch.zeros(64, dtype=torch.float16)
     p = torch.nn.Parameter(torch.zeros(8, dtype=torch.float32))

@@ -858,16 +858,33 @@ class _ReduceLayout(NamedTuple):
         return (list(vs[:n]) if self.need_w else []), (list(vs[n:]) if self.need_b else [])
 
 
+def _reduce_tuning(device_type: str) -> tuple[int, int]:
+    """(floats of a slot one reduction program sums, partials it loads per step of its
+    loop over the backward's programs).
+
+    CUDA: spans of 128 floats, 32 partials a step. With spans of 1024 and 8 a step the
+    reduction ran 25 programs (T_P 64): ncu on the H200 (h200-ncu-narrow-20261201.txt,
+    2^22 rows, caches flushed) put it at 86 us after the 866 us one-kernel backward of
+    narrow-w32 (264 programs' partials) and 45 us at w64; 128-float spans give 198
+    programs there. The interpreter runs every program in turn: it keeps few (1024) and
+    takes 2 a step, so its loop runs several steps; XPU keeps the earlier 1024 / 8
+    (not measured)."""
+    if device_type == "cpu":
+        return 1024, 2
+    if device_type == "cuda":
+        return 128, 32
+    return 1024, 8
+
+
 @functools.lru_cache(maxsize=512)
 def _reduce_layout(spec, T_P: int, W_SLOT: int, SLOT: int, need_w: bool, need_b: bool,
                    device_type: str) -> _ReduceLayout:
     outs, ins = spec.widths[1:], spec.widths[:-1]
     shapes = [(o, i) for o, i in zip(outs, ins)] + ([(o,) for o in outs] if need_b else [])
-    rows = min(T_P, 1024 // T_P)  # weight rows a program sums: spans of 1024 floats
+    span, block_p = _reduce_tuning(device_type)
+    rows = min(T_P, max(1, span // T_P))  # weight rows a program sums: a span of the slot
     consts = dict(NEED_W=need_w, NEED_B=need_b, T_P=T_P, ROWS=rows, W_SLOT=W_SLOT,
-                  SLOT=SLOT,
-                  # the interpreter runs <= 4 programs: 2 makes its loop take several steps
-                  BLOCK_P=2 if device_type == "cpu" else 8)
+                  SLOT=SLOT, BLOCK_P=block_p)
     return _ReduceLayout(sum(math.prod(s) for s in shapes),
                          tuple(torch.empty(s, device="meta") for s in shapes),
                          spec.n_layers, need_w, need_b, consts, (spec.n_layers, T_P // rows + 1))

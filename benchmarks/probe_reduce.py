@@ -1,0 +1,80 @@
+"""The narrow backward's last kernel alone (_reduce_grads_kernel: every program's fp32
+weight-gradient partials summed into the gradients), at several tunings (floats of a slot
+one program sums, partials loaded a step), on partials shaped as the one-kernel backward
+leaves them for the bench configs (their program counts), interleaved twice. Each tuning's
+output is first checked against torch's sum of the same partials. Timed twice: back to
+back (the partials warm in L2, as right after the backward kernel wrote them) and with
+triton.testing.do_bench (L2 flushed before each call).
+
+Usage: PYTHONPATH=. python3 benchmarks/probe_reduce.py [--out FILE.json]
+"""
+import argparse
+import json
+import platform
+
+import torch
+import triton
+
+from fusedmlp_xpu import configs
+import fusedmlp_xpu.backends.triton as tb
+
+TUNINGS = [(1024, 8), (128, 32), (128, 16), (256, 32), (64, 32)]
+
+
+def warm_ms(fn, n=50, reps=7):
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / n)
+    return sorted(ts)[reps // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    dev, dt = torch.device("cuda"), torch.float16
+    own = tb._reduce_tuning
+    rows = []
+    for name in ("narrow-w32", "narrow-w64"):
+        spec = configs.CONFIGS[name].make(device=dev, dtype=dt, backend="triton").spec(dt)
+        split = tb._split_backward(dev, spec)
+        T_P = tb._launch_meta(spec, "cuda")["H_P"]
+        W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
+        P = tb._n_programs(dev, 1 << 40, split.g_per_sm)
+        acc = torch.randn(P, spec.n_layers, SLOT, device=dev)
+        like = torch.empty(1, device=dev, dtype=dt)
+        total = acc.sum(0)
+        ref = [total[i, :W_SLOT].view(T_P, T_P)[:o, :n]
+               for i, (n, o) in enumerate(zip(spec.widths[:-1], spec.widths[1:]))]
+        for span, block_p in TUNINGS * 2:
+            tb._reduce_tuning = lambda device_type, v=(span, block_p): v
+            tb._reduce_layout.cache_clear()
+
+            def run():
+                return tb._reduce_grads(acc, spec, T_P, W_SLOT, SLOT, True, False, like)
+            gws, _ = run()
+            err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(gws, ref))
+            ok = err < 2e-3
+            w, c = warm_ms(run), triton.testing.do_bench(run, return_mode="median")
+            print(f"{name} P={P} span {span:5d} block_p {block_p:3d}: warm {w * 1e3:7.1f} us, "
+                  f"flushed {c * 1e3:7.1f} us  (rel err {err:.1e}{'' if ok else ' WRONG'})",
+                  flush=True)
+            rows.append(dict(config=name, programs=P, span=span, block_p=block_p,
+                             warm_us=w * 1e3, flushed_us=c * 1e3, rel_err=err, ok=ok))
+    tb._reduce_tuning = own
+    tb._reduce_layout.cache_clear()
+    if args.out:
+        env = dict(torch=torch.__version__, triton=triton.__version__,
+                   gpu=torch.cuda.get_device_name(), python=platform.python_version())
+        with open(args.out, "w") as f:
+            json.dump(dict(env=env, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
