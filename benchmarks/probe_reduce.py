@@ -16,7 +16,7 @@ import torch
 import triton
 
 from fusedmlp_xpu import configs
-import fusedmlp_xpu.backends.triton as tb
+from fusedmlp_xpu.backends import triton as tb
 
 TUNINGS = [(1024, 8), (128, 32), (128, 16), (256, 32), (64, 32)]
 
