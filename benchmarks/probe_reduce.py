@@ -7,31 +7,24 @@ back (the partials warm in L2, as right after the backward kernel wrote them) an
 triton.testing.do_bench (L2 flushed before each call).
 
 Usage: PYTHONPATH=. python3 benchmarks/probe_reduce.py [--out FILE.json]
+(h200-probe-reduce-20261201.json was written before it took its timer and environment
+from fusedmlp_xpu.bench: the same event timing, a shorter environment record.)
 """
 import argparse
 import json
-import platform
 
 import torch
 import triton
 
-from fusedmlp_xpu import configs
+from fusedmlp_xpu import bench, configs
 from fusedmlp_xpu.backends import triton as tb
 
 TUNINGS = [(1024, 8), (128, 32), (128, 16), (256, 32), (64, 32)]
 
 
-def warm_ms(fn, n=50, reps=7):
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / n)
-    return sorted(ts)[reps // 2]
+def warm_ms(fn, device, n=50, reps=7):
+    """Median over ``reps`` of device-event ms per call, ``n`` calls back to back."""
+    return sorted(bench.calls_ms(device, lambda i: fn(), n) for _ in range(reps))[reps // 2]
 
 
 def main():
@@ -61,7 +54,7 @@ def main():
             gws, _ = run()
             err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(gws, ref))
             ok = err < 2e-3
-            w, c = warm_ms(run), triton.testing.do_bench(run, return_mode="median")
+            w, c = warm_ms(run, dev), triton.testing.do_bench(run, return_mode="median")
             print(f"{name} P={P} span {span:5d} block_p {block_p:3d}: warm {w * 1e3:7.1f} us, "
                   f"flushed {c * 1e3:7.1f} us  (rel err {err:.1e}{'' if ok else ' WRONG'})",
                   flush=True)
@@ -70,10 +63,8 @@ def main():
     tb._reduce_tuning = own
     tb._reduce_layout.cache_clear()
     if args.out:
-        env = dict(torch=torch.__version__, triton=triton.__version__,
-                   gpu=torch.cuda.get_device_name(), python=platform.python_version())
         with open(args.out, "w") as f:
-            json.dump(dict(env=env, rows=rows), f, indent=1)
+            json.dump(dict(env=bench.environment(dev), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
