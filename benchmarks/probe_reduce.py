@@ -3,8 +3,9 @@ weight-gradient partials summed into the gradients), at several tunings (floats 
 one program sums, partials loaded a step), on partials shaped as the one-kernel backward
 leaves them for the bench configs (their program counts), interleaved twice. Each tuning's
 output is first checked against torch's sum of the same partials. Timed twice: back to
-back (the partials warm in L2, as right after the backward kernel wrote them) and with
-triton.testing.do_bench (L2 flushed before each call).
+back (the partials warm in L2, as right after the backward kernel wrote them; on the H200
+this read the host's ~28 us a call, whatever the tuning) and with triton.testing.do_bench
+(L2 flushed before each call: the device time).
 
 Usage: PYTHONPATH=. python3 benchmarks/probe_reduce.py [--out FILE.json]
 (h200-probe-reduce-20261201.json was written before it took its timer and environment
