@@ -124,13 +124,13 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
                  x.dtype)
 
 
-@functools.lru_cache(maxsize=1024)
 def check_recompute(recompute) -> None:
     """``recompute`` must be None (the backend chooses), True or False."""
     if recompute is not None and type(recompute) is not bool:
         raise TypeError(f"recompute: expected None, True or False, got {recompute!r}")
 
 
+@functools.lru_cache(maxsize=1024)
 def _spec(widths, activation, output_activation, bias, dtype) -> MLPSpec:
     """One MLPSpec per distinct value (building the frozen dataclass costs ~2 us a call)."""
     return MLPSpec(widths, activation, output_activation, bias, dtype)

@@ -61,6 +61,9 @@ def test_bad_recompute():
         fm.FusedMLP(16, 8, 32, 2, recompute=0)
     for ok in (None, True, False):
         fm.fused_mlp(x, ws, bs, recompute=ok)
+    # an unhashable value gets the same message (no cache keyed on the value in between)
+    with pytest.raises(TypeError, match=r"recompute: expected None, True or False, got \[True\]"):
+        fm.fused_mlp(x, ws, bs, recompute=[True])
 
 
 def test_module_bad_input():
