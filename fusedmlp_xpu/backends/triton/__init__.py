@@ -449,7 +449,7 @@ class TritonBackend(Backend):
             split = None  # x's gradient alone: the fused kernel
         if saved is None:  # recompute: the forward once more, saving
             _, saved = self.forward(x, weights, biases, spec, save=True)
-        z = x if saved is None else saved if saved.stride(-1) == 1 else saved.contiguous()
+        z = saved if saved.stride(-1) == 1 else saved.contiguous()
         grad_y = grad_y if grad_y.stride(-1) == 1 else grad_y.contiguous()
         T_P = meta["H_P"]  # every tile is padded to this one width
         gx = memory.new_empty(M, IN, like=x) if need_x else x
@@ -463,17 +463,17 @@ class TritonBackend(Backend):
             P = n_blocks
         else:
             P = _n_programs(x.device, n_blocks, split.g_per_sm if split is not None else 1)
-        resident = split is not None and split.g_resident and L_HID <= 4
         g = acc = grad_y  # placeholders for pointers a launch does not use
-        ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1], z, gx)
-        strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0))
         if split is not None:
             g = memory.new_empty(M, (L_HID + 1) * H + (
                 OUT if spec.output_activation != "none" else 0), like=x)
         elif need_wb:  # every program adds into its slot: zeros first
             acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
         if M > 0:
-            strides = (*strides, g.stride(0))
+            ptrs = (grad_y, x, weights[0], wh if wh is not None else weights[0], weights[-1],
+                    z, gx)
+            strides = (grad_y.stride(0), x.stride(0), x.stride(1), z.stride(0), g.stride(0))
+            resident = split is not None and split.g_resident and L_HID <= 4
             with device_guard(x):
                 if not (split is not None and split.g_unroll and _fits(
                         "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
@@ -912,7 +912,7 @@ _LAUNCHERS: dict = {}
 
 def _launcher(mode: str):
     """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "g", "dw",
-    "bwd_resident", "reduce") behind the lean launch path (launch.py)."""
+    "bwd_resident", "bwd_recompute", "reduce") behind the lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from . import narrow
