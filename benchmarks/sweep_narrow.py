@@ -43,6 +43,9 @@ def main():
     ap.add_argument("--nobias", action="store_true", help="--one-kernel: without biases only")
     ap.add_argument("--recompute", action="store_true",
                     help="--one-kernel: also each one-kernel variant with recompute=True")
+    ap.add_argument("--maxnreg", action="store_true",
+                    help="--one-kernel: instead of the usual variants, 3 and 4 programs per SM "
+                         "under a register cap")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -435,10 +438,14 @@ def sweep_one_kernel(args):
         two = own_split(dev, spec) or tb.Split(128, 4, 2)
         tb.ONE_KERNEL_BACKWARD = True
         base = two._replace(g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
-        # (rows, warps, stages, programs per SM)
-        ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st, g_per_sm=ps)
-                for bm, w, st, ps in ((64, 4, 2, 1), (128, 8, 2, 1), (64, 8, 2, 1),
-                                      (64, 4, 2, 2))]
+        # (rows, warps, stages, programs per SM, register cap): the cap lets 3 or 4
+        # 4-warp programs share an SM's 64K registers (ptxas spills the rest)
+        ones = [base._replace(g_block_m=bm, g_warps=w, g_stages=st, g_per_sm=ps,
+                              g_maxnreg=mr)
+                for bm, w, st, ps, mr in (((64, 4, 2, 3, 168), (64, 4, 2, 4, 128))
+                                          if args.maxnreg else
+                                          ((64, 4, 2, 1, None), (128, 8, 2, 1, None),
+                                           (64, 8, 2, 1, None), (64, 4, 2, 2, None)))]
         ones = [v for v in ones if v != package]
         # (split, recompute): with --recompute, the package's choice and each one-kernel
         # variant also with FusedMLP(recompute=True) (no z saved; the one kernel
@@ -472,6 +479,7 @@ def sweep_one_kernel(args):
                      "one kernel") + " bm{} w{} st{}".format(v.g_block_m, v.g_warps,
                                                            v.g_stages) + (
                 " per SM {}".format(v.g_per_sm) if v.g_per_sm != 1 else "") + (
+                " maxnreg {}".format(v.g_maxnreg) if v.g_maxnreg else "") + (
                 " (one kernel)" if v is package and v.g_dw else "") + (
                 " recompute" if rc else "")
             ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} bias {bias} {label}")

@@ -31,6 +31,7 @@ class _FakeKernel:
     def __getitem__(self, grid):
         def jit_launch(*args, **kwargs):
             self.compiles += 1
+            self.kwargs = kwargs  # the last compile's constexprs and options
             return types.SimpleNamespace(run=lambda *a: self.direct.append(a),
                                          function="fn", packed_metadata="meta")
         return jit_launch
@@ -435,6 +436,32 @@ def test_backward_plan_reuses_kernels_only_for_the_same_specialization(
     before = counts()
     call(45)
     assert counts()[:2] == (before[0] + 1, before[1])
+
+
+def test_one_kernel_register_cap_reaches_the_gpu_compile_only(fake_cuda, monkeypatch):
+    """Split.g_maxnreg: the one-kernel backward compiles with maxnreg on CUDA (ptxas caps
+    its registers); off CUDA (the interpreter takes no such option) nothing is added."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    spec = fm.MLPSpec((64, 32, 32, 32, 16), "relu", "none", False, torch.float16)
+    split = tb._split_nvidia(spec)._replace(g_maxnreg=168)
+    assert tb._one_kernel(split, spec)
+    chain, red = _RecordingKernel(), _RecordingKernel()
+    monkeypatch.setattr(tb, "_LAUNCHERS", {"bwd_recompute": launch.Launcher(chain),
+                                           "reduce": launch.Launcher(red)})
+    monkeypatch.setattr(tb, "_FIT", {})
+    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for device, want in ((fake_cuda, {"maxnreg": 168}), (torch.device("cpu"), {})):
+        assert tb._OneKernelBackward(spec, device, split, (True, True, False),
+                                     True).options == want
+    plan = tb._OneKernelBackward(spec, fake_cuda, split, (True, True, False), True)
+    ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
+    for _ in range(2):  # a compile, then a direct launch of what it kept
+        plan(torch.randn(45, 16, dtype=torch.float16), torch.randn(45, 64, dtype=torch.float16),
+             ws, None, None)
+    assert chain.compiles == 1 and len(chain.direct) == 1
+    assert chain.kwargs["maxnreg"] == 168 and chain.kwargs["num_warps"] == split.g_warps
+    assert "maxnreg" not in red.kwargs
 
 
 def test_bound_module_call_launches_with_the_current_addresses(fake_cuda, monkeypatch):

@@ -151,7 +151,9 @@ class Split(NamedTuple):
     ``stages`` of its loop). ``g_dw`` (with ``g_resident``): instead, one kernel does
     both, the resident chain adding every layer's weight gradient to partial sums held in
     registers across its row blocks (_mlp_bwd_resident_kernel; no g buffer); where the
-    device refuses it, the two kernels run."""
+    device refuses it, the two kernels run. ``g_maxnreg``: that one kernel compiled with
+    at most this many registers a thread (ptxas spills the rest; None: the compiler's
+    choice), so that ``g_per_sm`` programs fit an SM's register file."""
     block_m: int
     warps: int
     stages: int
@@ -162,6 +164,7 @@ class Split(NamedTuple):
     g_stages: int = 1
     g_resident: bool = False
     g_dw: bool = False
+    g_maxnreg: int | None = None
 
 
 def _split_nvidia(spec) -> Split | None:
@@ -216,7 +219,12 @@ def _split_nvidia(spec) -> Split | None:
       hidden 64: 128/8/2/1 2.59 (biases 3.76) against 64/4/2/2 3.61 (5.50), 64/4/2/1 4.02
     64/4/1/2 recomputing (hidden 32, no biases) read out of bounds on the H200
     (h200-sweep-one-kernel-20261201f.txt; the same kernel saving z ran right at 1 stage),
-    so that kernel never steps down to 1 stage (_OneKernelBackward)."""
+    so that kernel never steps down to 1 stage (_OneKernelBackward).
+    More programs per SM under a register cap (Split.g_maxnreg; ptxas: 255 registers and
+    204 B of spills uncapped, 656 B at 168, 1228 B at 128), hidden 32, recomputing, 2^22
+    rows, interleaved twice (h200-sweep-one-kernel-maxnreg-20261201.json): 64/4/2 with 2
+    per SM uncapped 1.18 ms a step, 3 per SM at 168 registers 1.34, 4 at 128 3.09. So no
+    cap: the spills cost more than the third program hides."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
@@ -320,18 +328,18 @@ _FIT: dict = {}
 
 
 def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
-          least: int = 1) -> bool:
+          least: int = 1, **options) -> bool:
     """Launch the unrolled kernel ``mode`` ("fwd_persistent", "g") with up to
     consts["STAGES"] pipeline stages. Where the device refuses it (Triton's OutOfResources:
     every layer's tiles are buffered per stage; seen with a newer Triton's pipeliner, and
     for deep nets), one stage fewer, down to ``least`` (1 unless said); the count that
     fits is remembered for (mode, device, spec). False when none fits: the caller launches
     the kernel with the layer loop instead (or, for the one-kernel backward, the two
-    kernels)."""
+    kernels). ``options``: more compile options (maxnreg)."""
     most = consts["STAGES"]
     return fitting(_FIT, (mode, device.index, spec), most, lambda s: _launcher(mode).launch(
         grid, args, consts if s == most else dict(consts, STAGES=s), device, num_warps=warps,
-        num_stages=NUM_STAGES), least)
+        num_stages=NUM_STAGES, **options), least)
 
 
 def _persistent(device: torch.device, spec) -> tuple[int, int, int, int, bool] | None:
@@ -536,6 +544,9 @@ class _OneKernelBackward:
         self.reduce = _reduce_layout(spec, T_P, W_SLOT, SLOT, self.need_w, self.need_b,
                                      device.type)
         self.lean = launch.enabled(device)
+        # a register cap only where the GPU compiler takes one (not in the interpreter)
+        self.options = ({"maxnreg": split.g_maxnreg}
+                        if split.g_maxnreg and device.type == "cuda" else {})
         self._entries: dict = {}  # key bits -> (chain entry, reduction entry)
         if self.lean:
             self._max_programs = _n_programs(device, 1 << 62, max(1, split.g_per_sm))
@@ -588,7 +599,7 @@ class _OneKernelBackward:
             # SM (hidden 32, no biases) read out of bounds on the H200 (NOTES narrow
             # history 23)
             if not _fits(self.mode, self.device, self.spec, (P,), args, self.consts,
-                         split.g_warps, 2 if self.recompute else 1):
+                         split.g_warps, 2 if self.recompute else 1, **self.options):
                 return None
             if out is not None:
                 _reduce_launch(acc, out, self.reduce, self.IN, self.H, self.OUT,
@@ -603,7 +614,7 @@ class _OneKernelBackward:
         fit = _FIT.get((self.mode, self.device.index, self.spec), most)
         chain = _launcher(self.mode).cached(
             args, self.consts if fit == most else dict(self.consts, STAGES=fit),
-            self.device, num_warps=self.split.g_warps, num_stages=NUM_STAGES)
+            self.device, num_warps=self.split.g_warps, num_stages=NUM_STAGES, **self.options)
         red = None
         if out is not None:
             red = _launcher("reduce").cached(
