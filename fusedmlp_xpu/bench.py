@@ -2,8 +2,9 @@
 
 Per config x batch x dtype x mode it times eager nn.Sequential, torch.compile and the fused
 op (the backend the dispatcher picks, named), after checking the fused output against a
-float64 reference on fresh random data with poisoned outputs. Device events, warm-up
-first, median of >= 7 repeats, inputs rotated to exceed the L2 cache, ceilings (copy
+float64 reference on fresh random data with poisoned outputs. Device events around
+back-to-back calls (20 ms of them a repeat by default), warm-up first, median of >= 7
+repeats, inputs rotated to exceed the L2 cache, ceilings (copy
 bandwidth, matmul rate) measured in the same run, each time reported as a multiple of the
 roofline floor. Small batches are also timed replayed from a CUDA graph.
 """
@@ -335,7 +336,9 @@ def run_bench(args) -> dict:
     log(f"device: {env.get('device')}; measuring ceilings")
     ceil = ceilings(device, dtypes)
     log(f"ceilings: {ceil}")
-    timer = Timer(device, repeats=args.repeats)
+    # each repeat times >= target_ms of back-to-back calls: a repeat of ONE call also
+    # times the host's latency to its first kernel (events on an idle stream)
+    timer = Timer(device, repeats=args.repeats, min_repeat_ms=args.target_ms)
     plan = [(CONFIGS[n], N, d, m) for n in names for N in (args.batch or CONFIGS[n].batches)
             for d in dtypes for m in modes]
     if device.type == "cpu":
@@ -370,6 +373,8 @@ def run_bench(args) -> dict:
     notes += _pass_disagreements(records)
     notes.append(lean_launches_note())
     notes.append(TRAIN_STEP)
+    notes.append(f"each repeat: back-to-back calls for >= {args.target_ms:g} ms (at most 200 "
+                 f"calls), events around them")
     notes.append(f"compile timed for: {args.compile}; mode "
                  f"{os.environ.get('FUSEDMLP_COMPILE_MODE', 'max-autotune-no-cudagraphs')}")
     return {"schema": "fusedmlp-bench/1", "env": env, "ceilings": ceil, "records": records,
@@ -435,6 +440,8 @@ def _add_arguments(p):
                    help="which cases also time torch.compile (it compiles per shape)")
     p.add_argument("--passes", type=int, default=2, help="time each case this many times")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--target-ms", type=float, default=20.0,
+                   help="length of one timed repeat (back-to-back calls; at most 200)")
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench-...json)")
 
 
