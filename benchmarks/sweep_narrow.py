@@ -89,7 +89,7 @@ def main():
                                         with torch.no_grad():
                                             m(x)
                                 elif mode == "fwd_save":
-                                    tb._persistent = lambda d, spec: None
+                                    tb._persistent = lambda d, spec, save=False: None
                                     xs = x[:8192].detach().requires_grad_()
                                     err = ((m(xs).float() - ref).norm() / ref.norm()).item()
                                     if not err < 1e-2:
@@ -118,7 +118,7 @@ def sweep_persistent(args):
     """The persistent forward against the one-program-per-block forward, same process."""
     dev = torch.device("cuda")
     rows = []
-    own, own_tuning = tb._persistent, tb._tuning_nvidia
+    own, own_tuning, own_max = tb._persistent, tb._tuning_nvidia, tb.PERSISTENT_MAX_P
     for W in args.width or (32, 64):
         m = fm.FusedMLP(64, 64, W, args.hidden, bias=False, device=dev, dtype=torch.float16,
                         backend="triton")
@@ -141,18 +141,29 @@ def sweep_persistent(args):
             (64, 4, 3, 2, True), (64, 4, 3, 3, True), (64, 4, 3, 4, True),
             (64, 4, 2, 3, True), (64, 4, 1, 4, True), (128, 4, 3, 2, True),
             (128, 8, 3, 1, True)]
+        if W > 64:
+            # hidden 128 between in/out 64, weights resident (128 KB at 3 hidden-to-hidden
+            # weights): one program per SM fits (sm_90 compile, Triton 3.6, no biases:
+            # 128/8 at 2 / 1 stages 176 / 144 KB, 150-154 registers; 64/4/2 152 KB,
+            # 168; 256/8/2 208 KB, 248), against the package's per-block kernel, which
+            # reads every weight tile from L2 for each row block
+            variants = ["package", (128, 8, 2, 1, True), (256, 8, 2, 1, True),
+                        (256, 8, 1, 1, True), (64, 4, 3, 2, True), (128, 8, 1, 1, True)]
         best = {}
         for v in variants:
             tb.OWN_PADDING = v != "package, widest padding"
+            # the persistent variants past the package's width limit for them
+            tb.PERSISTENT_MAX_P = 128 if isinstance(v, tuple) and len(v) == 5 else own_max
             if isinstance(v, str):
                 tb._persistent, tb._tuning_nvidia = own, own_tuning
-                label = f"{v} {own(dev, m.spec(torch.float16))}"
+                sp = m.spec(torch.float16)  # (the plan also checks PERSISTENT_MAX_P)
+                label = f"{v} {own(dev, sp)} / storing z {own(dev, sp, True)}"
             elif len(v) == 2:
-                tb._persistent = lambda d, spec: None
+                tb._persistent = lambda d, spec, save=False: None
                 tb._tuning_nvidia = lambda spec, md, v=v: v
                 label = f"per-block bm{v[0]} w{v[1]}"
             else:
-                tb._persistent = lambda d, spec, v=v: v
+                tb._persistent = lambda d, spec, save=False, v=v: v
                 label = "persistent bm{} w{} stages{} k{} resident {}".format(*v)
             _replan(m)
             for mode in ("inference", "train fwd"):  # the training forward stores z
@@ -171,7 +182,7 @@ def sweep_persistent(args):
                                    f"{mode} {label}{_refused()}", ms)
         for mode, b in best.items():
             print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
-    tb.OWN_PADDING = True
+    tb.OWN_PADDING, tb.PERSISTENT_MAX_P = True, own_max
     _write(args, rows)
 
 
@@ -251,7 +262,8 @@ def sweep_stages(args):
                 best = None
                 for st in (1, 2, 3):
                     tb._layer_stages_nvidia = lambda spec, md, st=st: st
-                    tb._persistent = (lambda d, spec: None) if mode == "fwd" else own_persistent
+                    tb._persistent = ((lambda d, spec, save=False: None) if mode == "fwd"
+                                      else own_persistent)
                     _replan(m)
                     label = f"{mode} stages {st}"
                     try:

@@ -78,6 +78,14 @@ def main(argv=None) -> int:
                     ("fwd_pers_own_p", narrow._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, H_P=P // 2, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
                           RESIDENT=False)) if P == 64 else None,
+                    # ... resident at hidden 128 between in/out 64 (narrow-w128, no
+                    # biases), for inference and storing z, at their own tunings
+                    ("fwd_pers_w128", narrow._mlp_fwd_persistent_kernel, "fwd",
+                     dict(base, IN_P=64, OUT_P=64, HAS_BIAS=False, SAVE=False, L_HID=3))
+                    if P == 128 else None,
+                    ("fwd_pers_w128_z", narrow._mlp_fwd_persistent_kernel, "fwd",
+                     dict(base, IN_P=64, OUT_P=64, HAS_BIAS=False, SAVE=True, L_HID=3))
+                    if P == 128 else None,
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
                           NEED_B=True, STORE_G=False)),
@@ -136,7 +144,11 @@ def main(argv=None) -> int:
                         consts["STAGES"] = split.g_stages
                 elif split is not None and name.startswith("dw"):
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
-                if name.startswith("fwd_pers") and tb._persistent_nvidia(spec) is not None:
+                if name.startswith("fwd_pers_w128"):
+                    w128 = MLPSpec((64,) + (128,) * 4 + (64,), bias=False, dtype=torch.float16)
+                    bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
+                        tb._persistent_nvidia(w128, consts["SAVE"])
+                elif name.startswith("fwd_pers") and tb._persistent_nvidia(spec) is not None:
                     bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
                         tb._persistent_nvidia(spec)
                 consts["BLOCK_M"] = bm

@@ -1,6 +1,8 @@
 """Outputs and gradients of every usable backend against the float64 CPU reference."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -146,20 +148,50 @@ def test_persistent_forward(backend, widths, grad, resident, monkeypatch):
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    # (BLOCK_M, warps, stages, programs per SM); width 128 is never run persistent (the
-    # forward falls back to the per-block kernel), still right
-    monkeypatch.setattr(tb, "_persistent", lambda device, spec: (64, 4, 2, 1, resident))
+    # (BLOCK_M, warps, stages, programs per SM); width 128 runs persistent only with its
+    # weights resident (else the forward falls back to the per-block kernel), still right
+    monkeypatch.setattr(tb, "_persistent",
+                        lambda device, spec, save=False: (64, 4, 2, 1, resident))
     run(backend, widths, torch.float16, act="silu", out_act="sigmoid", grad=grad, lead=(1037,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
+def test_hidden_128_forward_runs_resident(backend, grad, dtype, monkeypatch):
+    """narrow-w128's net (64 -> 128 x 4 -> 64, no biases) takes the persistent forward with
+    its weights resident, at its CUDA tuning: 256 rows / 8 warps for inference, 64 / 4
+    storing z for training (forced on in the interpreter); more row blocks than
+    programs, a ragged last block."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    widths = (64,) + (128,) * 4 + (64,)
+    spec = fm.MLPSpec(widths, "relu", "none", False, dtype)
+    want = tb._persistent_nvidia(spec, grad)
+    assert want is not None and want[4]
+    if dev.type != "cuda":
+        monkeypatch.setattr(tb, "_persistent",
+                            lambda device, spec, save=False: tb._persistent_nvidia(spec, save))
+        rows = 5 * 256 + 37  # 4 programs off CUDA (_n_programs)
+    else:
+        rows = 150 * 256 + 37  # past one wave of 132 programs
+    # plans made here stay here (a fresh cache, the module's own restored after)
+    monkeypatch.setattr(tb, "_forward_plan", functools.lru_cache(maxsize=8)(
+        tb._forward_plan.__wrapped__))
+    run(backend, widths, dtype, bias=False, grad=grad, lead=(rows,))
+    assert tb._forward_plan(spec, dev, grad).persistent == want
 
 
 def test_narrow_triton_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler rejects (seen on the H200: a tile whose
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
-    # 7 kernels at two widths, 4 with each width padded on its own, and the one-kernel
-    # backward (reading z, or recomputing it) at width 64 and at hidden 32 between in/out
-    # 64, all on tensor cores
-    assert out.count("wgmma") == 22, out
+    # 7 kernels at two widths, 4 with each width padded on its own, the persistent forward
+    # resident at hidden 128 (inference, storing z), and the one-kernel backward (reading
+    # z, or recomputing it) at width 64 and at hidden 32 between in/out 64, all on tensor
+    # cores
+    assert out.count("wgmma") == 24, out
 
 
 @pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
@@ -359,6 +391,44 @@ def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
             recompute=True)
     assert tries == [2]  # then remembered: the second step did not try again
     assert set(launched) == {"bwd_resident"}
+
+
+def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
+    """The forward runs persistent with its weights resident where it was timed faster:
+    up to 4 hidden-to-hidden weights at padded widths <= 64, and at hidden 128 where the
+    weight tiles take no more than narrow-w128's (in/out 64, 3 hidden-to-hidden weights),
+    with its own tuning for inference and for the forward storing z, without biases.
+    Wider in/out, a fourth hidden weight at 128, fp32 and deeper nets stay per-block;
+    the plan never runs
+    the kernel that loads its weights per row block past width 64."""
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    MLPSpec = fm.MLPSpec
+    choice = tb._persistent_nvidia
+    w128 = MLPSpec((64,) + (128,) * 4 + (64,), bias=False, dtype=torch.float16)
+    assert choice(w128) == (256, 8, 2, 1, True) and choice(w128, True) == (64, 4, 3, 2, True)
+    assert choice(MLPSpec((64, 128, 128, 64), bias=False, dtype=torch.bfloat16))[0] == 256
+    assert choice(MLPSpec((64, 32, 32, 64), dtype=torch.float16)) == (64, 4, 3, 3, True)
+    assert choice(MLPSpec((64, 64, 64, 64), dtype=torch.float16), True) == (64, 4, 3, 2, True)
+    for widths, dtype in [((64,) + (128,) * 5 + (64,), torch.float16),  # 4 hidden weights
+                          ((128,) + (128,) * 4 + (128,), torch.float16),  # in/out 128
+                          ((128, 64, 64, 64), torch.float16),  # in 128 around hidden 64
+                          ((64,) + (64,) * 6 + (64,), torch.float16),  # 5 hidden weights
+                          ((64,) + (128,) * 4 + (64,), torch.float32)]:
+        assert choice(MLPSpec(widths, bias=False, dtype=dtype)) is None, widths
+        assert choice(MLPSpec(widths, bias=False, dtype=dtype), True) is None, widths
+    # hidden 128 with biases: every variant spills (sm_90 compile)
+    assert choice(MLPSpec((64,) + (128,) * 4 + (64,), bias=True, dtype=torch.float16)) is None
+    # a plan past width 64 with a persistent choice that loads weights per row block (or
+    # whose net is too deep for resident tiles): the per-block kernel
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(tb.launch, "enabled", lambda device: False)
+    assert tb._NarrowForward(w128, cuda, False).persistent == (256, 8, 2, 1, True)
+    assert tb._NarrowForward(w128, cuda, True).persistent == (64, 4, 3, 2, True)
+    monkeypatch.setattr(tb, "_persistent", lambda device, spec, save=False: (64, 4, 2, 1, False))
+    assert tb._NarrowForward(w128, cuda, False).persistent is None
+    assert tb._NarrowForward(MLPSpec((64, 64, 64), dtype=torch.float16), cuda,
+                             False).persistent == (64, 4, 2, 1, False)
 
 
 def test_split_choice_follows_the_sweeps(monkeypatch):

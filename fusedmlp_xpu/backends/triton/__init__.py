@@ -19,11 +19,16 @@ from . import launch
 from .launch import fitting, int_key  # plain Python: importable without Triton
 
 MAX_WIDTH = 128
-# The persistent forward's limit, whatever its tuning says: at padded width 128 its
-# pipelined weight tiles overflow shared memory (520 KB at 256 rows / 3 stages) or spill,
-# and under compute-sanitizer 64 rows / 4 warps / 2 stages died with an invalid program
-# counter on the H200.
-PERSISTENT_MAX_P = 64
+# The persistent forward's limit, whatever its tuning says. At padded width 128 only the
+# resident kernel runs persistent, and only where _persistent_nvidia says (its weights
+# loaded per row block overflow shared memory there: 520 KB at 256 rows / 3 stages; and
+# under compute-sanitizer 64 rows / 4 warps / 2 stages of that kernel died with an
+# invalid program counter on the H200).
+PERSISTENT_MAX_P = 128
+# Hidden 128: the resident weight tiles (fp16/bf16 elements) up to which the forward runs
+# persistent (without biases): narrow-w128's 64 -> 128 x 4 -> 64, the only net timed
+# there (128 KB)
+PERSISTENT_RESIDENT_128 = 64 * 1024
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
@@ -101,10 +106,10 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     return 128, 8
 
 
-def _persistent_nvidia(spec) -> tuple[int, int, int, int, bool] | None:
+def _persistent_nvidia(spec, save: bool = False) -> tuple[int, int, int, int, bool] | None:
     """The forward as a persistent kernel: (BLOCK_M, num_warps, pipeline stages of its
     loop over row blocks, programs per SM, weights loaded once per program), or None for
-    one program per row block.
+    one program per row block. ``save``: the training forward that stores z.
 
     Swept twice on the H200 (Triton 3.6, fp16, in/out 64, 2^22 rows; benchmarks/
     sweep_narrow.py --persistent; every variant checked against eager first):
@@ -116,7 +121,7 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int, bool] | None:
     stay per-block: the only timing (11 hidden, 2^17 rows) was host-bound, 0.07-0.15 ms a
     call, with the two sweeps ordering the variants differently. A config that does not
     fit falls back to the per-block kernel at its first launch; past padded width 64 the
-    forward never runs persistent (PERSISTENT_MAX_P).
+    forward runs persistent only with its weights resident (PERSISTENT_MAX_P; below).
     With the weights resident (loaded once per program; h200-sweep-persistent-20261130b
     .json, same setup, inference / training forward that stores z):
       W32: 128/8/3 stages/1 per SM, weights per block 0.463 / 0.656 ms; resident
@@ -134,10 +139,32 @@ def _persistent_nvidia(spec) -> tuple[int, int, int, int, bool] | None:
            64/4/3/3 0.283 / 0.630, 64/4/3/4 0.287 / 0.640, 128/4/3/2 0.284 / 0.640
       W64: (padding unchanged) 64/4/3/2 0.391-0.414 / 0.944-0.948 (the same kernel twice:
            the spread is the run's noise), 64/4/3/3 0.398 / 0.961, 128/4/3/2 0.408 / 0.978
-    So hidden <= 32 runs three programs per SM; wider keeps two."""
+    So hidden <= 32 runs three programs per SM; wider keeps two.
+    Hidden 128 (in/out 64, 4 hidden, no biases; h200-sweep-persistent-w128-20261201.json,
+    two passes, inference / training forward): the per-block kernel 1.272-1.274 / 2.416-
+    2.417 ms, which reads every weight tile from L2 for each row block; resident 256/8/2/1
+    0.980-0.981 / 2.88-2.97, 128/8/2/1 1.029-1.032 / 1.85-1.88, 128/8/1/1 1.05-1.06 /
+    1.82-1.83, 64/4/3/2 1.02-1.04 / 1.736-1.747. One program fits an SM there (sm_90
+    compile: 208 KB at 256/8/2, 160 KB at 64/4/3; 248 and 255 registers, no spills).
+    So hidden 128 runs resident, 256/8/2 for inference and 64/4/3 storing z, where its
+    weight tiles take no more than that net's (PERSISTENT_RESIDENT_128: fewer hidden
+    layers are not timed; wider in/out or a fifth hidden weight would not fit beside the
+    row tiles) and without biases: with them every one of those variants spills (84-1408
+    B, sm_90 compile; the resident biases live in registers), and the width-128 forward
+    that spilled misbehaved under compute-sanitizer (README), so biased nets keep the
+    per-block kernel."""
     if spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
-    return 64, 4, 3, (3 if _pow2(spec.widths[1]) <= 32 else 2), True
+    pads = _own_pads(spec)
+    if pads["H_P"] > 64:
+        IN_P, H_P, OUT_P = pads["IN_P"], pads["H_P"], pads["OUT_P"]
+        tiles = H_P * (IN_P + (spec.n_layers - 2) * H_P + OUT_P)
+        if spec.bias or H_P > 128 or tiles > PERSISTENT_RESIDENT_128:
+            return None
+        return (64, 4, 3, 2, True) if save else (256, 8, 2, 1, True)
+    if max(pads["IN_P"], pads["OUT_P"]) > 64:  # as before: wider in/out stay per-block
+        return None
+    return 64, 4, 3, (3 if pads["H_P"] <= 32 else 2), True
 
 
 class Split(NamedTuple):
@@ -342,12 +369,13 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
         num_stages=NUM_STAGES, **options), least)
 
 
-def _persistent(device: torch.device, spec) -> tuple[int, int, int, int, bool] | None:
-    """(BLOCK_M, warps, stages, programs per SM, weights resident) when the forward runs
-    persistent here."""
-    if device.type != "cuda" or _FIT.get(("fwd_persistent", device.index, spec)) == 0:
+def _persistent(device: torch.device, spec, save: bool = False
+                ) -> tuple[int, int, int, int, bool] | None:
+    """(BLOCK_M, warps, stages, programs per SM, weights resident) when the forward
+    (storing z when ``save``) runs persistent here."""
+    if device.type != "cuda" or _FIT.get(("fwd_persistent", device.index, (spec, save))) == 0:
         return None
-    return _persistent_nvidia(spec)
+    return _persistent_nvidia(spec, save)
 
 
 _SM_COUNT: dict = {}
@@ -676,7 +704,10 @@ class _NarrowForward:
         self.S = sum(saved_widths(spec))
         meta = _launch_meta(spec, device.type)
         self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
-        self.persistent = _persistent(device, spec) if meta["H_P"] <= PERSISTENT_MAX_P else None
+        p = _persistent(device, spec, save) if meta["H_P"] <= PERSISTENT_MAX_P else None
+        # past padded width 64 only with the weights resident (PERSISTENT_MAX_P)
+        self.persistent = p if p is None or meta["H_P"] <= 64 or (p[4] and self.L_HID <= 4) \
+            else None
         self.pads = _own_pads(spec)
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
         self.lean = launch.enabled(device)
@@ -799,10 +830,13 @@ class _NarrowForward:
                 args = (*ptrs, M, IN, H, OUT, *strides)
                 consts = dict(self.consts, **self.pads, BLOCK_M=block_m, L_HID=L_HID,
                               STAGES=stages, RESIDENT=resident and L_HID <= 4)
-                if _fits("fwd_persistent", device, spec, grid, args, consts, warps):
+                # the stage count that fits, remembered per (spec, save): the two
+                # forwards' tunings differ
+                fit_key = (spec, self.save)
+                if _fits("fwd_persistent", device, fit_key, grid, args, consts, warps):
                     if not self.lean:
                         return None
-                    fit = _FIT.get(("fwd_persistent", device.index, spec), stages)
+                    fit = _FIT.get(("fwd_persistent", device.index, fit_key), stages)
                     entry = _launcher("fwd_persistent").cached(
                         args, consts if fit == stages else dict(consts, STAGES=fit), device,
                         num_warps=warps, num_stages=NUM_STAGES)
