@@ -46,6 +46,9 @@ def main():
     ap.add_argument("--maxnreg", action="store_true",
                     help="--one-kernel: instead of the usual variants, 3 and 4 programs per SM "
                          "under a register cap")
+    ap.add_argument("--resident-only", action="store_true",
+                    help="--split at width 128: the chain variants with the package's "
+                         "weight-gradient kernel only")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -339,8 +342,12 @@ def sweep_split(args):
             dws = ((128, 4, 2), (128, 4, 3), (256, 8, 2), (256, 4, 2), (64, 4, 3),
                    (128, 8, 3))
         else:
-            gs = ((64, 4, 0, False, 1), (64, 4, 0, True, 1))
-            dws = ((64, 4, 3), (64, 4, 4), (128, 8, 3))
+            # ... and the chain with its weights resident at hidden 128 between in/out 64
+            # (sm_90 compile, Triton 3.6: 128/8 at 1 stage 176 KB, 255 registers, no
+            # spills; 64/4 at 2 stages 216 KB, 20 B of spills)
+            gs = ((64, 4, 0, False, 1), (64, 4, 0, True, 1), (128, 8, 1, True, 1, True),
+                  (64, 4, 1, True, 2, True))
+            dws = ((64, 4, 3),) if args.resident_only else ((64, 4, 3), (64, 4, 4), (128, 8, 3))
         best = None
         timed = {}
 
