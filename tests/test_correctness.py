@@ -436,9 +436,8 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     (timed at 4) at padded width <= 64 with the input-gradient chain unrolled; deeper only
     at hidden width <= 32, keyed by the hidden width, not the padded one (hidden 32 with
     in/out 64 pads to 64 like hidden 64, where the fused kernel stays); always at padded
-    width 128: with the chain resident and unrolled where its weight tiles take no more
-    than narrow-w128's, else with the chain's layer loop (the unrolled chain that loads
-    its weights per row block did not pipeline there); never for fp32 (not swept)."""
+    width 128, with the chain's layer loop (the unrolled chain did not pipeline there);
+    never for fp32 (not swept)."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     from fusedmlp_xpu.spec import MLPSpec
 
@@ -473,10 +472,5 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
         assert not be.recomputes(MLPSpec(widths, dtype=dtype), dev), (widths, dtype, dev)
     assert split((64,) + (32,) * 11 + (64,)).g_unroll is False
     assert split((64,) + (64,) * 11 + (64,)) is None
-    # hidden 128 where its weight tiles fit as narrow-w128's: the chain resident and
-    # unrolled; wider in/out or a fourth hidden weight: per row block with its layer loop
-    w128 = split((64, 128, 128, 128, 128, 64))
-    assert w128.g_resident and w128.g_unroll and w128.g_per_sm == 1 and not w128.g_dw
-    assert split((128, 128, 128, 128, 128, 128)).g_unroll is False
-    assert split((64,) + (128,) * 5 + (64,)).g_unroll is False
+    assert split((64, 128, 128, 128, 128, 64)).g_unroll is False
     assert split((64, 32, 32, 64), torch.float32) is None
