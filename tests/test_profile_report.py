@@ -244,3 +244,44 @@ def test_ci_script_parses_and_checks_its_argument():
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     proc = subprocess.run(["bash", script, "rocm"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_bench_repeats_are_back_to_back_calls_filling_the_target(monkeypatch):
+    """bench.Timer times each repeat as back-to-back calls that fill ``min_repeat_ms``
+    (the bench's --target-ms, 20 ms unless told), the call index running on across
+    repeats (the inputs rotate), after warm-up and one estimating call: a repeat of one
+    call would also time the host's latency to its first kernel."""
+    import argparse
+    import time
+
+    from fusedmlp_xpu import bench
+
+    calls = []
+
+    def fn(i):
+        calls.append(i)
+        time.sleep(0.002)
+
+    med, lo, hi = bench.Timer(torch.device("cpu"), warmup=2, repeats=3, min_repeat_ms=12.0)(fn)
+    timed = calls[3:]  # after 2 warm-up calls and the estimate
+    assert len(timed) % 3 == 0 and len(timed) // 3 >= 2  # >= 2 calls a repeat (<= 6 ms each)
+    per = len(timed) // 3
+    assert timed == list(range(3 * per))
+    assert 2.0 <= lo <= med <= hi
+    calls.clear()
+    bench.Timer(torch.device("cpu"), warmup=0, repeats=2, min_repeat_ms=0.5)(fn)
+    assert calls == [0, 0, 1]  # the estimate, then one call a repeat
+    p = argparse.ArgumentParser()
+    bench._add_arguments(p)
+    assert p.parse_args([]).target_ms == 20.0
+
+    class Made(Exception):
+        pass
+
+    def timer(device, **kw):  # the records' timer, as run_bench makes it
+        raise Made(kw)
+
+    monkeypatch.setattr(bench, "Timer", timer)
+    with pytest.raises(Made) as made:
+        bench.run_bench(p.parse_args(["--device", "cpu", "--target-ms", "7"]))
+    assert made.value.args[0]["min_repeat_ms"] == 7.0
