@@ -425,6 +425,12 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     monkeypatch.setattr(tb.launch, "enabled", lambda device: False)
     assert tb._NarrowForward(w128, cuda, False).persistent == (256, 8, 2, 1, True)
     assert tb._NarrowForward(w128, cuda, True).persistent == (64, 4, 3, 2, True)
+    # explain() names it
+    be = fm.dispatch.REGISTRY["triton"]
+    assert "persistent programs, 256 rows / 8 warps, weights resident" in be.supports(w128,
+                                                                                     cuda)[1]
+    biased = MLPSpec((64,) + (128,) * 4 + (64,), bias=True, dtype=torch.float16)
+    assert "persistent" not in be.supports(biased, cuda)[1]
     monkeypatch.setattr(tb, "_persistent", lambda device, spec, save=False: (64, 4, 2, 1, False))
     assert tb._NarrowForward(w128, cuda, False).persistent is None
     assert tb._NarrowForward(MLPSpec((64, 64, 64), dtype=torch.float16), cuda,

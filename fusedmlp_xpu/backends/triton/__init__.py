@@ -373,6 +373,18 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
         num_stages=NUM_STAGES, **options), least)
 
 
+def _persistent_choice(device: torch.device, spec, save: bool = False
+                       ) -> tuple[int, int, int, int, bool] | None:
+    """The persistent forward a plan runs (_persistent within PERSISTENT_MAX_P; past
+    padded width 64 only with the weights resident), or None: one program per row
+    block."""
+    H_P = _launch_meta(spec, device.type)["H_P"]
+    p = _persistent(device, spec, save) if H_P <= PERSISTENT_MAX_P else None
+    if p is not None and H_P > 64 and not (p[4] and spec.n_layers - 2 <= 4):
+        return None
+    return p
+
+
 def _persistent(device: torch.device, spec, save: bool = False
                 ) -> tuple[int, int, int, int, bool] | None:
     """(BLOCK_M, warps, stages, programs per SM, weights resident) when the forward
@@ -420,6 +432,10 @@ class TritonBackend(Backend):
             return True, ("wide layers: one GEMM per layer with bias and activation fused in "
                           "the epilogue (wide.py)")
         why = f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
+        p = _persistent_choice(device, spec)
+        if p is not None:
+            why += (f"; inference: persistent programs, {p[0]} rows / {p[1]} warps"
+                    + (", weights resident" if p[4] else ""))
         if self.recomputes(spec, device):
             why += ("; training: the backward in one kernel too, recomputing the "
                     "pre-activations on chip (the forward saves none)")
@@ -708,10 +724,7 @@ class _NarrowForward:
         self.S = sum(saved_widths(spec))
         meta = _launch_meta(spec, device.type)
         self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
-        p = _persistent(device, spec, save) if meta["H_P"] <= PERSISTENT_MAX_P else None
-        # past padded width 64 only with the weights resident (PERSISTENT_MAX_P)
-        self.persistent = p if p is None or meta["H_P"] <= 64 or (p[4] and self.L_HID <= 4) \
-            else None
+        self.persistent = _persistent_choice(device, spec, save)
         self.pads = _own_pads(spec)
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
         self.lean = launch.enabled(device)
