@@ -121,7 +121,7 @@ def sweep_persistent(args):
     """The persistent forward against the one-program-per-block forward, same process."""
     dev = torch.device("cuda")
     rows = []
-    own, own_tuning, own_max = tb._persistent, tb._tuning_nvidia, tb.PERSISTENT_MAX_P
+    own, own_tuning = tb._persistent, tb._tuning_nvidia
     for W in args.width or (32, 64):
         m = fm.FusedMLP(64, 64, W, args.hidden, bias=False, device=dev, dtype=torch.float16,
                         backend="triton")
@@ -148,18 +148,17 @@ def sweep_persistent(args):
             # hidden 128 between in/out 64, weights resident (128 KB at 3 hidden-to-hidden
             # weights): one program per SM fits (sm_90 compile, Triton 3.6, no biases:
             # 128/8 at 2 / 1 stages 176 / 144 KB, 150-154 registers; 64/4/2 152 KB,
-            # 168; 256/8/2 208 KB, 248), against the package's per-block kernel, which
-            # reads every weight tile from L2 for each row block
-            variants = ["package", (128, 8, 2, 1, True), (256, 8, 2, 1, True),
+            # 168; 256/8/2 208 KB, 248), against the per-block kernel, which reads every
+            # weight tile from L2 for each row block (the package's before
+            # h200-sweep-persistent-w128-20261201.json; resident since)
+            variants = ["package", (128, 4), (128, 8, 2, 1, True), (256, 8, 2, 1, True),
                         (256, 8, 1, 1, True), (64, 4, 3, 2, True), (128, 8, 1, 1, True)]
         best = {}
         for v in variants:
             tb.OWN_PADDING = v != "package, widest padding"
-            # the persistent variants past the package's width limit for them
-            tb.PERSISTENT_MAX_P = 128 if isinstance(v, tuple) and len(v) == 5 else own_max
             if isinstance(v, str):
                 tb._persistent, tb._tuning_nvidia = own, own_tuning
-                sp = m.spec(torch.float16)  # (the plan also checks PERSISTENT_MAX_P)
+                sp = m.spec(torch.float16)
                 label = f"{v} {own(dev, sp)} / storing z {own(dev, sp, True)}"
             elif len(v) == 2:
                 tb._persistent = lambda d, spec, save=False: None
@@ -185,7 +184,7 @@ def sweep_persistent(args):
                                    f"{mode} {label}{_refused()}", ms)
         for mode, b in best.items():
             print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
-    tb.OWN_PADDING, tb.PERSISTENT_MAX_P = True, own_max
+    tb.OWN_PADDING = True
     _write(args, rows)
 
 

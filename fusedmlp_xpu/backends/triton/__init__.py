@@ -19,12 +19,6 @@ from . import launch
 from .launch import fitting, int_key  # plain Python: importable without Triton
 
 MAX_WIDTH = 128
-# The persistent forward's limit, whatever its tuning says. At padded width 128 only the
-# resident kernel runs persistent, and only where _persistent_nvidia says (its weights
-# loaded per row block overflow shared memory there: 520 KB at 256 rows / 3 stages; and
-# under compute-sanitizer 64 rows / 4 warps / 2 stages of that kernel died with an
-# invalid program counter on the H200).
-PERSISTENT_MAX_P = 128
 # Hidden 128: the resident weight tiles (fp16/bf16 elements) up to which the forward runs
 # persistent (without biases): narrow-w128's 64 -> 128 x 4 -> 64, the only net timed
 # there (128 KB)
@@ -121,7 +115,7 @@ def _persistent_nvidia(spec, save: bool = False) -> tuple[int, int, int, int, bo
     stay per-block: the only timing (11 hidden, 2^17 rows) was host-bound, 0.07-0.15 ms a
     call, with the two sweeps ordering the variants differently. A config that does not
     fit falls back to the per-block kernel at its first launch; past padded width 64 the
-    forward runs persistent only with its weights resident (PERSISTENT_MAX_P; below).
+    forward runs persistent only with its weights resident (_persistent_choice; below).
     With the weights resident (loaded once per program; h200-sweep-persistent-20261130b
     .json, same setup, inference / training forward that stores z):
       W32: 128/8/3 stages/1 per SM, weights per block 0.463 / 0.656 ms; resident
@@ -159,7 +153,7 @@ def _persistent_nvidia(spec, save: bool = False) -> tuple[int, int, int, int, bo
     if pads["H_P"] > 64:
         IN_P, H_P, OUT_P = pads["IN_P"], pads["H_P"], pads["OUT_P"]
         tiles = H_P * (IN_P + (spec.n_layers - 2) * H_P + OUT_P)
-        if spec.bias or H_P > 128 or tiles > PERSISTENT_RESIDENT_128:
+        if spec.bias or tiles > PERSISTENT_RESIDENT_128:
             return None
         return (64, 4, 3, 2, True) if save else (256, 8, 2, 1, True)
     if max(pads["IN_P"], pads["OUT_P"]) > 64:  # as before: wider in/out stay per-block
@@ -375,12 +369,14 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
 
 def _persistent_choice(device: torch.device, spec, save: bool = False
                        ) -> tuple[int, int, int, int, bool] | None:
-    """The persistent forward a plan runs (_persistent within PERSISTENT_MAX_P; past
-    padded width 64 only with the weights resident), or None: one program per row
-    block."""
-    H_P = _launch_meta(spec, device.type)["H_P"]
-    p = _persistent(device, spec, save) if H_P <= PERSISTENT_MAX_P else None
-    if p is not None and H_P > 64 and not (p[4] and spec.n_layers - 2 <= 4):
+    """The persistent forward a plan runs (_persistent), or None: one program per row
+    block. Past padded width 64 only with the weights resident, whatever the tuning
+    says: the kernel that loads its weights per row block overflows shared memory there
+    (520 KB at 256 rows / 3 stages), and under compute-sanitizer 64 rows / 4 warps / 2
+    stages of it died with an invalid program counter on the H200."""
+    p = _persistent(device, spec, save)
+    if (p is not None and _launch_meta(spec, device.type)["H_P"] > 64
+            and not (p[4] and spec.n_layers - 2 <= 4)):
         return None
     return p
 
