@@ -358,7 +358,8 @@ def _fits(mode: str, device: torch.device, spec, grid, args, consts, warps,
     consts["STAGES"] pipeline stages. Where the device refuses it (Triton's OutOfResources:
     every layer's tiles are buffered per stage; seen with a newer Triton's pipeliner, and
     for deep nets), one stage fewer, down to ``least`` (1 unless said); the count that
-    fits is remembered for (mode, device, spec). False when none fits: the caller launches
+    fits is remembered for (mode, device, spec; the forward passes (spec, save): its two
+    plans are tuned apart). False when none fits: the caller launches
     the kernel with the layer loop instead (or, for the one-kernel backward, the two
     kernels). ``options``: more compile options (maxnreg)."""
     most = consts["STAGES"]
