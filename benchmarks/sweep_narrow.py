@@ -41,6 +41,9 @@ def main():
                          "chain summing the weight gradients itself (Split.g_dw), with and "
                          "without biases, interleaved twice, then kernel by kernel")
     ap.add_argument("--nobias", action="store_true", help="--one-kernel: without biases only")
+    ap.add_argument("--bias", action="store_true",
+                    help="--persistent: with biases (past hidden 64 the resident kernel loads "
+                         "them per row block)")
     ap.add_argument("--recompute", action="store_true",
                     help="--one-kernel: also each one-kernel variant with recompute=True")
     ap.add_argument("--maxnreg", action="store_true",
@@ -123,8 +126,8 @@ def sweep_persistent(args):
     rows = []
     own, own_tuning = tb._persistent, tb._tuning_nvidia
     for W in args.width or (32, 64):
-        m = fm.FusedMLP(64, 64, W, args.hidden, bias=False, device=dev, dtype=torch.float16,
-                        backend="triton")
+        m = fm.FusedMLP(64, 64, W, args.hidden, bias=args.bias, device=dev,
+                        dtype=torch.float16, backend="triton")
         x = torch.randn(args.n, 64, device=dev, dtype=torch.float16)
         with torch.no_grad():
             ref = m.to_sequential()(x[:8192]).float()
@@ -314,7 +317,7 @@ def _write(args, rows):
         from fusedmlp_xpu.bench import environment
 
         json.dump({"schema": "fusedmlp-sweep/1", "env": environment(torch.device("cuda")),
-                   "rows": rows}, open(args.out, "w"), indent=1)
+                   "args": vars(args), "rows": rows}, open(args.out, "w"), indent=1)
 
 
 def sweep_split(args):

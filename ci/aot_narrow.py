@@ -38,8 +38,9 @@ def compile_kernel(fn, consts, arch, num_warps, num_stages=1):
     for i, (n, p) in enumerate(zip(fn.arg_names, fn.params)):
         if n in UNIT:
             sig[n], cx[n] = "constexpr", 1
-        elif p.is_constexpr:
-            sig[n], cx[n] = "constexpr", consts[n]
+        elif p.is_constexpr:  # those with a default may be left out of consts
+            sig[n], cx[n] = "constexpr", consts[n] if n in consts or not p.has_default \
+                else p.default
         else:
             sig[n] = ("*fp32" if n == "acc_ptr" else "*fp16") if n.endswith("_ptr") else "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -86,6 +87,13 @@ def main(argv=None) -> int:
                     ("fwd_pers_w128_z", narrow._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=False, SAVE=True, L_HID=3))
                     if P == 128 else None,
+                    # ... and with biases, loaded per row block
+                    ("fwd_pers_w128_b", narrow._mlp_fwd_persistent_kernel, "fwd",
+                     dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=False, L_HID=3,
+                          BIAS_PER_BLOCK=True)) if P == 128 else None,
+                    ("fwd_pers_w128_bz", narrow._mlp_fwd_persistent_kernel, "fwd",
+                     dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=True, L_HID=3,
+                          BIAS_PER_BLOCK=True)) if P == 128 else None,
                     ("bwd", narrow._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
                           NEED_B=True, STORE_G=False)),
@@ -108,6 +116,10 @@ def main(argv=None) -> int:
                     ("g_res_own_p", narrow._mlp_g_kernel, "bwd",
                      dict(base, H_P=P // 2, NEED_X=True, L_HID=4, STAGES=2,
                           RESIDENT=True)) if P == 64 else None,
+                    # ... the resident chain at hidden 128 between in/out 64 (narrow-w128)
+                    ("g_res_w128", narrow._mlp_g_kernel, "bwd",
+                     dict(base, IN_P=64, OUT_P=64, NEED_X=True, L_HID=3, STAGES=2,
+                          RESIDENT=True)) if P == 128 else None,
                     ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
                           IN_P=64, OUT_P=64)) if P == 128 else None]
@@ -125,7 +137,8 @@ def main(argv=None) -> int:
                           dict(one_base, H_P=P // 2, NEED_B=False, RECOMPUTE=rc,
                                HAS_BIAS=False))
                          if P == 64 else None]
-            split = tb._split_nvidia(spec)  # the split backward's own tuning, where on
+            # the split backward's own tuning, where on (at P 128 narrow-w128's too)
+            split = tb._split_nvidia(spec)
             for name, fn, mode, consts in filter(None, jobs):
                 if mode == "one":  # the one-kernel backward's own tuning at its widths
                     one = tb._split_nvidia(MLPSpec(
@@ -138,14 +151,15 @@ def main(argv=None) -> int:
                     continue
                 bm, warps = tb._tuning_nvidia(spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident",
-                                                  "g_res_own_p"):
+                                                  "g_res_own_p", "g_res_w128"):
                     bm, warps = split.g_block_m, split.g_warps
                     if name != "bwd_store_g":
                         consts["STAGES"] = split.g_stages
                 elif split is not None and name.startswith("dw"):
                     bm, warps, consts["STAGES"] = split.block_m, split.warps, split.stages
                 if name.startswith("fwd_pers_w128"):
-                    w128 = MLPSpec((64,) + (128,) * 4 + (64,), bias=False, dtype=torch.float16)
+                    w128 = MLPSpec((64,) + (128,) * 4 + (64,), bias=consts["HAS_BIAS"],
+                                   dtype=torch.float16)
                     bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
                         tb._persistent_nvidia(w128, consts["SAVE"])
                 elif name.startswith("fwd_pers") and tb._persistent_nvidia(spec) is not None:

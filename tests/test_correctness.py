@@ -157,17 +157,19 @@ def test_persistent_forward(backend, widths, grad, resident, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])
-def test_hidden_128_forward_runs_resident(backend, grad, dtype, monkeypatch):
-    """narrow-w128's net (64 -> 128 x 4 -> 64, no biases) takes the persistent forward with
-    its weights resident, at its CUDA tuning: 256 rows / 8 warps for inference, 64 / 4
-    storing z for training (forced on in the interpreter); more row blocks than
-    programs, a ragged last block."""
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_hidden_128_forward_runs_resident(backend, grad, dtype, bias, monkeypatch):
+    """narrow-w128's net (64 -> 128 x 4 -> 64) takes the persistent forward with its
+    weights resident, at its CUDA tuning: 256 rows / 8 warps for inference (128 / 8 with
+    biases, loaded per row block), 64 / 4 storing z for training (forced on in the
+    interpreter); more row blocks than programs, a ragged last block. On CUDA its train
+    step's backward is the split one with the input-gradient chain resident."""
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     widths = (64,) + (128,) * 4 + (64,)
-    spec = fm.MLPSpec(widths, "relu", "none", False, dtype)
+    spec = fm.MLPSpec(widths, "relu", "none", bias, dtype)
     want = tb._persistent_nvidia(spec, grad)
     assert want is not None and want[4]
     if dev.type != "cuda":
@@ -179,8 +181,11 @@ def test_hidden_128_forward_runs_resident(backend, grad, dtype, monkeypatch):
     # plans made here stay here (a fresh cache, the module's own restored after)
     monkeypatch.setattr(tb, "_forward_plan", functools.lru_cache(maxsize=8)(
         tb._forward_plan.__wrapped__))
-    run(backend, widths, dtype, bias=False, grad=grad, lead=(rows,))
+    run(backend, widths, dtype, bias=bias, grad=grad, lead=(rows,))
     assert tb._forward_plan(spec, dev, grad).persistent == want
+    if dev.type == "cuda" and grad:
+        split = tb._split_backward(dev, spec)
+        assert split.g_resident and split.g_unroll and not split.g_dw, split
 
 
 def test_narrow_triton_kernels_compile_for_hopper():
@@ -188,10 +193,11 @@ def test_narrow_triton_kernels_compile_for_hopper():
     shape changed inside a loop). Compile the narrow kernels for sm_90 ahead of time."""
     out = run_aot_compile("aot_narrow.py")
     # 7 kernels at two widths, 4 with each width padded on its own, the persistent forward
-    # resident at hidden 128 (inference, storing z), and the one-kernel backward (reading
+    # resident at hidden 128 (inference, storing z; with biases, both), the split
+    # backward's resident chain there, and the one-kernel backward (reading
     # z, or recomputing it) at width 64 and at hidden 32 between in/out 64, all on tensor
     # cores
-    assert out.count("wgmma") == 24, out
+    assert out.count("wgmma") == 27, out
 
 
 @pytest.mark.parametrize("widths", [(16, 32, 32, 32, 8), (16, 256, 8)], ids=["narrow", "wide"])
@@ -397,8 +403,8 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     """The forward runs persistent with its weights resident where it was timed faster:
     up to 4 hidden-to-hidden weights at padded widths <= 64, and at hidden 128 where the
     weight tiles take no more than narrow-w128's (in/out 64, 3 hidden-to-hidden weights),
-    with its own tuning for inference and for the forward storing z, without biases.
-    Wider in/out, a fourth hidden weight at 128, fp32 and deeper nets stay per-block;
+    with its own tuning for inference and for the forward storing z (and for biased
+    inference). Wider in/out, a fourth hidden weight at 128, fp32 and deeper nets stay per-block;
     the plan never runs
     the kernel that loads its weights per row block past width 64."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
@@ -416,8 +422,12 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
                           ((64,) + (128,) * 4 + (64,), torch.float32)]:
         assert choice(MLPSpec(widths, bias=False, dtype=dtype)) is None, widths
         assert choice(MLPSpec(widths, bias=False, dtype=dtype), True) is None, widths
-    # hidden 128 with biases: every variant spills (sm_90 compile)
-    assert choice(MLPSpec((64,) + (128,) * 4 + (64,), bias=True, dtype=torch.float16)) is None
+    # hidden 128 with biases: loaded per row block; inference at 128 rows / 8 warps, where
+    # the 256-row kernel spills registers even so (sm_90 compile)
+    biased = MLPSpec((64,) + (128,) * 4 + (64,), bias=True, dtype=torch.float16)
+    assert choice(biased) == (128, 8, 2, 1, True) and choice(biased, True) == (64, 4, 3, 2, True)
+    assert tb._bias_per_block(tb._own_pads(biased))
+    assert not tb._bias_per_block(tb._own_pads(MLPSpec((64, 64, 64, 64), dtype=torch.float16)))
     # a plan past width 64 with a persistent choice that loads weights per row block (or
     # whose net is too deep for resident tiles): the per-block kernel
     cuda = torch.device("cuda", 0)
@@ -429,8 +439,9 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     be = fm.dispatch.REGISTRY["triton"]
     assert "persistent programs, 256 rows / 8 warps, weights resident" in be.supports(w128,
                                                                                      cuda)[1]
-    biased = MLPSpec((64,) + (128,) * 4 + (64,), bias=True, dtype=torch.float16)
-    assert "persistent" not in be.supports(biased, cuda)[1]
+    assert "persistent programs, 128 rows / 8 warps, weights resident" in be.supports(
+        biased, cuda)[1]
+    assert "persistent" not in be.supports(MLPSpec((128,) * 6, dtype=torch.float16), cuda)[1]
     monkeypatch.setattr(tb, "_persistent", lambda device, spec, save=False: (64, 4, 2, 1, False))
     assert tb._NarrowForward(w128, cuda, False).persistent is None
     assert tb._NarrowForward(MLPSpec((64, 64, 64), dtype=torch.float16), cuda,
@@ -442,8 +453,9 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     (timed at 4) at padded width <= 64 with the input-gradient chain unrolled; deeper only
     at hidden width <= 32, keyed by the hidden width, not the padded one (hidden 32 with
     in/out 64 pads to 64 like hidden 64, where the fused kernel stays); always at padded
-    width 128, with the chain's layer loop (the unrolled chain did not pipeline there);
-    never for fp32 (not swept)."""
+    width 128: with the chain resident and unrolled where its weight tiles take no more
+    than narrow-w128's, else with the chain's layer loop (the unrolled chain that loads
+    its weights per row block did not pipeline there); never for fp32 (not swept)."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     from fusedmlp_xpu.spec import MLPSpec
 
@@ -478,5 +490,10 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
         assert not be.recomputes(MLPSpec(widths, dtype=dtype), dev), (widths, dtype, dev)
     assert split((64,) + (32,) * 11 + (64,)).g_unroll is False
     assert split((64,) + (64,) * 11 + (64,)) is None
-    assert split((64, 128, 128, 128, 128, 64)).g_unroll is False
+    # hidden 128 where its weight tiles fit as narrow-w128's: the chain resident and
+    # unrolled; wider in/out or a fourth hidden weight: per row block with its layer loop
+    w128 = split((64, 128, 128, 128, 128, 64))
+    assert w128.g_resident and w128.g_unroll and w128.g_per_sm == 1 and not w128.g_dw
+    assert split((128, 128, 128, 128, 128, 128)).g_unroll is False
+    assert split((64,) + (128,) * 5 + (64,)).g_unroll is False
     assert split((64, 32, 32, 64), torch.float32) is None

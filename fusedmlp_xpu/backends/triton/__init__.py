@@ -151,11 +151,11 @@ def _persistent_nvidia(spec, save: bool = False) -> tuple[int, int, int, int, bo
         return None
     pads = _own_pads(spec)
     if pads["H_P"] > 64:
-        IN_P, H_P, OUT_P = pads["IN_P"], pads["H_P"], pads["OUT_P"]
-        tiles = H_P * (IN_P + (spec.n_layers - 2) * H_P + OUT_P)
-        if spec.bias or tiles > PERSISTENT_RESIDENT_128:
+        if not _resident_128(spec):
             return None
-        return (64, 4, 3, 2, True) if save else (256, 8, 2, 1, True)
+        if save:
+            return 64, 4, 3, 2, True
+        return (128, 8, 2, 1, True) if spec.bias else (256, 8, 2, 1, True)
     if max(pads["IN_P"], pads["OUT_P"]) > 64:  # as before: wider in/out stay per-block
         return None
     return 64, 4, 3, (3 if pads["H_P"] <= 32 else 2), True
@@ -246,13 +246,17 @@ def _split_nvidia(spec) -> Split | None:
     rows, interleaved twice (h200-sweep-one-kernel-maxnreg-20261201.json): 64/4/2 with 2
     per SM uncapped 1.18 ms a step, 3 per SM at 168 registers 1.34, 4 at 128 3.09. So no
     cap: the spills cost more than the third program hides.
-    Not taken yet: at hidden 128 (in/out 64, 4 hidden, biases; one pass, h200-sweep-split-
-    w128-20261201.json) the chain resident and unrolled at 64/4/1 per SM/2 stages made
-    the train step 8.10 ms against 9.36 per row block (128/8/1/1: 9.89). It compiles with
-    20 B of spills (sm_90) and has not run through the GPU suite or memcheck."""
+    Hidden 128 with its chain resident too (in/out 64, 4 hidden, biases; one pass,
+    h200-sweep-split-w128-20261201.json): the chain per row block 9.36 ms a step; resident
+    and unrolled, 64/4/1 per SM/2 stages 8.10, 128/8/1/1 9.89 (sm_90 compile: 216 KB and
+    20 B of spills; 176 KB, none). So where the resident forward's weight tiles would fit
+    (_resident_128), the chain is resident at 64/4/1/2; elsewhere per row block."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
+        if _resident_128(spec):
+            return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
+                         g_stages=2, g_resident=True)
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4:
         if ONE_KERNEL_BACKWARD and spec.widths[1] <= 32:
@@ -380,6 +384,25 @@ def _persistent_choice(device: torch.device, spec, save: bool = False
             and not (p[4] and spec.n_layers - 2 <= 4)):
         return None
     return p
+
+
+def _bias_per_block(pads) -> bool:
+    """Whether the resident persistent forward loads its biases for each row block
+    instead of holding them through its loop: past padded hidden width 64, where the
+    held bias vectors spill registers (sm_90 compile, hidden 128 between in/out 64,
+    biased: 352 B at 64 rows / 4 warps / 3 stages storing z, none loading them per
+    block)."""
+    return pads["H_P"] > 64
+
+
+def _resident_128(spec) -> bool:
+    """Hidden padded to 128, and every weight tile (each width padded on its own) takes
+    no more than narrow-w128's: the nets whose resident kernels were timed at width 128
+    (PERSISTENT_RESIDENT_128)."""
+    pads = _own_pads(spec)
+    IN_P, H_P, OUT_P = pads["IN_P"], pads["H_P"], pads["OUT_P"]
+    return H_P == 128 and H_P * (IN_P + (spec.n_layers - 2) * H_P + OUT_P) \
+        <= PERSISTENT_RESIDENT_128
 
 
 def _persistent(device: torch.device, spec, save: bool = False
@@ -843,7 +866,8 @@ class _NarrowForward:
                 grid = (_n_programs(device, triton_cdiv(M, block_m), per_sm),)
                 args = (*ptrs, M, IN, H, OUT, *strides)
                 consts = dict(self.consts, **self.pads, BLOCK_M=block_m, L_HID=L_HID,
-                              STAGES=stages, RESIDENT=resident and L_HID <= 4)
+                              STAGES=stages, RESIDENT=resident and L_HID <= 4,
+                              BIAS_PER_BLOCK=_bias_per_block(self.pads))
                 # the stage count that fits, remembered per (spec, save): the two
                 # forwards' tunings differ
                 fit_key = (spec, self.save)

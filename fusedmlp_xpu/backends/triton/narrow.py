@@ -224,7 +224,7 @@ def _mlp_fwd_persistent_kernel(
     IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
-    RESIDENT: tl.constexpr = False,
+    RESIDENT: tl.constexpr = False, BIAS_PER_BLOCK: tl.constexpr = False,
 ):
     """A fixed grid of programs striding over the row blocks, the layer loop unrolled
     (L_HID a constexpr): the loop over blocks is innermost, so Triton's pipeliner can
@@ -232,7 +232,9 @@ def _mlp_fwd_persistent_kernel(
     RESIDENT (L_HID <= 4): every layer's weights and biases are loaded once per program,
     before the loop, instead of once per row block (which the pipeliner also buffers
     STAGES times in shared memory). No tile is carried from one layer to the next through
-    a loop, so IN_P, H_P and OUT_P may differ here (each width padded on its own)."""
+    a loop, so IN_P, H_P and OUT_P may differ here (each width padded on its own).
+    BIAS_PER_BLOCK (with RESIDENT): the biases are loaded again for each row block (from
+    L1) instead of held through the loop; at hidden 128 the held ones spill registers."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(M, BLOCK_M)
     if RESIDENT:
@@ -244,9 +246,14 @@ def _mlp_fwd_persistent_kernel(
         wl = _load_wT(wl_ptr, H, OUT, H_P, OUT_P)
         w1, w2, w3, w4 = _hidden_tiles(wh_ptr, H, H_P, L_HID,
                                        tl.zeros([H_P, H_P], w0.dtype), True)
-        b0, b1, b2, b3, b4, bl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P,
-                                                  L_HID, HAS_BIAS)
+        c0, c1, c2, c3, c4, cl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P,
+                                                  L_HID, HAS_BIAS and not BIAS_PER_BLOCK)
         for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
+            if BIAS_PER_BLOCK:  # names of the loop body: nothing held across blocks
+                b0, b1, b2, b3, b4, bl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P,
+                                                          OUT_P, L_HID, HAS_BIAS)
+            else:
+                b0, b1, b2, b3, b4, bl = c0, c1, c2, c3, c4, cl
             rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
             rmask = rows < M
             h = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
