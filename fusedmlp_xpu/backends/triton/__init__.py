@@ -143,19 +143,23 @@ def _persistent_nvidia(spec, save: bool = False) -> tuple[int, int, int, int, bo
     So hidden 128 runs resident, 256/8/2 for inference and 64/4/3 storing z, where its
     weight tiles take no more than that net's (PERSISTENT_RESIDENT_128: fewer hidden
     layers are not timed; wider in/out or a fifth hidden weight would not fit beside the
-    row tiles) and without biases: with them every one of those variants spills (84-1408
-    B, sm_90 compile; the resident biases live in registers), and the width-128 forward
-    that spilled misbehaved under compute-sanitizer (README), so biased nets keep the
-    per-block kernel."""
+    row tiles).
+    With biases, held through the loop every one of those variants spilled registers
+    (84-1408 B, sm_90 compile); loaded per row block (_bias_per_block) 128/8/1 and
+    128/8/2 do not (relu; 8-24 B with gelu_tanh). Same net with biases, one pass
+    (h200-sweep-persistent-w128-bias-20261201.json), inference / training forward: per
+    block 1.338 / 2.334 ms; resident 128/8/1/1 1.098 / 1.907, 128/8/2/1 1.183 / 1.883,
+    256/8/1/1 1.170 / 3.68, 256/8/2/1 1.242 / 4.00, 64/4/3/2 1.321 / 2.301. So biased
+    nets take 128/8/1 for inference and 128/8/2 storing z."""
     if spec.dtype == torch.float32 or spec.n_layers - 2 > 4:
         return None
     pads = _own_pads(spec)
     if pads["H_P"] > 64:
         if not _resident_128(spec):
             return None
-        if save:
-            return 64, 4, 3, 2, True
-        return (128, 8, 2, 1, True) if spec.bias else (256, 8, 2, 1, True)
+        if spec.bias:
+            return (128, 8, 2, 1, True) if save else (128, 8, 1, 1, True)
+        return (64, 4, 3, 2, True) if save else (256, 8, 2, 1, True)
     if max(pads["IN_P"], pads["OUT_P"]) > 64:  # as before: wider in/out stay per-block
         return None
     return 64, 4, 3, (3 if pads["H_P"] <= 32 else 2), True
@@ -391,7 +395,7 @@ def _bias_per_block(pads) -> bool:
     instead of holding them through its loop: past padded hidden width 64, where the
     held bias vectors spill registers (sm_90 compile, hidden 128 between in/out 64,
     biased: 352 B at 64 rows / 4 warps / 3 stages storing z, none loading them per
-    block)."""
+    block). Timed: _persistent_nvidia."""
     return pads["H_P"] > 64
 
 
