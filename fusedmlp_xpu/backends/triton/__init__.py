@@ -254,7 +254,11 @@ def _split_nvidia(spec) -> Split | None:
     h200-sweep-split-w128-20261201.json): the chain per row block 9.36 ms a step; resident
     and unrolled, 64/4/1 per SM/2 stages 8.10, 128/8/1/1 9.89 (sm_90 compile: 216 KB and
     20 B of spills; 176 KB, none). So where the resident forward's weight tiles would fit
-    (_resident_128), the chain is resident at 64/4/1/2; elsewhere per row block."""
+    (_resident_128), the chain is resident at 64/4/1/2; elsewhere per row block. Again
+    with the biased forward resident (h200-sweep-split-w128-20261201b.json): 7.51 ms
+    against 8.78 per row block; kernel by kernel the chain 3.23 ms, the weight gradients
+    2.36, the forward storing z 1.88. Bench, narrow-w128 (no biases), train step 8.63 ->
+    7.08 ms (h200-narrow-w128-20261201d/e.json)."""
     if spec.dtype == torch.float32:
         return None
     if _pow2(max(spec.widths)) > 64:
