@@ -52,6 +52,9 @@ def main():
     ap.add_argument("--resident-only", action="store_true",
                     help="--split at width 128: the chain variants with the package's "
                          "weight-gradient kernel only")
+    ap.add_argument("--more-stages", action="store_true",
+                    help="--persistent / --one-kernel: the package's tuning with deeper "
+                         "pipelines of the row-block loop (more rows in flight per SM)")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -147,7 +150,14 @@ def sweep_persistent(args):
             (64, 4, 3, 2, True), (64, 4, 3, 3, True), (64, 4, 3, 4, True),
             (64, 4, 2, 3, True), (64, 4, 1, 4, True), (128, 4, 3, 2, True),
             (128, 8, 3, 1, True)]
-        if W > 64:
+        if args.more_stages:
+            # the package's rows / warps / programs per SM with 4-6 stages: each stage
+            # is one more 8 KB x tile in flight. sm_90 compile, no biases, 64 rows / 4
+            # warps: hidden 64 72 / 80 / 88 / 96 KB at 3-6 stages, hidden 32 (own
+            # padding) 46 KB at 3, 62 at 5, 70 at 6: two (hidden 64) or three (32) fit
+            own_v = own(dev, m.spec(torch.float16))
+            variants = ["package"] + [own_v[:2] + (st,) + own_v[3:] for st in (4, 5, 6)]
+        elif W > 64:
             # hidden 128 between in/out 64, weights resident (128 KB at 3 hidden-to-hidden
             # weights): one program per SM fits (sm_90 compile, Triton 3.6, no biases:
             # 128/8 at 2 / 1 stages 176 / 144 KB, 150-154 registers; 64/4/2 152 KB,
@@ -467,12 +477,19 @@ def sweep_one_kernel(args):
                                           if args.maxnreg else
                                           ((64, 4, 2, 1, None), (128, 8, 2, 1, None),
                                            (64, 8, 2, 1, None), (64, 4, 2, 2, None)))]
+        if args.more_stages:
+            # the package's one kernel with 3 and 4 stages (x and grad_y tiles in
+            # flight; sm_90 compile, recomputing, no biases: hidden 32 at 64/4 46 / 62
+            # / 78 KB at 2-4 stages, hidden 64 at 128/8 136 / 168 / 200 KB)
+            ones = [package._replace(g_stages=st) for st in (3, 4)]
         ones = [v for v in ones if v != package]
         # (split, recompute): with --recompute, the package's choice and each one-kernel
         # variant also with FusedMLP(recompute=True) (no z saved; the one kernel
         # computes it again from x)
         variants = [(v, False) for v in (package, two, *ones)]
-        if args.recompute:
+        if args.more_stages:  # the train step's default: the one kernel recomputes
+            variants = [(v, True) for v in (package, *ones)]
+        elif args.recompute:
             variants += [(v, True) for v in (package, *ones) if v is not None and v.g_dw]
         # the weight gradients over every row in fp32 (eager fp16's cuBLAS may reduce a
         # K of 2^22 in fp16 pieces: 4-6% off in a first run)
