@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--more-stages", action="store_true",
                     help="--persistent / --one-kernel: the package's tuning with deeper "
                          "pipelines of the row-block loop (more rows in flight per SM)")
+    ap.add_argument("--variants",
+                    help="--persistent: the resident kernels to time besides the package's, "
+                         "as rows,warps,stages,per_sm;... (e.g. 256,16,2,1;256,8,2,1)")
     ap.add_argument("--hidden", type=int, default=4, help="hidden layers")
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
@@ -150,7 +153,10 @@ def sweep_persistent(args):
             (64, 4, 3, 2, True), (64, 4, 3, 3, True), (64, 4, 3, 4, True),
             (64, 4, 2, 3, True), (64, 4, 1, 4, True), (128, 4, 3, 2, True),
             (128, 8, 3, 1, True)]
-        if args.more_stages:
+        if args.variants:
+            variants = ["package"] + [tuple(int(t) for t in v.split(",")) + (True,)
+                                      for v in args.variants.split(";")]
+        elif args.more_stages:
             # the package's rows / warps / programs per SM with 4-6 stages: each stage
             # is one more 8 KB x tile in flight. sm_90 compile, no biases, 64 rows / 4
             # warps: hidden 64 72 / 80 / 88 / 96 KB at 3-6 stages, hidden 32 (own
