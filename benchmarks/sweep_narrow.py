@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--more-stages", action="store_true",
                     help="--persistent / --one-kernel: the package's tuning with deeper "
                          "pipelines of the row-block loop (more rows in flight per SM)")
+    ap.add_argument("--bias-per-block", action="store_true",
+                    help="--one-kernel: the package's recomputing one kernel with its "
+                         "biases held through the row-block loop and loaded per block")
     ap.add_argument("--variants",
                     help="--persistent: the resident kernels to time besides the package's, "
                          "as rows,warps,stages,per_sm;... (e.g. 256,16,2,1;256,8,2,1)")
@@ -464,8 +467,8 @@ def sweep_one_kernel(args):
     eager's in fp32. Then the package's and the best one-kernel variant kernel by kernel."""
     dev = torch.device("cuda")
     rows = []
-    own_split = tb._split_backward
-    biases = (False,) if args.nobias else (False, True)
+    own_split, own_pb = tb._split_backward, tb._bwd_bias_per_block
+    biases = (True,) if args.bias_per_block else (False,) if args.nobias else (False, True)
     for W, bias in [(W, b) for W in args.width or (32, 64) for b in biases]:
         m, seq, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
         spec = m.spec(torch.float16)
@@ -493,7 +496,9 @@ def sweep_one_kernel(args):
         # variant also with FusedMLP(recompute=True) (no z saved; the one kernel
         # computes it again from x)
         variants = [(v, False) for v in (package, two, *ones)]
-        if args.more_stages:  # the train step's default: the one kernel recomputes
+        if args.bias_per_block:  # (split, recompute, biases per block)
+            variants = [(package, True, False), (package, True, True)]
+        elif args.more_stages:  # the train step's default: the one kernel recomputes
             variants = [(v, True) for v in (package, *ones)]
         elif args.recompute:
             variants += [(v, True) for v in (package, *ones) if v is not None and v.g_dw]
@@ -515,8 +520,10 @@ def sweep_one_kernel(args):
 
         timed = {}
         best = None
-        for v, rc in variants * 2:
+        for v, rc, *pb in variants * 2:
+            pb = bool(pb and pb[0])  # the recomputing one kernel's biases per row block
             tb._split_backward = lambda d, sp, v=v: v
+            tb._bwd_bias_per_block = lambda sp, pb=pb: pb
             _replan(m)
             m.recompute = rc
             label = ("package" if v is package else "two kernels" if v is two else
@@ -525,7 +532,7 @@ def sweep_one_kernel(args):
                 " per SM {}".format(v.g_per_sm) if v.g_per_sm != 1 else "") + (
                 " maxnreg {}".format(v.g_maxnreg) if v.g_maxnreg else "") + (
                 " (one kernel)" if v is package and v.g_dw else "") + (
-                " recompute" if rc else "")
+                " recompute" if rc else "") + (" biases per block" if pb else "")
             ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} bias {bias} {label}")
             if ms is None:
                 continue
@@ -534,23 +541,26 @@ def sweep_one_kernel(args):
                 print(f"W{W} bias {bias} {label}: WRONG on all rows (rel err {err:.2e})")
                 continue
             label = f"train bias {bias} {label}{_refused()} (all rows rel err {err:.1e})"
-            timed.setdefault((v, rc), []).append(ms)
+            timed.setdefault((v, rc, pb), []).append(ms)
             best = _keep(rows, best, W, args.hidden, label, ms)
         print(f"BEST W{W} L{args.hidden} bias {bias} train: {best}", flush=True)
-        picks = [(two, False)] + ([min((k for k in timed if k[0] is not two),
-                                       key=lambda k: min(timed[k]))] if len(timed) > 1 else [])
-        for v, rc in picks:
+        picks = [(two, False, False)] + ([min((k for k in timed if k[0] is not two),
+                                              key=lambda k: min(timed[k]))]
+                                         if len(timed) > 1 else [])
+        for v, rc, pb in picks:
             tb._split_backward = lambda d, sp, v=v: v
+            tb._bwd_bias_per_block = lambda sp, pb=pb: pb
             _replan(m)
             m.recompute = rc
             kernels = _profile_kernels(fn)
-            print(f"W{W} bias {bias} {v} recompute {rc} per step, kernel by kernel:")
+            print(f"W{W} bias {bias} {v} recompute {rc} biases per block {pb} per step, "
+                  "kernel by kernel:")
             for name, us in kernels:
                 print(f"   {us:9.1f} us  {name}")
             rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=str(v),
-                             recompute=rc, kernels_us=kernels))
+                             recompute=rc, bias_per_block=pb, kernels_us=kernels))
         m.recompute = False
-    tb._split_backward = own_split
+    tb._split_backward, tb._bwd_bias_per_block = own_split, own_pb
     _write(args, rows)
 
 

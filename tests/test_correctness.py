@@ -311,6 +311,29 @@ def test_one_kernel_recomputes_for_the_input_gradient_alone(backend, monkeypatch
     assert_close(x.grad, rgx, tolerance(name, torch.float16), "grad x")
 
 
+@pytest.mark.parametrize("per_block", [False, True], ids=["biases-held", "biases-per-block"])
+def test_one_kernel_recompute_biases(backend, monkeypatch, per_block):
+    """The recomputing one-kernel backward of a biased net, its biases held through the
+    row-block loop or loaded for each block (BIAS_PER_BLOCK): every gradient against the
+    reference; three programs, so each walks several row blocks."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+        64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True, g_stages=2,
+        g_resident=True, g_dw=True))
+    monkeypatch.setattr(tb, "_bwd_bias_per_block", lambda spec: per_block)
+    monkeypatch.setattr(tb, "_n_programs", lambda device, n_blocks, per_sm=1:
+                        max(1, min(n_blocks, 3)))
+    plans, make = [], tb._backward_plan.__wrapped__  # made here, kept here
+    monkeypatch.setattr(tb, "_backward_plan", lambda *a: plans.append(make(*a)) or plans[-1])
+    run(backend, (24, 64, 64, 64, 40), torch.float16, act="gelu", out_act="tanh",
+        bias=True, grad=True, lead=(1037,), recompute=True)
+    assert plans and all(p.recompute and p.consts["BIAS_PER_BLOCK"] == per_block
+                         for p in plans), [p.consts for p in plans]
+
+
 @pytest.mark.parametrize("one_kernel", [False, True], ids=["two-kernels", "one-kernel"])
 def test_split_backward_partial_grads(backend, monkeypatch, one_kernel):
     """The split backward (two kernels, or the resident chain summing the weight
@@ -403,10 +426,10 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     """The forward runs persistent with its weights resident where it was timed faster:
     up to 4 hidden-to-hidden weights at padded widths <= 64, and at hidden 128 where the
     weight tiles take no more than narrow-w128's (in/out 64, 3 hidden-to-hidden weights),
-    with its own tuning for inference and for the forward storing z (and for biased
-    inference). Wider in/out, a fourth hidden weight at 128, fp32 and deeper nets stay per-block;
-    the plan never runs
-    the kernel that loads its weights per row block past width 64."""
+    with its own tuning for inference and for the forward storing z, and another for
+    biased nets (their biases loaded per row block). Wider in/out, a fourth hidden weight
+    at 128, fp32 and deeper nets stay per-block; the plan never runs the kernel that loads
+    its weights per row block past width 64."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     MLPSpec = fm.MLPSpec
     choice = tb._persistent_nvidia

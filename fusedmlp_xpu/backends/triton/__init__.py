@@ -403,6 +403,14 @@ def _bias_per_block(pads) -> bool:
     return pads["H_P"] > 64
 
 
+def _bwd_bias_per_block(spec) -> bool:
+    """Whether the recomputing one-kernel backward loads its biases for each row block
+    (as _bias_per_block for the forward). sm_90 compile, in/out 64, 4 hidden, biases,
+    recomputing, the package's tunings: hidden 64 at 128 rows / 8 warps 952 B of spills
+    held, 764 loaded per block; hidden 32 at 64 / 4 332 and 344."""
+    return False
+
+
 def _resident_128(spec) -> bool:
     """Hidden padded to 128, and every weight tile (each width padded on its own) takes
     no more than narrow-w128's: the nets whose resident kernels were timed at width 128
@@ -615,7 +623,8 @@ class _OneKernelBackward:
             ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"], NEED_X=self.need_x,
             NEED_W=self.need_w, NEED_B=self.need_b, F32=meta["F32"], PREC=meta["PREC"],
             BLOCK_M=split.g_block_m, STAGES=split.g_stages, RECOMPUTE=recompute,
-            HAS_BIAS=recompute and spec.bias)
+            HAS_BIAS=recompute and spec.bias,
+            BIAS_PER_BLOCK=recompute and spec.bias and _bwd_bias_per_block(spec))
         self.grads = self.need_w or self.need_b
         self.reduce = _reduce_layout(spec, T_P, W_SLOT, SLOT, self.need_w, self.need_b,
                                      device.type)

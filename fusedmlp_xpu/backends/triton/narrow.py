@@ -570,6 +570,7 @@ def _mlp_bwd_resident_kernel(
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr,
     NEED_B: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
     STAGES: tl.constexpr, RECOMPUTE: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
+    BIAS_PER_BLOCK: tl.constexpr = False,
 ):
     """The whole backward in one pass over the rows, for nets whose weights stay on chip
     (L_HID <= 4 hidden-to-hidden weights, narrow hidden width): every weight tile loaded
@@ -582,14 +583,15 @@ def _mlp_bwd_resident_kernel(
     RECOMPUTE: nothing was saved (z_ptr unused): each row block's pre-activations are
     computed again from x on chip (_recompute_z, the chain's resident tiles transposed,
     biases from b*_ptr when HAS_BIAS) instead of read back, so the forward writes no z
-    and this kernel reads none."""
+    and this kernel reads none. BIAS_PER_BLOCK: those biases are loaded again for each
+    row block instead of held through the loop (as the persistent forward's)."""
     pid = tl.program_id(0)
     n_layers = L_HID + 2
     dt = x_ptr.dtype.element_ty
     w0t, w1t, w2t, w3t, w4t, wlt = _chain_tiles(w0_ptr, wh_ptr, wl_ptr, IN, H, OUT, IN_P, H_P,
                                                 OUT_P, L_HID, NEED_X or RECOMPUTE)
     c0, c1, c2, c3, c4, cl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P, L_HID,
-                                              RECOMPUTE and HAS_BIAS)
+                                              RECOMPUTE and HAS_BIAS and not BIAS_PER_BLOCK)
     ci = tl.arange(0, IN_P)
     ch = tl.arange(0, H_P)
     co = tl.arange(0, OUT_P)
@@ -618,8 +620,13 @@ def _mlp_bwd_resident_kernel(
             x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
                         mask=rmask[:, None] & (ci[None, :] < IN), other=0.0).to(dt)
         if RECOMPUTE:
-            z0, z1, z2, z3, z4, zo = _recompute_z(x, w0t, w1t, w2t, w3t, w4t, wlt, c0, c1, c2,
-                                                  c3, c4, cl, L_HID, ACT, OUT_ACT, HAS_BIAS,
+            if BIAS_PER_BLOCK:  # names of the loop body: nothing held across blocks
+                d0, d1, d2, d3, d4, dl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P,
+                                                          OUT_P, L_HID, HAS_BIAS)
+            else:
+                d0, d1, d2, d3, d4, dl = c0, c1, c2, c3, c4, cl
+            z0, z1, z2, z3, z4, zo = _recompute_z(x, w0t, w1t, w2t, w3t, w4t, wlt, d0, d1, d2,
+                                                  d3, d4, dl, L_HID, ACT, OUT_ACT, HAS_BIAS,
                                                   F32, PREC)
             if OUT_ACT != 0:
                 go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
