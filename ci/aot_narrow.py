@@ -141,10 +141,15 @@ def main(argv=None) -> int:
             split = tb._split_nvidia(spec)
             for name, fn, mode, consts in filter(None, jobs):
                 if mode == "one":  # the one-kernel backward's own tuning at its widths
-                    one = tb._split_nvidia(MLPSpec(
+                    one_spec = MLPSpec(
                         (64,) + (consts["H_P"],) * (consts["L_HID"] + 1) + (64,),
-                        bias=consts["NEED_B"], dtype=torch.float16))
-                    consts.update(BLOCK_M=one.g_block_m, STAGES=one.g_stages)
+                        bias=consts["NEED_B"], dtype=torch.float16)
+                    one = tb._split_nvidia(one_spec)
+                    # recomputing with biases: held, or loaded per row block as the
+                    # package chooses
+                    consts.update(BLOCK_M=one.g_block_m, STAGES=one.g_stages,
+                                  BIAS_PER_BLOCK=consts["RECOMPUTE"] and consts["HAS_BIAS"]
+                                  and tb._bwd_bias_per_block(one_spec))
                     smem, mma, info = compile_kernel(fn, consts, args.arch, one.g_warps)
                     print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {one.g_block_m:<4} "
                           f"w{one.g_warps} {smem // 1024:>4} KB smem {mma:<6} {info}")

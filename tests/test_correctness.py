@@ -520,3 +520,6 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     assert split((128, 128, 128, 128, 128, 128)).g_unroll is False
     assert split((64,) + (128,) * 5 + (64,)).g_unroll is False
     assert split((64, 32, 32, 64), torch.float32) is None
+    # the recomputing one kernel loads its biases per row block from padded hidden 64
+    assert tb._bwd_bias_per_block(MLPSpec((64,) + (64,) * 4 + (64,), bias=True))
+    assert not tb._bwd_bias_per_block(MLPSpec((64,) + (32,) * 4 + (64,), bias=True))

@@ -405,10 +405,13 @@ def _bias_per_block(pads) -> bool:
 
 def _bwd_bias_per_block(spec) -> bool:
     """Whether the recomputing one-kernel backward loads its biases for each row block
-    (as _bias_per_block for the forward). sm_90 compile, in/out 64, 4 hidden, biases,
-    recomputing, the package's tunings: hidden 64 at 128 rows / 8 warps 952 B of spills
-    held, 764 loaded per block; hidden 32 at 64 / 4 332 and 344."""
-    return False
+    (as _bias_per_block for the forward): at padded hidden width 64 and wider. sm_90
+    compile, in/out 64, 4 hidden, biases, recomputing, the package's tunings: hidden 64
+    at 128 rows / 8 warps 952 B of spills held, 764 loaded per block; hidden 32 at 64 / 4
+    332 and 344. Train step on the H200, 2^22 rows, fp16, interleaved twice
+    (h200-sweep-one-kernel-bias-per-block-20261201.json): hidden 64 3.496-3.498 ms held,
+    3.062-3.066 per block; hidden 32 1.471-1.473 held, 1.662 per block."""
+    return _pow2(spec.widths[1]) >= 64
 
 
 def _resident_128(spec) -> bool:
