@@ -282,17 +282,24 @@ def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     assert saves == [not recompute, True], saves
 
 
+def _one_kernel_forced(name, monkeypatch, per_sm):
+    """The Triton backend's module with every narrow backward forced to the one kernel
+    (64 rows / 4 warps / 2 stages, ``per_sm`` programs per SM); other backends skip."""
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
+    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+        64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=True, g_stages=2,
+        g_resident=True, g_dw=True))
+    return tb
+
+
 def test_one_kernel_recomputes_for_the_input_gradient_alone(backend, monkeypatch):
     """Frozen weights (only x needs a gradient) with nothing saved: the recomputing one
     kernel runs, no forward runs again, no weight gradient is reduced, and x's gradient
     is right."""
     name, dev = backend
-    if name != "triton":
-        pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
-        64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=2, g_unroll=True, g_stages=2,
-        g_resident=True, g_dw=True))
+    tb = _one_kernel_forced(name, monkeypatch, per_sm=2)
     launched, saves = [], []
     for mode in ("bwd_recompute", "bwd_resident", "bwd", "g", "reduce"):
         la = tb._launcher(mode)
@@ -317,12 +324,7 @@ def test_one_kernel_recompute_biases(backend, monkeypatch, per_block):
     row-block loop or loaded for each block (BIAS_PER_BLOCK): every gradient against the
     reference; three programs, so each walks several row blocks."""
     name, dev = backend
-    if name != "triton":
-        pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
-        64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True, g_stages=2,
-        g_resident=True, g_dw=True))
+    tb = _one_kernel_forced(name, monkeypatch, per_sm=1)
     monkeypatch.setattr(tb, "_bwd_bias_per_block", lambda spec: per_block)
     monkeypatch.setattr(tb, "_n_programs", lambda device, n_blocks, per_sm=1:
                         max(1, min(n_blocks, 3)))
