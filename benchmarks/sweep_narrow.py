@@ -57,7 +57,8 @@ def main():
                          "pipelines of the row-block loop (more rows in flight per SM)")
     ap.add_argument("--bias-per-block", action="store_true",
                     help="--one-kernel: the package's recomputing one kernel with its "
-                         "biases held through the row-block loop and loaded per block")
+                         "biases held through the row-block loop and loaded per block; "
+                         "--persistent (with --bias): each variant also with them per block")
     ap.add_argument("--variants",
                     help="--persistent: the resident kernels to time besides the package's, "
                          "as rows,warps,stages,per_sm;... (e.g. 256,16,2,1;256,8,2,1)")
@@ -134,6 +135,7 @@ def sweep_persistent(args):
     dev = torch.device("cuda")
     rows = []
     own, own_tuning = tb._persistent, tb._tuning_nvidia
+    own_pb = tb._bias_per_block
     for W in args.width or (32, 64):
         m = fm.FusedMLP(64, 64, W, args.hidden, bias=args.bias, device=dev,
                         dtype=torch.float16, backend="triton")
@@ -176,8 +178,11 @@ def sweep_persistent(args):
             variants = ["package", (128, 4), (128, 8, 2, 1, True), (256, 8, 2, 1, True),
                         (256, 8, 1, 1, True), (64, 4, 3, 2, True), (128, 8, 1, 1, True)]
         best = {}
-        for v in variants:
+        # with --bias-per-block each variant also with its biases loaded per row block
+        for v, pb in [(v, pb) for v in variants
+                      for pb in ((None, True) if args.bias_per_block else (None,))]:
             tb.OWN_PADDING = v != "package, widest padding"
+            tb._bias_per_block = own_pb if pb is None else (lambda pads: True)
             if isinstance(v, str):
                 tb._persistent, tb._tuning_nvidia = own, own_tuning
                 sp = m.spec(torch.float16)
@@ -189,6 +194,7 @@ def sweep_persistent(args):
             else:
                 tb._persistent = lambda d, spec, save=False, v=v: v
                 label = "persistent bm{} w{} stages{} k{} resident {}".format(*v)
+            label += " biases per block" if pb else ""
             _replan(m)
             for mode in ("inference", "train fwd"):  # the training forward stores z
                 try:
@@ -206,7 +212,7 @@ def sweep_persistent(args):
                                    f"{mode} {label}{_refused()}", ms)
         for mode, b in best.items():
             print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
-    tb.OWN_PADDING = True
+    tb.OWN_PADDING, tb._bias_per_block = True, own_pb
     _write(args, rows)
 
 
