@@ -766,6 +766,7 @@ class _NarrowForward:
         self.consts = dict(meta, HAS_BIAS=spec.bias, SAVE=save)
         self.persistent = _persistent_choice(device, spec, save)
         self.pads = _own_pads(spec)
+        self.bias_per_block = _bias_per_block(self.pads)  # the persistent kernel's
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
         self.lean = launch.enabled(device)
         self._entries: dict = {}  # key bits -> (entry, persistent?)
@@ -887,7 +888,7 @@ class _NarrowForward:
                 args = (*ptrs, M, IN, H, OUT, *strides)
                 consts = dict(self.consts, **self.pads, BLOCK_M=block_m, L_HID=L_HID,
                               STAGES=stages, RESIDENT=resident and L_HID <= 4,
-                              BIAS_PER_BLOCK=_bias_per_block(self.pads))
+                              BIAS_PER_BLOCK=self.bias_per_block)
                 # the stage count that fits, remembered per (spec, save): the two
                 # forwards' tunings differ
                 fit_key = (spec, self.save)

@@ -216,6 +216,19 @@ def _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P: tl.constexpr, OUT_P: t
 
 
 @triton.jit
+def _block_biases(c0, c1, c2, c3, c4, cl, b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P: tl.constexpr,
+                  OUT_P: tl.constexpr, L_HID: tl.constexpr, LOAD: tl.constexpr,
+                  PER_BLOCK: tl.constexpr):
+    """Inside a loop over row blocks: the biases held through it (c0..cl), or with
+    PER_BLOCK loaded again for this block (_resident_biases, zeros unless LOAD), so that
+    nothing is carried from block to block in registers."""
+    if PER_BLOCK:
+        c0, c1, c2, c3, c4, cl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P,
+                                                  L_HID, LOAD)
+    return c0, c1, c2, c3, c4, cl
+
+
+@triton.jit
 def _mlp_fwd_persistent_kernel(
     x_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr, y_ptr, z_ptr,
     M, IN, H, OUT,
@@ -249,11 +262,9 @@ def _mlp_fwd_persistent_kernel(
         c0, c1, c2, c3, c4, cl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P, OUT_P,
                                                   L_HID, HAS_BIAS and not BIAS_PER_BLOCK)
         for blk in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=STAGES):
-            if BIAS_PER_BLOCK:  # names of the loop body: nothing held across blocks
-                b0, b1, b2, b3, b4, bl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P,
-                                                          OUT_P, L_HID, HAS_BIAS)
-            else:
-                b0, b1, b2, b3, b4, bl = c0, c1, c2, c3, c4, cl
+            b0, b1, b2, b3, b4, bl = _block_biases(c0, c1, c2, c3, c4, cl, b0_ptr, bh_ptr,
+                                                   bl_ptr, H, OUT, H_P, OUT_P, L_HID,
+                                                   HAS_BIAS, BIAS_PER_BLOCK)
             rows = (tl.zeros([BLOCK_M], tl.int64) + blk) * BLOCK_M + tl.arange(0, BLOCK_M)
             rmask = rows < M
             h = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
@@ -620,11 +631,9 @@ def _mlp_bwd_resident_kernel(
             x = tl.load(x_ptr + rows[:, None] * s_xm + ci[None, :] * s_xk,
                         mask=rmask[:, None] & (ci[None, :] < IN), other=0.0).to(dt)
         if RECOMPUTE:
-            if BIAS_PER_BLOCK:  # names of the loop body: nothing held across blocks
-                d0, d1, d2, d3, d4, dl = _resident_biases(b0_ptr, bh_ptr, bl_ptr, H, OUT, H_P,
-                                                          OUT_P, L_HID, HAS_BIAS)
-            else:
-                d0, d1, d2, d3, d4, dl = c0, c1, c2, c3, c4, cl
+            d0, d1, d2, d3, d4, dl = _block_biases(c0, c1, c2, c3, c4, cl, b0_ptr, bh_ptr,
+                                                   bl_ptr, H, OUT, H_P, OUT_P, L_HID,
+                                                   HAS_BIAS, BIAS_PER_BLOCK)
             z0, z1, z2, z3, z4, zo = _recompute_z(x, w0t, w1t, w2t, w3t, w4t, wlt, d0, d1, d2,
                                                   d3, d4, dl, L_HID, ACT, OUT_ACT, HAS_BIAS,
                                                   F32, PREC)
