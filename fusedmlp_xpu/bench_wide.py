@@ -99,9 +99,17 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
             name = "triton"
     else:
         name = "triton"
+    # on a GPU the dispatcher's own choice (what a user gets): the wide Triton kernels,
+    # but plain eager training calls of few rows as torch ops (torch_train_rows)
+    call_name = None if device.type != "cpu" else name
+    if device.type != "cpu":
+        from .backends.triton import WIDE_TORCH_TRAIN_ROWS
+        _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
+                     f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"
+                     " rows, which run as torch ops with torch's autograd (host-bound)")
     if gated:
-        return fm.GatedMLP.from_module(eager, backend=name), name
-    mlp_name = name
+        return fm.GatedMLP.from_module(eager, backend=call_name), name
+    mlp_name = call_name
     if name == "triton" and ("triton" not in dispatch.REGISTRY
                              or not dispatch.availability("triton")[0]):
         dispatch.register(_WideShim())

@@ -26,6 +26,7 @@ from torch import nn
 from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
+from .backends.triton import WIDE_TORCH_TRAIN_ROWS
 
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 BACKENDS = ("triton", "reference")
@@ -110,6 +111,23 @@ def choose(device: torch.device, backend: str | None = None):
         raise BackendUnavailableError(
             f"{src}: backend {name!r} has no gated-MLP kernels; use one of {list(BACKENDS)}")
     raise ValueError(f"{src}: unknown backend {name!r}; the gated MLP knows {list(BACKENDS)}")
+
+
+def _torch_autograd(x, backend: str | None) -> bool:
+    """Whether a plain eager training call runs as the reference's torch ops with torch's
+    own autograd graph (as fused_mlp's, op._torch_autograd): with the wide kernels chosen
+    automatically, up to _torch_train_rows rows. (Those ops save eager's four [rows,
+    hidden] tensors where the op's node keeps g and u.)"""
+    if backend or (envvars.get(dispatch.ENV_VAR) or "auto") != "auto":
+        return False
+    limit = _torch_train_rows(x.device)
+    return (limit > 0 and choose(x.device) is not _Reference
+            and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit)
+
+
+def _torch_train_rows(device: torch.device) -> int:
+    """The triton backend's rule for wide layers (TritonBackend.torch_train_rows)."""
+    return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" else 0
 
 
 # --- validation ----------------------------------------------------------------------
@@ -342,6 +360,8 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     if op.plain_eager(x):
         if not needs_grad:
             return _run_forward(x, w_gate, w_up, w_down, biases, act, backend or "", False)[0]
+        if not recompute and _torch_autograd(x, backend):
+            return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
         return _EagerGated.apply(act, backend or "", recompute, x, w_gate, w_up, w_down,
                                  *(biases or ()))
     if needs_grad and not recompute:

@@ -251,6 +251,18 @@ def _recomputes(device, widths, activation, output_activation, bias, dtype, back
     return dispatch.choose(device, spec, backend).recomputes(spec, device)
 
 
+def _torch_autograd(x, spec: MLPSpec, backend: str | None) -> bool:
+    """Whether a plain eager training call runs as the reference's torch ops, with torch's
+    own autograd graph rather than the op's autograd node: for as many rows as the chosen
+    backend names (``Backend.torch_train_rows``), unless a backend was forced. (Those
+    ops save what eager saves: for a two-layer MLP both z and act(z), where the op's
+    node keeps z alone.)"""
+    if backend is not None or dispatch.requested() is not None:
+        return False
+    limit = dispatch.choose(x.device, spec).torch_train_rows(spec, x.device)
+    return limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
+
+
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool | None):
     """Run the op on already validated inputs (the module's lean per-call path)."""
     needs_grad = torch.is_grad_enabled() and (
@@ -263,6 +275,8 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         # 2-core CPU). Compiled, traced and fake-tensor calls all go through the ops.
         if not needs_grad:
             return _run_forward(x, weights, biases, spec, backend, False)
+        if not recompute and _torch_autograd(x, spec, backend):
+            return _run_forward(x, weights, biases, spec, "reference", False)
         return _EagerMLP.apply(spec, backend, recompute, x, *weights, *(biases or ()))
     args = (x, weights, biases, spec.activation, spec.output_activation, backend or "")
     if needs_grad and recompute is None:

@@ -53,3 +53,90 @@ def test_envvars_reads_what_os_environ_holds(monkeypatch):
         assert envvars.get(name) == os.environ.get(name) == value
     monkeypatch.delenv(name)
     assert envvars.get(name, "x") == "x"
+
+
+def _fake_backend(rows):
+    """A backend that wins the CPU dispatch, names ``rows`` for torch's autograd, and
+    records each forward (it computes nothing right: it must not be what trains)."""
+    from fusedmlp_xpu.backends import Backend
+
+    class Fake(Backend):
+        name = "fake-rows"
+        device_types = ("cpu",)
+        calls: list = []
+
+        def available(self):
+            return True, "test backend"
+
+        def supports(self, spec, device):
+            return True, "everything"
+
+        def forward(self, x, weights, biases, spec, save):
+            self.calls.append(("forward", x.shape[0], save))
+            y = x.new_full((x.shape[0], spec.out_features), float("nan"))
+            return y, (x.new_zeros(x.shape[0], sum(spec.widths[1:-1])) if save else None)
+
+        def backward(self, grad_y, x, weights, biases, saved, spec, needs):
+            self.calls.append(("backward", x.shape[0]))
+            return (None, [torch.zeros_like(w) for w in weights],
+                    [torch.zeros_like(b) for b in biases or ()])
+
+        def torch_train_rows(self, spec, device):
+            return rows
+
+    return Fake()
+
+
+def test_small_training_calls_record_torch_autograd(monkeypatch):
+    """Plain eager training calls of <= torch_train_rows rows run as the reference's torch
+    ops under torch's autograd (right values and gradients, the backend untouched); more
+    rows, no-grad calls and a forced backend go to the backend itself."""
+    from fusedmlp_xpu.backends.reference import ReferenceBackend
+
+    be = _fake_backend(16)
+    monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
+    monkeypatch.setitem(dispatch.ORDER, "cpu", (be.name, "reference"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch._decisions.clear()
+    try:
+        torch.manual_seed(0)
+        ws = [torch.randn(32, 8, dtype=torch.float64, requires_grad=True),
+              torch.randn(4, 32, dtype=torch.float64, requires_grad=True)]
+        bs = [torch.randn(32, dtype=torch.float64, requires_grad=True),
+              torch.randn(4, dtype=torch.float64, requires_grad=True)]
+        for rows in (1, 16):
+            x = torch.randn(rows, 8, dtype=torch.float64, requires_grad=True)
+            y = fm.fused_mlp(x, ws, bs, "gelu_tanh")
+            assert y.grad_fn is not None and "EagerMLP" not in type(y.grad_fn).__name__
+            ref, _ = ReferenceBackend().forward(x, ws, bs, y_spec(ws, bs), False)
+            torch.testing.assert_close(y, ref)
+            g = torch.autograd.grad(y, [x, *ws, *bs], torch.ones_like(y))
+            r = torch.autograd.grad(ref, [x, *ws, *bs], torch.ones_like(y))
+            for a, b in zip(g, r):
+                torch.testing.assert_close(a, b)
+        assert be.calls == []
+        x = torch.randn(3, 2, 8, dtype=torch.float64, requires_grad=True)  # 6 rows, 3-D
+        assert "EagerMLP" not in type(fm.fused_mlp(x, ws, bs).grad_fn).__name__
+        assert be.calls == []
+        for x, kw, want in ((torch.randn(17, 8, dtype=torch.float64, requires_grad=True), {},
+                             ("forward", 17, True)),
+                            (torch.randn(4, 8, dtype=torch.float64, requires_grad=True),
+                             {"backend": be.name}, ("forward", 4, True))):
+            be.calls.clear()
+            fm.fused_mlp(x, ws, bs, **kw).sum().backward()
+            assert be.calls == [want, ("backward", want[1])], be.calls
+        be.calls.clear()
+        with torch.no_grad():
+            fm.fused_mlp(torch.randn(4, 8, dtype=torch.float64), ws, bs)
+        assert be.calls == [("forward", 4, False)]
+        be.calls.clear()
+        monkeypatch.setenv(dispatch.ENV_VAR, be.name)  # forced through the environment
+        fm.fused_mlp(torch.randn(4, 8, dtype=torch.float64, requires_grad=True), ws, bs)
+        assert be.calls == [("forward", 4, True)]
+    finally:
+        dispatch._decisions.clear()
+
+
+def y_spec(ws, bs):
+    return fm.MLPSpec((ws[0].shape[1], ws[0].shape[0], ws[1].shape[0]), "gelu_tanh",
+                      "none", True, torch.float64)

@@ -384,3 +384,52 @@ def test_device_decode_and_wide(m):
         pytest.skip("needs Triton on a cuda/xpu device")
     dev = next(d for n, d in IMPLS if n == "triton" and d.type != "cpu")
     run(("triton", dev), "silu", torch.bfloat16, lead=(m,), dims=(512, 1536, 512))
+
+
+def test_small_training_calls_record_torch_autograd(monkeypatch):
+    """Plain eager training calls of <= _torch_train_rows rows, with the wide kernels
+    chosen automatically, run as the reference's torch ops under torch's autograd (right
+    gradients, the kernels untouched); more rows, no-grad calls and a forced backend run
+    the kernels."""
+    calls = []
+
+    class Kernels:  # stands in for the wide kernels: records, computes nothing right
+        name = "triton"
+
+        @staticmethod
+        def gated_forward(x, w_gate, w_up, w_down, activation, save, biases=None):
+            calls.append(("forward", x.shape[0], save))
+            m, h = x.shape[0], w_gate.shape[0]
+            return (x.new_full((m, w_down.shape[0]), float("nan")),
+                    [x.new_zeros(m, h), x.new_zeros(m, h)] if save else [])
+
+        @staticmethod
+        def gated_backward(grad_y, x, w_gate, w_up, w_down, saved, activation, needs,
+                           biases=None):
+            calls.append(("backward", x.shape[0]))
+            return torch.zeros_like(x), [torch.zeros_like(w) for w in (w_gate, w_up, w_down)], []
+
+    real_choose = gated.choose
+    monkeypatch.setattr(gated, "choose", lambda device, backend=None: (
+        Kernels if backend in (None, "", "triton") else real_choose(device, backend)))
+    monkeypatch.setattr(gated, "_torch_train_rows", lambda device: 16)
+    monkeypatch.delenv(fm.dispatch.ENV_VAR, raising=False)
+    ws, _ = make(8, 24, 8, False, torch.float64, torch.device("cpu"))
+    for rows in (1, 16):
+        x = torch.randn(rows, 8, dtype=torch.float64, requires_grad=True)
+        y = fm.fused_gated_mlp(x, *ws)
+        gy = torch.randn_like(y)
+        g = torch.autograd.grad(y, [x, *ws], gy)
+        ref, r = gated_reference(x.detach(), ws, None, "silu", gy)
+        torch.testing.assert_close(y, ref)
+        for a, b in zip(g, r):
+            torch.testing.assert_close(a, b)
+    assert calls == []
+    for rows, kw in ((17, {}), (4, {"backend": "triton"})):
+        x = torch.randn(rows, 8, dtype=torch.float64, requires_grad=True)
+        fm.fused_gated_mlp(x, *ws, **kw).sum().backward()
+        assert calls == [("forward", rows, True), ("backward", rows)], calls
+        calls.clear()
+    with torch.no_grad():
+        fm.fused_gated_mlp(torch.randn(4, 8, dtype=torch.float64), *ws)
+    assert calls == [("forward", 4, False)]

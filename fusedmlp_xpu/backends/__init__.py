@@ -49,6 +49,13 @@ class Backend:
         and backward reads them back."""
         return False
 
+    def torch_train_rows(self, spec: MLPSpec, device: torch.device) -> int:
+        """Up to how many rows a plain eager training call (not compiled, not forced to
+        this backend) runs as the reference's torch ops instead, recording torch's own
+        autograd graph: where the step is host-bound and the op's Python autograd node
+        costs more host time than the kernels save. 0: never."""
+        return 0
+
     def backward(
         self, grad_y: torch.Tensor, x: torch.Tensor, weights: Sequence[torch.Tensor],
         biases: Sequence[torch.Tensor] | None, saved: torch.Tensor | None,

@@ -23,6 +23,12 @@ MAX_WIDTH = 128
 # persistent (without biases): narrow-w128's 64 -> 128 x 4 -> 64, the only net timed
 # there (128 KB)
 PERSISTENT_RESIDENT_128 = 64 * 1024
+# Wide layers on CUDA: plain eager training calls of up to this many rows run as torch
+# ops with torch's autograd graph (Backend.torch_train_rows). There the step is host-bound
+# (wide-gelu at 16 rows: 268 us of device time, level with eager's, in a 585 us step
+# against eager's 362; benchmarks/NOTES.md wide history 12) and the op's Python autograd
+# node is the difference.
+WIDE_TORCH_TRAIN_ROWS = 4096
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
@@ -468,8 +474,13 @@ class TritonBackend(Backend):
         if spec.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return False, f"dtype {spec.dtype} not supported (fp16, bf16, fp32)"
         if not _narrow(spec):
-            return True, ("wide layers: one GEMM per layer with bias and activation fused in "
-                          "the epilogue (wide.py)")
+            why = ("wide layers: one GEMM per layer with bias and activation fused in the "
+                   "epilogue (wide.py)")
+            rows = self.torch_train_rows(spec, device)
+            if rows:
+                why += (f"; plain eager training calls of <= {rows} rows run as torch ops "
+                        "with torch's autograd (host-bound there)")
+            return True, why
         why = f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
         p = _persistent_choice(device, spec)
         if p is not None:
@@ -510,6 +521,9 @@ class TritonBackend(Backend):
         faster: RECOMPUTE_ON_CHIP)."""
         return RECOMPUTE_ON_CHIP and _narrow(spec) and _one_kernel(
             _split_backward(device, spec), spec)
+
+    def torch_train_rows(self, spec, device):
+        return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" and not _narrow(spec) else 0
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Fused: one persistent kernel walks the rows back through every layer and adds
