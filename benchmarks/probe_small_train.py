@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 
 import torch
@@ -81,6 +82,19 @@ def _train_fns(config: str, m: int, dev, dt):
             "eager": eager_step}
 
 
+def _triton(fn):
+    """fn with the package's cuBLAS paths off (the Triton kernels)."""
+    from fusedmlp_xpu.backends.triton import wide
+
+    def run():
+        os.environ[wide.BLAS_ENV] = "0"
+        try:
+            return fn()
+        finally:
+            del os.environ[wide.BLAS_ENV]
+    return run
+
+
 def _gelu_inference_fns(dev, dt, m=8192):
     from fusedmlp_xpu.backends.triton import wide
 
@@ -95,15 +109,16 @@ def _gelu_inference_fns(dev, dt, m=8192):
     ref = F.gelu(F.linear(x.float(), w1.float(), b1.float()), approximate="tanh")
     err = {"lt_gelu": (torch._addmm_activation(b1, x, w1.t(), use_gelu=True).float() - ref)
            .abs().max().item(),
-           "triton_gelu": (wide.linear(x, w1, b1, "gelu_tanh", False)[0].float() - ref)
+           "triton_gelu": (_triton(lambda: wide.linear(x, w1, b1, "gelu_tanh", False))()[0]
+                           .float() - ref)
            .abs().max().item()}
     fns = {
         "l1_bare": lambda: torch.mm(x, w1.t()),
         "l1_lt_bias_gelu": lambda: torch._addmm_activation(b1, x, w1.t(), use_gelu=True),
-        "l1_triton_bias_gelu": lambda: wide.linear(x, w1, b1, "gelu_tanh", False),
+        "l1_triton_bias_gelu": _triton(lambda: wide.linear(x, w1, b1, "gelu_tanh", False)),
         "l2_bare": lambda: torch.mm(h, w2.t()),
         "l2_addmm_bias": lambda: torch.addmm(b2, h, w2.t()),
-        "l2_triton_bias": lambda: wide.linear(h, w2, b2, "none", False),
+        "l2_triton_bias": _triton(lambda: wide.linear(h, w2, b2, "none", False)),
     }
     return fns, err
 
@@ -115,10 +130,12 @@ def main():
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-inference", action="store_true")
+    ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--inference-rows", default="8192")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     out = {"env": environment(dev), "args": vars(args), "train": [], "inference": None}
-    for config in ("wide-gelu", "wide-swiglu"):
+    for config in () if args.no_train else ("wide-gelu", "wide-swiglu"):
         for m in (int(r) for r in args.rows.split(",")):
             fns = _train_fns(config, m, dev, dt)
             res = _interleaved(fns, args.steps if m <= 1024 else max(3, args.steps // 4),
@@ -137,10 +154,13 @@ def main():
             del fns
             torch.cuda.empty_cache()
     if not args.no_inference:
-        fns, err = _gelu_inference_fns(dev, dt)
-        res = _interleaved(fns, 10, args.passes)
-        out["inference"] = {"rows": 8192, "max_abs_err_vs_fp32": err, "times": res}
-        print("inference", err, {k: round(v["median_ms"], 4) for k, v in res.items()}, "ms")
+        out["inference"] = []
+        for m in (int(r) for r in args.inference_rows.split(",")):
+            fns, err = _gelu_inference_fns(dev, dt, m)
+            res = _interleaved(fns, 10 if m > 1024 else 100, args.passes)
+            out["inference"].append({"rows": m, "max_abs_err_vs_fp32": err, "times": res})
+            print("inference", m, err, {k: round(v["median_ms"], 4) for k, v in res.items()},
+                  "ms", flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
 

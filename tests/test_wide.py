@@ -652,3 +652,35 @@ def test_grad_input_paths(device, monkeypatch, dual):
         assert torch.isnan(buf[:, :n_in]).all()  # nothing written outside the slice
         blas_ran = device.type == "cuda" and blas == "1"
         assert launched == ([] if blas_ran else ["dx"])
+
+
+@pytest.mark.parametrize("act,bias", [("none", True), ("none", False), ("gelu_tanh", True),
+                                      ("relu", True), ("gelu_tanh", False), ("silu", True)])
+def test_forward_blas_paths(device, monkeypatch, act, bias):
+    """An inference layer (no z stored) whose epilogue cuBLAS(Lt) has - bias, bias + GELU
+    (tanh) or ReLU, or nothing - is one torch op on CUDA from BLAS_FWD_MIN_ROWS rows, unless
+    FUSEDMLP_WIDE_BLAS=0; fewer rows, other epilogues, a stored z and other devices run the
+    Triton kernels. Each path against the float64 reference, into poisoned outputs."""
+    ran = []
+    real = wide._blas_linear
+    monkeypatch.setattr(wide, "_blas_linear", lambda *a: ran.append(a[3]) or real(*a))
+    big = device.type == "cuda"
+    K, N = (40, 24) if not big else (520, 384)
+    w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16)
+    b = torch.randn(N, device=device).to(torch.bfloat16) if bias else None
+    fn = activations.ACTIVATIONS[act].fn
+    for blas in ("1", "0"):
+        monkeypatch.setenv(wide.BLAS_ENV, blas)
+        for M, save in ((wide.BLAS_FWD_MIN_ROWS - 1, False), (wide.BLAS_FWD_MIN_ROWS, False),
+                        (wide.BLAS_FWD_MIN_ROWS + 200, False), (wide.BLAS_FWD_MIN_ROWS, True)):
+            ran.clear()
+            x = torch.randn(M, K, device=device).to(torch.bfloat16)
+            y, z = wide.linear(x, w, b, act, save)
+            z64 = x.double().cpu() @ w.double().cpu().t()
+            if b is not None:
+                z64 = z64 + b.double().cpu()
+            assert_close(y, fn(z64), TOLERANCE[torch.bfloat16], f"y ({act}, {M} rows)")
+            assert (z is None) == (not save)
+            want = (big and blas == "1" and not save and M >= wide.BLAS_FWD_MIN_ROWS
+                    and (act == "none" or (bias and act in ("gelu_tanh", "relu"))))
+            assert ran == ([act] if want else []), (M, save, blas)

@@ -1096,6 +1096,29 @@ class _Direct:
                 self.entries[key] = (got[0], got[1]["BLOCK_M"], got[1]["BLOCK_N"])
 
 
+#: Rows from which an inference layer whose epilogue cuBLAS(Lt) has runs as that torch op
+#: on CUDA (_blas_linear): the TMA kernels' range. H200, bf16, 8192 rows (NOTES.md wide
+#: history 14): wide-gelu's first layer with cuBLASLt's bias + GELU(tanh) epilogue 1.737
+#: ms against the Triton kernel's 1.765; the second, torch.addmm, 1.573 against 1.601.
+BLAS_FWD_MIN_ROWS = 65
+#: the activations cuBLASLt's epilogues apply after the bias (torch._addmm_activation)
+_BLAS_EPILOGUES = ("gelu_tanh", "relu")
+
+
+def _blas_linear(x, w, b, act: str):
+    """act(x w^T + b) as one torch op: torch.mm, torch.addmm (bias epilogue), or
+    torch._addmm_activation (bias + GELU(tanh) or ReLU epilogue, cuBLASLt)."""
+    if act == "none":
+        return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
+    return torch._addmm_activation(b, x, w.t(), use_gelu=act == "gelu_tanh")
+
+
+def _blas_forward_ok(act: str, has_b: bool) -> bool:
+    """Whether _blas_linear computes this layer in one op."""
+    return act == "none" or (has_b and act in _BLAS_EPILOGUES
+                             and hasattr(torch, "_addmm_activation"))
+
+
 class _LinearForward:
     """linear() for one (device, dtype, N, K, activation, bias?, z?): constexprs and the
     TMA tiles worked out once. At decode sizes a call is all host time, so on CUDA the
@@ -1108,12 +1131,17 @@ class _LinearForward:
         self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_Z=save_z,
                            **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
+        # inference on CUDA: cuBLAS(Lt) where it has this epilogue (no z to store)
+        self.blas_act = act if (device.type == "cuda" and not save_z
+                                and _blas_forward_ok(act, has_b)) else None
         self.lean = launch.enabled(device)
         self._direct = _Direct(_kernel("fwd", device), device)  # looked up once
         self._entries = self._direct.entries
 
     def __call__(self, x, w, b):
         M, N, K = x.shape[0], self.N, self.K
+        if self.blas_act is not None and M >= BLAS_FWD_MIN_ROWS and _blas(x.device):
+            return _blas_linear(x, w, b, self.blas_act), None
         y = memory.new_empty(M, N, like=x)
         z = memory.new_empty(M, N, like=x) if self.save_z else None
         if M == 0:
@@ -1237,7 +1265,9 @@ def _blas(device: torch.device) -> bool:
     in turn (h200-probe-blas-20261130.json, M 8192, d 4096, hidden 14336): the gated dx
     2.75-2.77 ms as torch.mm + addmm_ against 2.87 for the dual Triton kernel; a dx with
     no activation 1.37-1.50 against 1.42, a dW 1.38-1.48 against 1.43-1.44 (level).
-    Elsewhere (XPU, the interpreter) the Triton kernels run."""
+    Forward layers with no z to store whose epilogue cuBLAS(Lt) has (BLAS_FWD_MIN_ROWS,
+    _blas_linear) follow the same switch. Elsewhere (XPU, the interpreter) the Triton
+    kernels run."""
     return device.type == "cuda" and envvars.get(BLAS_ENV, "1") != "0"
 
 
