@@ -240,8 +240,9 @@ def _tma_shape(device):
 @pytest.mark.parametrize("save", [False, True], ids=["infer", "save"])
 def test_tma_forward(device, monkeypatch, dtype, save):
     """The TMA forward kernel against the float64 reference, its saved pre-activations
-    too; the spy proves it, not the pointer kernel, ran."""
+    too; the spy proves it, not the pointer kernel, ran (cuBLAS's forward off)."""
     _needs_tma(device)
+    monkeypatch.setenv(wide.BLAS_ENV, "0")
     ran = _tma_spy(monkeypatch)
     M, N, K = _tma_shape(device)
     x = torch.randn(M, K, device=device).to(dtype)
@@ -310,8 +311,10 @@ def test_tma_forward_stream_k(device, monkeypatch, save):
 def test_tma_train_step(device, monkeypatch, dtype):
     """A two-layer train step whose forward GEMMs both take the TMA kernel, storing z for
     the backward, and whose hidden layer's input gradient (gelu' epilogue, h stored) takes
-    the TMA dx kernel, against the float64 reference."""
+    the TMA dx kernel, against the float64 reference (cuBLAS's GEMMs off: the second
+    layer's forward would be torch.addmm)."""
     _needs_tma(device)
+    monkeypatch.setenv(wide.BLAS_ENV, "0")
     ran = _tma_spy(monkeypatch)
     widths, m = ((40, 56, 48), 130) if device.type == "cpu" else ((1032, 2296, 2056), 2133)
     check(device, widths, dtype, "gelu_tanh", "none", m=m, strided=False)
@@ -659,8 +662,8 @@ def test_grad_input_paths(device, monkeypatch, dual):
 def test_forward_blas_paths(device, monkeypatch, act, bias):
     """An inference layer (no z stored) whose epilogue cuBLAS(Lt) has - bias, bias + GELU
     (tanh) or ReLU, or nothing - is one torch op on CUDA from BLAS_FWD_MIN_ROWS rows, unless
-    FUSEDMLP_WIDE_BLAS=0; fewer rows, other epilogues, a stored z and other devices run the
-    Triton kernels. Each path against the float64 reference, into poisoned outputs."""
+    FUSEDMLP_WIDE_BLAS=0; fewer rows (if any), other epilogues, a stored z and other
+    devices run the Triton kernels. Each path against the float64 reference, into poisoned outputs."""
     ran = []
     real = wide._blas_linear
     monkeypatch.setattr(wide, "_blas_linear", lambda *a: ran.append(a[3]) or real(*a))
@@ -671,8 +674,11 @@ def test_forward_blas_paths(device, monkeypatch, act, bias):
     fn = activations.ACTIVATIONS[act].fn
     for blas in ("1", "0"):
         monkeypatch.setenv(wide.BLAS_ENV, blas)
-        for M, save in ((wide.BLAS_FWD_MIN_ROWS - 1, False), (wide.BLAS_FWD_MIN_ROWS, False),
-                        (wide.BLAS_FWD_MIN_ROWS + 200, False), (wide.BLAS_FWD_MIN_ROWS, True)):
+        cases = [(wide.BLAS_FWD_MIN_ROWS, False), (wide.BLAS_FWD_MIN_ROWS + 200, False),
+                 (wide.BLAS_FWD_MIN_ROWS + 3, True)]
+        if wide.BLAS_FWD_MIN_ROWS > 1:
+            cases.append((wide.BLAS_FWD_MIN_ROWS - 1, False))
+        for M, save in cases:
             ran.clear()
             x = torch.randn(M, K, device=device).to(torch.bfloat16)
             y, z = wide.linear(x, w, b, act, save)

@@ -1097,10 +1097,12 @@ class _Direct:
 
 
 #: Rows from which an inference layer whose epilogue cuBLAS(Lt) has runs as that torch op
-#: on CUDA (_blas_linear): the TMA kernels' range. H200, bf16, 8192 rows (NOTES.md wide
-#: history 14): wide-gelu's first layer with cuBLASLt's bias + GELU(tanh) epilogue 1.737
-#: ms against the Triton kernel's 1.765; the second, torch.addmm, 1.573 against 1.601.
-BLAS_FWD_MIN_ROWS = 65
+#: on CUDA (_blas_linear): every row count. H200, bf16, wide-gelu's layers (NOTES.md wide
+#: history 14, h200-probe-blas-fwd-20261201.json): the first with cuBLASLt's bias +
+#: GELU(tanh) epilogue 36.3 / 38.1 / 1717 us at 16 / 64 / 8192 rows against the Triton
+#: kernels' 39.2 / 42.7 / 1736; the second, torch.addmm, 40.7 / 38.9 / 1571 against
+#: 38.2 / 54.0 / 1589 (the one case the Triton kernel won, by 2.5 us).
+BLAS_FWD_MIN_ROWS = 1
 #: the activations cuBLASLt's epilogues apply after the bias (torch._addmm_activation)
 _BLAS_EPILOGUES = ("gelu_tanh", "relu")
 
