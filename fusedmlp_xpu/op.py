@@ -276,7 +276,8 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         if not needs_grad:
             return _run_forward(x, weights, biases, spec, backend, False)
         if not recompute and _torch_autograd(x, spec, backend):
-            return _run_forward(x, weights, biases, spec, "reference", False)
+            # F.linear takes any leading dims: no reshapes, no second dispatch (host time)
+            return dispatch.REGISTRY["reference"].forward(x, weights, biases, spec, False)[0]
         return _EagerMLP.apply(spec, backend, recompute, x, *weights, *(biases or ()))
     args = (x, weights, biases, spec.activation, spec.output_activation, backend or "")
     if needs_grad and recompute is None:
