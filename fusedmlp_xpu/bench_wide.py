@@ -106,7 +106,7 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
         from .backends.triton import WIDE_TORCH_TRAIN_ROWS
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
                      f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"
-                     " rows, which run as torch ops with torch's autograd (host-bound)")
+                     " rows, which run as torch ops with torch's autograd (faster there)")
     if gated:
         return fm.GatedMLP.from_module(eager, backend=call_name), name
     mlp_name = call_name

@@ -304,7 +304,9 @@ def fused_mlp(
     $FUSEDMLP_BACKEND, else the dispatcher's choice); ``recompute=True`` trades the saved
     hidden activations of training for recomputing them in backward, False saves them,
     None lets the backend choose (``Backend.recomputes``; under torch.compile, once,
-    when the graph is traced).
+    when the graph is traced). Plain eager training calls with few rows may run as
+    torch's own ops (``Backend.torch_train_rows``: wide layers on CUDA up to 4096 rows,
+    measured faster there) unless a backend is forced or ``recompute=True``.
     """
     if isinstance(weights, torch.Tensor):
         raise TypeError("weights: expected a list of 2-D tensors, got a single Tensor")

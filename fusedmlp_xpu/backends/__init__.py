@@ -52,8 +52,9 @@ class Backend:
     def torch_train_rows(self, spec: MLPSpec, device: torch.device) -> int:
         """Up to how many rows a plain eager training call (not compiled, not forced to
         this backend) runs as the reference's torch ops instead, recording torch's own
-        autograd graph: where the step is host-bound and the op's Python autograd node
-        costs more host time than the kernels save. 0: never."""
+        autograd graph: where those were measured faster (a host-bound step pays for the
+        op's Python autograd node; the vendor library's GEMMs may beat the kernels). 0:
+        never."""
         return 0
 
     def backward(

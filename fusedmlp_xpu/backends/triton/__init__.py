@@ -24,10 +24,12 @@ MAX_WIDTH = 128
 # there (128 KB)
 PERSISTENT_RESIDENT_128 = 64 * 1024
 # Wide layers on CUDA: plain eager training calls of up to this many rows run as torch
-# ops with torch's autograd graph (Backend.torch_train_rows). There the step is host-bound
-# (wide-gelu at 16 rows: 268 us of device time, level with eager's, in a 585 us step
-# against eager's 362; benchmarks/NOTES.md wide history 12) and the op's Python autograd
-# node is the difference.
+# ops with torch's autograd graph (Backend.torch_train_rows), measured faster there (H200,
+# bf16, h200-probe-small-train-20261201b.json, NOTES.md wide history 13): the Triton train
+# path took wide-gelu 742 / 1403 / 5180 us at 16 / 1024 / 4096 rows against torch's ops'
+# 595 / 1295 / 4933 (eager 496 / 1322 / 5041). Few rows are host-bound (the op's Python
+# autograd node); more rows run cuBLAS's GEMMs, faster than these Triton kernels. From
+# 8192 rows the kernels were level with eager there, with less memory (904 vs 1092 MB).
 WIDE_TORCH_TRAIN_ROWS = 4096
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
@@ -479,7 +481,7 @@ class TritonBackend(Backend):
             rows = self.torch_train_rows(spec, device)
             if rows:
                 why += (f"; plain eager training calls of <= {rows} rows run as torch ops "
-                        "with torch's autograd (host-bound there)")
+                        "with torch's autograd (measured faster there)")
             return True, why
         why = f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
         p = _persistent_choice(device, spec)
