@@ -1097,12 +1097,15 @@ class _Direct:
 
 
 #: Rows from which an inference layer whose epilogue cuBLAS(Lt) has runs as that torch op
-#: on CUDA (_blas_linear): every row count. H200, bf16, wide-gelu's layers (NOTES.md wide
-#: history 14, h200-probe-blas-fwd-20261201.json): the first with cuBLASLt's bias +
-#: GELU(tanh) epilogue 36.3 / 38.1 / 1717 us at 16 / 64 / 8192 rows against the Triton
-#: kernels' 39.2 / 42.7 / 1736; the second, torch.addmm, 40.7 / 38.9 / 1571 against
-#: 38.2 / 54.0 / 1589 (the one case the Triton kernel won, by 2.5 us).
-BLAS_FWD_MIN_ROWS = 1
+#: on CUDA (_blas_linear). H200, bf16, wide-gelu's layers (NOTES.md wide history 14,
+#: h200-probe-blas-fwd-20261201.json), device-bound back-to-back calls: the first with
+#: cuBLASLt's bias + GELU(tanh) epilogue 36.3 / 38.1 / 1717 us at 16 / 64 / 8192 rows
+#: against the Triton kernels' 39.2 / 42.7 / 1736; the second, torch.addmm, 40.7 / 38.9 /
+#: 1571 against 38.2 / 54.0 / 1589. But the whole block at 16 rows from Python, where the
+#: host sets the pace, went from 0.077 to 0.095-0.124 ms with both layers on cuBLAS(Lt)
+#: (eager 0.080-0.086; h200-wide-small-20261201b.json): decode sizes keep the Triton
+#: kernels' lean launches, and cuBLAS takes the TMA kernels' range.
+BLAS_FWD_MIN_ROWS = 65
 #: the activations cuBLASLt's epilogues apply after the bias (torch._addmm_activation)
 _BLAS_EPILOGUES = ("gelu_tanh", "relu")
 
