@@ -101,8 +101,9 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
         name = "triton"
     # on a GPU the dispatcher's own choice (what a user gets): the wide Triton kernels,
     # but plain eager training calls of few rows as torch ops (torch_train_rows)
-    call_name = None if device.type != "cpu" else name
+    call_name = name
     if device.type != "cpu":
+        call_name = None
         from .backends.triton import WIDE_TORCH_TRAIN_ROWS
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
                      f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"

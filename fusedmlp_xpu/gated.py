@@ -26,7 +26,7 @@ from torch import nn
 from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
-from .backends.triton import WIDE_TORCH_TRAIN_ROWS
+from .backends.triton import wide_torch_train_rows as _torch_train_rows
 
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 BACKENDS = ("triton", "reference")
@@ -117,17 +117,12 @@ def _torch_autograd(x, backend: str | None) -> bool:
     """Whether a plain eager training call runs as the reference's torch ops with torch's
     own autograd graph (as fused_mlp's, op._torch_autograd): with the wide kernels chosen
     automatically, up to _torch_train_rows rows. (Those ops save eager's four [rows,
-    hidden] tensors where the op's node keeps g and u.)"""
-    if backend or (envvars.get(dispatch.ENV_VAR) or "auto") != "auto":
-        return False
+    hidden] tensors where the op's node keeps g and u.) The cheap tests first: most
+    calls leave before the choice is looked up."""
     limit = _torch_train_rows(x.device)
-    return (limit > 0 and choose(x.device) is not _Reference
-            and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit)
-
-
-def _torch_train_rows(device: torch.device) -> int:
-    """The triton backend's rule for wide layers (TritonBackend.torch_train_rows)."""
-    return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" else 0
+    return (limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
+            and not backend and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
+            and choose(x.device) is not _Reference)
 
 
 # --- validation ----------------------------------------------------------------------

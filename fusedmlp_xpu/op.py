@@ -194,14 +194,13 @@ class _EagerMLP(torch.autograd.Function):
     the ops (pytree and dispatcher work) to 100 us. Same backend, same saved tensors."""
 
     @staticmethod
-    def forward(ctx, spec, backend, recompute, x, *params):
+    def forward(ctx, spec, be, recompute, x, *params):
+        # be: the backend the caller chose; backward runs on it (it reads what it saved)
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        # backward runs on the backend that ran forward (it reads what that one saved)
-        be = dispatch.choose(x.device, spec, backend)
         if recompute is None:  # the backend's choice
             recompute = be.recomputes(spec, x.device)
-        out = _run_forward(x, weights, biases, spec, backend, not recompute, be)
+        out = _run_forward(x, weights, biases, spec, None, not recompute, be)
         y, saved = (out, None) if recompute else out
         ctx.spec, ctx.be = spec, be
         ctx.save_for_backward(x, *params, *(() if recompute else (saved,)))
@@ -251,16 +250,15 @@ def _recomputes(device, widths, activation, output_activation, bias, dtype, back
     return dispatch.choose(device, spec, backend).recomputes(spec, device)
 
 
-def _torch_autograd(x, spec: MLPSpec, backend: str | None) -> bool:
+def _torch_autograd(x, spec: MLPSpec, be, backend: str | None) -> bool:
     """Whether a plain eager training call runs as the reference's torch ops, with torch's
     own autograd graph rather than the op's autograd node: for as many rows as the chosen
-    backend names (``Backend.torch_train_rows``), unless a backend was forced. (Those
-    ops save what eager saves: for a two-layer MLP both z and act(z), where the op's
-    node keeps z alone.)"""
-    if backend is not None or dispatch.requested() is not None:
-        return False
-    limit = dispatch.choose(x.device, spec).torch_train_rows(spec, x.device)
-    return limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
+    backend ``be`` names (``Backend.torch_train_rows``), unless a backend was forced.
+    (Those ops save what eager saves: for a two-layer MLP both z and act(z), where the
+    op's node keeps z alone.) Most calls leave at the first test (limit 0)."""
+    limit = be.torch_train_rows(spec, x.device)
+    return (limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
+            and dispatch.requested(backend) is None)
 
 
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool | None):
@@ -275,10 +273,11 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         # 2-core CPU). Compiled, traced and fake-tensor calls all go through the ops.
         if not needs_grad:
             return _run_forward(x, weights, biases, spec, backend, False)
-        if not recompute and _torch_autograd(x, spec, backend):
+        be = dispatch.choose(x.device, spec, backend)
+        if not recompute and _torch_autograd(x, spec, be, backend):
             # F.linear takes any leading dims: no reshapes, no second dispatch (host time)
             return dispatch.REGISTRY["reference"].forward(x, weights, biases, spec, False)[0]
-        return _EagerMLP.apply(spec, backend, recompute, x, *weights, *(biases or ()))
+        return _EagerMLP.apply(spec, be, recompute, x, *weights, *(biases or ()))
     args = (x, weights, biases, spec.activation, spec.output_activation, backend or "")
     if needs_grad and recompute is None:
         recompute = _recomputes(x.device, spec.widths, spec.activation,

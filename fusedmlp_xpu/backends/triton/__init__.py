@@ -31,6 +31,12 @@ PERSISTENT_RESIDENT_128 = 64 * 1024
 # autograd node); more rows run cuBLAS's GEMMs, faster than these Triton kernels. From
 # 8192 rows the kernels were level with eager there, with less memory (904 vs 1092 MB).
 WIDE_TORCH_TRAIN_ROWS = 4096
+
+
+def wide_torch_train_rows(device: torch.device) -> int:
+    """torch_train_rows for wide layers (fused_mlp's and the gated MLP's)."""
+    return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" else 0
+
 # No software pipelining of the layer loop: with Triton's default (3 stages) the weight
 # tiles of width 128 asked for 262-720 KB of shared memory on the H200 (limit 227 KB).
 NUM_STAGES = 1
@@ -525,7 +531,7 @@ class TritonBackend(Backend):
             _split_backward(device, spec), spec)
 
     def torch_train_rows(self, spec, device):
-        return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" and not _narrow(spec) else 0
+        return 0 if _narrow(spec) else wide_torch_train_rows(device)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Fused: one persistent kernel walks the rows back through every layer and adds
