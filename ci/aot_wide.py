@@ -39,8 +39,10 @@ UNIT_STRIDES = {
 }
 # the constexpr combinations wide-gelu / wide-swiglu training use, plus prologue variants
 VARIANTS = {
-    "fwd": [dict(ACT=4, HAS_BIAS=True, STORE_Z=True), dict(ACT=0, HAS_BIAS=True, STORE_Z=False)],
-    "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False)],
+    "fwd": [dict(ACT=4, HAS_BIAS=True, STORE_Z=True), dict(ACT=0, HAS_BIAS=True, STORE_Z=False),
+            dict(ACT=4 + wide.APPROX.value, HAS_BIAS=True, STORE_Z=False)],
+    "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False),
+           dict(G_ACT=0, ACT=4 + wide.APPROX.value, DUAL=False, STORE_H=False)],
     "dw": [dict(G_ACT=0), dict(G_ACT=7)],
     "gated_fwd": [dict(ACT=5, HAS_BIAS=False, STORE_GU=True)],
     "gated_bwd": [dict(ACT=5)],
@@ -74,11 +76,12 @@ def _compile(src, arch, warps, stages):
     return k.metadata.shared, mma, ptx
 
 
-def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
+def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None, approx=False):
     """A TMA kernel at its tuned config for ``kind`` ("fwd", "fwd_z": z stored too;
     "gated", "gated_gu": g and u stored too; "dx": the input gradient with the gelu'
     epilogue and h; "gated_bwd"), with descriptor arguments typed as Triton types them at
-    launch."""
+    launch; ``approx``: gelu through the hardware tanh (act.APPROX), as bf16 runs it on
+    NVIDIA GPUs."""
     cfg = cfg or wide._tma_config_nvidia(kind)
     bm, bn, bk, warps, stages = cfg[:5]
     sub = len(cfg) > 5 and cfg[5]
@@ -94,7 +97,8 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None):
                                                        u_desc=me, dg_desc=me, du_desc=me, h_desc=me)),
     }[{"fwd_z": "fwd", "gated_gu": "gated"}.get(kind, kind)]
     t = {2: torch.empty(1024, 1024, dtype=dtype), 3: torch.empty(1024, 2, 1024, dtype=dtype)}
-    values = {"ACT": 5 if kind.startswith("gated") else 4, "HAS_BIAS": kind.startswith("fwd"),
+    gelu = 4 + (wide.APPROX.value if approx else 0)
+    values = {"ACT": 5 if kind.startswith("gated") else gelu, "HAS_BIAS": kind.startswith("fwd"),
               "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu",
               "STORE_H": True, "SUBTILE": sub, "STREAM_K": True, "PART_N": wide._part_cols(bn),
               "SWAP": False,
@@ -177,11 +181,14 @@ def main(argv=None) -> int:
                 failed += 1
                 print(f"{name:<10}{tile:<20}FAILED {type(e).__name__}: {str(e)[:400]}  {consts}")
     if wide.TensorDescriptor is not None:
-        for kind in ("fwd", "fwd_z", "gated", "gated_gu", "dx", "gated_bwd"):
+        for kind, approx in (("fwd", False), ("fwd", True), ("fwd_z", False), ("fwd_z", True),
+                             ("gated", False), ("gated_gu", False), ("dx", False),
+                             ("dx", True), ("gated_bwd", False)):
             try:
-                tile, smem, mma, tma, info = compile_tma(kind, args.arch)
+                tile, smem, mma, tma, info = compile_tma(kind, args.arch, approx=approx)
+                kind += " approx" if approx else ""
                 over = "  OVER 227 KB" if smem > 227 * 1024 else ""
-                print(f"{kind + '_tma':<14}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
+                print(f"{kind + '_tma':<18}{tile:<20}{smem // 1024:>4} KB smem  {mma:<6}{tma} "
                       f"{info}{over}")
                 failed += bool(over)
             except Exception as e:  # report every failure, then fail the run

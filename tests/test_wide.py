@@ -17,6 +17,8 @@ from conftest import (GRAD_VS_EAGER, TOLERANCE, assert_close, eager_errors, make
 
 triton = pytest.importorskip("triton")
 wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
+act_mod = pytest.importorskip("fusedmlp_xpu.backends.triton.act")
+tl = triton.language
 
 
 def _devices():
@@ -203,7 +205,8 @@ def test_kernels_compile_for_hopper():
     out = run_aot_compile("aot_wide.py")
     assert out.count("wgmma") >= len(wide._KERNELS), out  # tensor cores, Hopper MMA
     if wide.TensorDescriptor is not None:  # the TMA forward: tensor cores fed by TMA copies
-        assert out.count("wgmma tma ") == 6, out  # fwd, fwd + z, gated, + g, u, dx, gated dh
+        # fwd, fwd + z, gated, + g, u, dx, gated dh; fwd, fwd + z and dx with the hardware tanh
+        assert out.count("wgmma tma ") == 9, out
         assert "sk_fixup " in out and "FAILED" not in out, out  # the stream-K fixup
 
 
@@ -216,6 +219,65 @@ def test_device_wide_and_decode(m, dtype):
     if not devs:
         pytest.skip("needs a cuda/xpu device")
     check(devs[0], (512, 2048, 512), dtype, "gelu_tanh", "none", m=m)
+
+
+def test_act_id_rule(monkeypatch):
+    """The hardware tanh (act.APPROX) only for gelu_tanh and tanh with 16-bit operands on
+    a compiled NVIDIA device, and not when switched off."""
+    monkeypatch.setattr(wide, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv(wide.APPROX_ENV, raising=False)
+    cuda, approx = torch.device("cuda", 0), wide.APPROX.value
+    for act in ACTS:
+        base = activations.ACTIVATIONS[act].id
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            want = base + approx * (act in ("gelu_tanh", "tanh") and dtype != torch.float32)
+            assert wide.act_id(act, cuda, dtype) == want, (act, dtype)
+        for dev in ("cpu", "xpu"):
+            assert wide.act_id(act, torch.device(dev), torch.bfloat16) == base
+    monkeypatch.setenv(wide.APPROX_ENV, "0")
+    assert wide.act_id("gelu_tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS[
+        "gelu_tanh"].id
+    monkeypatch.delenv(wide.APPROX_ENV)
+    monkeypatch.setattr(wide, "interpreting", lambda: True)
+    assert wide.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
+    monkeypatch.setattr(wide, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", "6.0")  # ROCm devices are "cuda" too: no PTX
+    assert wide.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
+
+
+@triton.jit
+def _act_probe_kernel(z_ptr, y_ptr, d_ptr, n, ACT: tl.constexpr):
+    i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    z = tl.load(z_ptr + i, mask=i < n)
+    tl.store(y_ptr + i, act_mod.act(z, ACT), mask=i < n)
+    tl.store(d_ptr + i, act_mod.act_grad(z, ACT), mask=i < n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["gelu_tanh", "tanh"])
+def test_approx_tanh_activations(act):
+    """act and act' through the hardware tanh against float64, elementwise, over
+    [-12, 12]: act within 1e-3 max(1, |z|), act' within 5e-3 (it takes 1 - tanh^2, where
+    tanh.approx's error counts most), and the portable form within 1e-5 max(1, |z|)."""
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        pytest.skip("needs an NVIDIA GPU")
+    z = torch.linspace(-12, 12, 100_003, device="cuda", dtype=torch.float64)
+    z = z + torch.rand_like(z) * 1e-4  # fresh points each run
+    zd = z.detach().requires_grad_()
+    ref = activations.ACTIVATIONS[act].fn(zd)
+    (dref,) = torch.autograd.grad(ref.sum(), zd)
+    base = activations.ACTIVATIONS[act].id
+    scale = z.abs().clamp(min=1)
+    for act_id, bound_y, bound_d in ((base + wide.APPROX.value, 1e-3, 5e-3),
+                                     (base, 1e-5, 1e-5)):
+        y, d = (torch.full_like(z, float("nan"), dtype=torch.float32) for _ in range(2))
+        _act_probe_kernel[(triton.cdiv(z.numel(), 1024),)](z.float(), y, d, z.numel(),
+                                                           ACT=act_id)
+        err_y = ((y.double() - ref.detach()).abs() / scale).max().item()
+        err_d = ((d.double() - dref).abs() / scale).max().item()
+        print(f"{act} id {act_id}: act error {err_y:.2e}, act' error {err_d:.2e}")
+        assert err_y < bound_y and err_d < bound_d, (act_id, err_y, err_d)
 
 
 def _tma_spy(monkeypatch):

@@ -1,7 +1,16 @@
 """Activations for the Triton kernels (narrow.py, wide.py): act(z) and d act / dz by the
-registry's integer id (fusedmlp_xpu/activations.py), on fp32 tiles."""
+registry's integer id (fusedmlp_xpu/activations.py), on fp32 tiles.
+
+An id plus APPROX (chosen on the host, for NVIDIA CUDA devices only: see wide.act_id)
+computes the tanh-based activations (gelu_tanh, tanh) with the GPU's one-instruction
+tanh (PTX ``tanh.approx.f32``, absolute error about 5e-4) instead of a sigmoid (an
+exponential and a division). The id without it is the portable form: Triton's
+interpreter and other vendors' backends have no PTX."""
 import triton
 import triton.language as tl
+
+#: added to an activation id: tanh through PTX tanh.approx.f32 (NVIDIA only)
+APPROX = tl.constexpr(64)
 
 
 # Ids and constants as in activations.py (LEAKY_RELU_SLOPE 0.01, SOFTPLUS_THRESHOLD 20).
@@ -12,9 +21,26 @@ def tanh(z):
 
 
 @triton.jit
+def tanh_approx(z):
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [z],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _gelu_u(z):
+    # sqrt(2 / pi) (z + 0.044715 z^3), the tanh argument of gelu_tanh
+    return z * (0.7978845608028654 + 0.035677408136300125 * z * z)
+
+
+@triton.jit
 def act(z, ACT: tl.constexpr):
-    """act(z), z in fp32; ACT is the registry id."""
-    if ACT == 1:
+    """act(z), z in fp32; ACT is the registry id (plus APPROX: see the module)."""
+    if ACT == 4 + APPROX:
+        h = 0.5 * z
+        z = h + h * tanh_approx(_gelu_u(z))
+    elif ACT == 7 + APPROX:
+        z = tanh_approx(z)
+    elif ACT == 1:
         z = tl.maximum(z, 0.0)
     elif ACT == 2:
         z = tl.where(z > 0, z, 0.01 * z)
@@ -38,7 +64,14 @@ def act(z, ACT: tl.constexpr):
 @triton.jit
 def act_grad(z, ACT: tl.constexpr):
     """d act / dz at z (fp32)."""
-    if ACT == 0:
+    if ACT == 4 + APPROX:
+        t = tanh_approx(_gelu_u(z))
+        d = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * (
+            0.7978845608028654 + 0.10703222440890037 * z * z)
+    elif ACT == 7 + APPROX:
+        t = tanh_approx(z)
+        d = 1.0 - t * t
+    elif ACT == 0:
         d = tl.full(z.shape, 1.0, tl.float32)
     elif ACT == 1:
         d = tl.where(z > 0, 1.0, 0.0)

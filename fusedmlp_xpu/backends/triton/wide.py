@@ -38,6 +38,7 @@ import triton.language as tl
 from ... import activations, envvars
 from .. import device_guard as _guard
 from .. import memory, saved_widths
+from .act import APPROX
 from .act import act as _act
 from .act import act_grad as _act_grad
 from . import _pow2, triton_cdiv
@@ -45,6 +46,10 @@ from . import launch
 from .launch import TunedLauncher, fitting, int_key
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
+#: FUSEDMLP_APPROX_TANH=0 keeps the tanh-based activations in their portable form on
+#: NVIDIA GPUs too (act.py: the hardware tanh is used for fp16 / bf16 operands otherwise)
+APPROX_ENV = "FUSEDMLP_APPROX_TANH"
+_APPROX_ACTS = ("gelu_tanh", "tanh")
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # Pointer offsets are 32-bit in the kernels (cheaper address math in the K loop);
 # larger operands are refused on the host, never silently wrapped.
@@ -727,6 +732,23 @@ def interpreting() -> bool:
     return envvars.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def act_id(act: str, where, dtype: torch.dtype | None = None) -> int:
+    """The ACT constexpr of ``act`` for a kernel on ``where`` (a device, or a tensor whose
+    device and dtype count): the registry id, plus act.APPROX for gelu_tanh and tanh
+    with fp16 / bf16 operands on an NVIDIA GPU (their outputs round to 8-11 bits anyway;
+    fp32 keeps the exact form), unless FUSEDMLP_APPROX_TANH=0."""
+    i = _ACT[act]
+    if act not in _APPROX_ACTS:
+        return i
+    if isinstance(where, torch.Tensor):
+        where, dtype = where.device, where.dtype
+    if (where.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+            and torch.version.hip is None and not interpreting()
+            and envvars.get(APPROX_ENV) != "0"):
+        i += APPROX.value
+    return i
+
+
 def _vendor(device: torch.device) -> str:
     if device.type == "cpu":
         return "interpreter"
@@ -998,7 +1020,7 @@ def _gated_tma(x, w_gate, w_up, b_gate, b_up, act, h, g, u, cfg) -> bool:
         ((x, "m", "k"), (base, (N, 2, K), strides, ("n", 2, "k")), (h, "m", "n"),
          (gg, "m", "n"), (uu, "m", "n")),
         (b_i if b_i is not None else base, M, N, K),
-        dict(ACT=_ACT[act], HAS_BIAS=b_i is not None, STORE_GU=g is not None, SWAP=swap,
+        dict(ACT=act_id(act, x), HAS_BIAS=b_i is not None, STORE_GU=g is not None, SWAP=swap,
              **_meta(x)))
 
 
@@ -1036,7 +1058,7 @@ def _dx_tma(g, w, z, out, h, act, cfg) -> bool:
         _dx_tma_kernel, g.device, cfg, M, N,
         ((g, "m", "k"), (w, "k", "n"), (z, "m", "e"), (out, "m", "e"),
          (h if h is not None else out, "m", "e")),
-        (M, N, K), dict(ACT=_ACT[act], STORE_H=h is not None, **_meta(g)))
+        (M, N, K), dict(ACT=act_id(act, g), STORE_H=h is not None, **_meta(g)))
 
 
 def _gated_bwd_tma(grad_y, w_down, g, u, dg, du, act, cfg, h=None) -> bool:
@@ -1047,7 +1069,7 @@ def _gated_bwd_tma(grad_y, w_down, g, u, dg, du, act, cfg, h=None) -> bool:
         _gated_bwd_tma_kernel, g.device, cfg, M, H,
         ((grad_y, "m", "k"), (w_down, "k", "n"), (g, "m", "e"), (u, "m", "e"),
          (dg, "m", "e"), (du, "m", "e"), (h if h is not None else dg, "m", "e")),
-        (M, H, w_down.shape[0]), dict(ACT=_ACT[act], STORE_H=h is not None, **_meta(g)))
+        (M, H, w_down.shape[0]), dict(ACT=act_id(act, g), STORE_H=h is not None, **_meta(g)))
 
 
 def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -1133,7 +1155,7 @@ class _LinearForward:
 
     def __init__(self, device, dtype, N, K, act, has_b, save_z):
         self.device, self.N, self.K, self.save_z = device, N, K, save_z
-        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_Z=save_z,
+        self.consts = dict(ACT=act_id(act, device, dtype), HAS_BIAS=has_b, STORE_Z=save_z,
                            **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
         # inference on CUDA: cuBLAS(Lt) where it has this epilogue (no z to store)
@@ -1232,7 +1254,8 @@ class _DxLaunch:
 
     def __init__(self, device, dtype, N, K, K2, g_act, act, dual, store_h):
         self.device, self.N, self.K, self.K2 = device, N, K, K2
-        self.consts = dict(G_ACT=_ACT[g_act], ACT=_ACT[act], DUAL=dual, STORE_H=store_h,
+        self.consts = dict(G_ACT=act_id(g_act, device, dtype), ACT=act_id(act, device, dtype),
+                           DUAL=dual, STORE_H=store_h,
                            **_meta_for(device, dtype))
         # g [M, K], w [K, N] (as w.stride(1), w.stride(0)), zg [M, K], g2 [M, K2],
         # w2 [K2, N], z, out, h [M, N]: the strides in launch order when all are dense
@@ -1311,7 +1334,7 @@ def grad_weight(g, h, g_z=None, g_act="none", bias_grad=False, out=None):
                 g.stride(1), g.stride(0), h.stride(1), h.stride(0), zg.stride(1), zg.stride(0),
                 dw.stride(0), dw.stride(1),
             ),
-            dict(G_ACT=_ACT[g_act], **_meta(g)),
+            dict(G_ACT=act_id(g_act, g), **_meta(g)),
             g.device,
         )
     return dw, db
@@ -1466,7 +1489,7 @@ class _GatedForward:
 
     def __init__(self, device, dtype, H, K, act, has_b, save):
         self.device, self.H, self.K, self.act, self.save = device, H, K, act, save
-        self.consts = dict(ACT=_ACT[act], HAS_BIAS=has_b, STORE_GU=save,
+        self.consts = dict(ACT=act_id(act, device, dtype), HAS_BIAS=has_b, STORE_GU=save,
                            **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "gated_gu" if save else "gated")
         self.lean = launch.enabled(device)
@@ -1593,7 +1616,7 @@ def _gated_bwd_pointer(grad_y, w_down, g, u, act, need_w, need_b):
                     g.stride(0), g.stride(1), u.stride(0), u.stride(1),
                     dg.stride(0), dg.stride(1), du.stride(0), du.stride(1),
                 ),
-                dict(ACT=_ACT[act], **_meta(g)),
+                dict(ACT=act_id(act, g), **_meta(g)),
                 g.device,
             )
     return dg, du, dwd, dbd

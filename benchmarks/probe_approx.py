@@ -1,0 +1,103 @@
+"""Probe: what the activation's math costs in the wide GEMMs' epilogues, the portable
+gelu_tanh (a sigmoid: an exponential and a division) against the hardware tanh
+(act.APPROX, PTX tanh.approx.f32), with a bias-only epilogue and cuBLAS(Lt) beside them.
+
+wide-gelu's GEMMs (bf16, M 8192, 4096 -> 16384):
+- the first layer's inference forward, y = gelu(x W^T + b): Triton's TMA kernel
+  (FUSEDMLP_WIDE_BLAS=0) with no activation, exact and approximate gelu; cuBLAS x @ W^T
+  (no epilogue), torch.addmm (bias) and torch._addmm_activation (bias + GELU, cuBLASLt);
+- the same storing z (the training forward);
+- the input gradient (g2 W2) * gelu'(z1) with h1 = gelu(z1) stored (the dx kernel).
+
+Every variant is checked against torch in fp32 before it is timed (probe_common), and
+each list is timed twice in turn.
+
+    PYTHONPATH=. python3 benchmarks/probe_approx.py --out probe-approx.json
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from fusedmlp_xpu.backends.triton import wide
+from probe_common import Probe, gemm_args
+
+F = torch.nn.functional
+
+
+def main():
+    ap = gemm_args()
+    ap.set_defaults(hidden=16384)
+    args = ap.parse_args()
+    dev, dt = torch.device("cuda", torch.cuda.current_device()), torch.bfloat16
+    m, d, hid = args.m, args.d, args.hidden
+    probe = Probe(m=m)
+    torch.manual_seed(0)
+    os.environ[wide.BLAS_ENV] = "0"
+
+    def triton_mode(approx: bool):
+        os.environ[wide.APPROX_ENV] = "1" if approx else "0"
+        wide._linear_plan.cache_clear()
+
+    x = torch.randn(m, d, device=dev, dtype=dt)
+    w = torch.randn(hid, d, device=dev, dtype=dt) / d ** 0.5
+    b = torch.randn(hid, device=dev, dtype=dt)
+    z = x.float() @ w.float().t() + b.float()
+    gz = F.gelu(z, approximate="tanh")
+    flop = 2 * m * d * hid
+    for save in (False, True):
+        case = "fwd gelu(x W^T + b)" + (", z stored" if save else "")
+        ref = (gz, z) if save else gz
+        bias_ref = (z, z) if save else z
+        def lin(act, save=save):
+            y, zz = wide.linear(x, w, b, act, save)
+            return (y, zz) if save else y
+        variants = [("Triton, bias only", False, lambda: lin("none"), bias_ref),
+                    ("Triton, gelu exact", False, lambda: lin("gelu_tanh"), ref),
+                    ("Triton, gelu approx", True, lambda: lin("gelu_tanh"), ref)]
+        if not save:
+            variants += [
+                ("cuBLAS x @ W^T (no epilogue)", None, lambda: x @ w.t(), z - b.float()),
+                ("cuBLAS addmm (bias)", None, lambda: torch.addmm(b, x, w.t()), z),
+                ("cuBLASLt bias + gelu", None,
+                 lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True), gz),
+            ]
+        for rep in (1, 2):
+            for name, approx, fn, r in variants:
+                if approx is not None:
+                    triton_mode(approx)
+                probe.rec(f"{name} #{rep}", fn, r, flop, case=case, width=32)
+
+    g2 = torch.randn(m, d, device=dev, dtype=dt)
+    w2 = torch.randn(d, hid, device=dev, dtype=dt) / hid ** 0.5
+    z1 = torch.randn(m, hid, device=dev, dtype=dt)
+    zf = z1.float()
+    dgelu = torch.autograd.functional.jvp(lambda t: F.gelu(t, approximate="tanh"), zf,
+                                          torch.ones_like(zf))[1]
+    gw = g2.float() @ w2.float()
+    out, h = torch.empty_like(z1), torch.empty_like(z1)
+    cfg = wide._tma_config_nvidia("dx")
+    case = "dx (g2 W2) gelu'(z1), h1 stored"
+
+    def dx(act):
+        assert wide._dx_tma(g2, w2, z1, out, h, act, cfg)
+        return out, h
+    variants = [("Triton, no activation", False, lambda: dx("none"), (gw, zf)),
+                ("Triton, gelu exact", False, lambda: dx("gelu_tanh"),
+                 (gw * dgelu, F.gelu(zf, approximate="tanh"))),
+                ("Triton, gelu approx", True, lambda: dx("gelu_tanh"),
+                 (gw * dgelu, F.gelu(zf, approximate="tanh"))),
+                ("cuBLAS g2 @ W2 (no epilogue)", None, lambda: g2 @ w2, gw)]
+    for rep in (1, 2):
+        for name, approx, fn, r in variants:
+            if approx is not None:
+                triton_mode(approx)
+            probe.rec(f"{name} #{rep}", fn, r, flop, case=case, width=32)
+    os.environ.pop(wide.APPROX_ENV, None)
+    os.environ.pop(wide.BLAS_ENV, None)
+    probe.write(args.out, dev)
+
+
+if __name__ == "__main__":
+    main()
