@@ -721,10 +721,11 @@ def test_grad_input_paths(device, monkeypatch, dual):
 
 @pytest.mark.parametrize("act,bias", [("none", True), ("none", False), ("gelu_tanh", True),
                                       ("relu", True), ("gelu_tanh", False), ("silu", True)])
-def test_forward_blas_paths(device, monkeypatch, act, bias):
+def test_forward_blas_paths(device, monkeypatch, request, act, bias):
     """An inference layer (no z stored) whose epilogue cuBLAS(Lt) has - bias, bias + GELU
     (tanh) or ReLU, or nothing - is one torch op on CUDA from BLAS_FWD_MIN_ROWS rows, unless
-    FUSEDMLP_WIDE_BLAS=0; fewer rows (if any), other epilogues, a stored z and other
+    FUSEDMLP_WIDE_BLAS=0, or GELU(tanh) has the hardware tanh (not with
+    FUSEDMLP_APPROX_TANH=0); fewer rows (if any), other epilogues, a stored z and other
     devices run the Triton kernels. Each path against the float64 reference, into poisoned outputs."""
     ran = []
     real = wide._blas_linear
@@ -734,8 +735,11 @@ def test_forward_blas_paths(device, monkeypatch, act, bias):
     w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16)
     b = torch.randn(N, device=device).to(torch.bfloat16) if bias else None
     fn = activations.ACTIVATIONS[act].fn
-    for blas in ("1", "0"):
+    request.addfinalizer(wide._linear_plan.cache_clear)  # no plan of FUSEDMLP_APPROX_TANH=0
+    for blas, approx in (("1", "1"), ("0", "1"), ("1", "0")):
         monkeypatch.setenv(wide.BLAS_ENV, blas)
+        monkeypatch.setenv(wide.APPROX_ENV, approx)
+        wide._linear_plan.cache_clear()  # the hardware tanh is a plan's choice
         cases = [(wide.BLAS_FWD_MIN_ROWS, False), (wide.BLAS_FWD_MIN_ROWS + 200, False),
                  (wide.BLAS_FWD_MIN_ROWS + 3, True)]
         if wide.BLAS_FWD_MIN_ROWS > 1:
@@ -749,6 +753,8 @@ def test_forward_blas_paths(device, monkeypatch, act, bias):
                 z64 = z64 + b.double().cpu()
             assert_close(y, fn(z64), TOLERANCE[torch.bfloat16], f"y ({act}, {M} rows)")
             assert (z is None) == (not save)
+            # GELU(tanh) keeps the Triton kernel where that has the hardware tanh
+            lt_gelu = act == "gelu_tanh" and approx == "0"
             want = (big and blas == "1" and not save and M >= wide.BLAS_FWD_MIN_ROWS
-                    and (act == "none" or (bias and act in ("gelu_tanh", "relu"))))
+                    and (act == "none" or (bias and (act == "relu" or lt_gelu))))
             assert ran == ([act] if want else []), (M, save, blas)

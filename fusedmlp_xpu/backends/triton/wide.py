@@ -1158,9 +1158,13 @@ class _LinearForward:
         self.consts = dict(ACT=act_id(act, device, dtype), HAS_BIAS=has_b, STORE_Z=save_z,
                            **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
-        # inference on CUDA: cuBLAS(Lt) where it has this epilogue (no z to store)
+        # inference on CUDA: cuBLAS(Lt) where it has this epilogue (no z to store), but
+        # not over the hardware tanh's kernel: with it gelu_tanh's first wide-gelu layer
+        # ran 1.638 ms against cuBLASLt's 1.693 (1.700 with the portable gelu;
+        # h200-probe-approx-20261201.json)
         self.blas_act = act if (device.type == "cuda" and not save_z
-                                and _blas_forward_ok(act, has_b)) else None
+                                and _blas_forward_ok(act, has_b)
+                                and self.consts["ACT"] < APPROX.value) else None
         self.lean = launch.enabled(device)
         self._direct = _Direct(_kernel("fwd", device), device)  # looked up once
         self._entries = self._direct.entries
