@@ -7,7 +7,8 @@ wide-gelu's GEMMs (bf16, M 8192, 4096 -> 16384):
   (FUSEDMLP_WIDE_BLAS=0) with no activation, exact and approximate gelu; cuBLAS x @ W^T
   (no epilogue), torch.addmm (bias) and torch._addmm_activation (bias + GELU, cuBLASLt);
 - the same storing z (the training forward);
-- the input gradient (g2 W2) * gelu'(z1) with h1 = gelu(z1) stored (the dx kernel).
+- the input gradient (g2 W2) * gelu'(z1) with h1 = gelu(z1) stored (the dx kernel),
+  also at other tiles with two persistent programs per SM.
 
 Every variant is checked against torch in fp32 before it is timed (probe_common), and
 each list is timed twice in turn.
@@ -94,6 +95,49 @@ def main():
             if approx is not None:
                 triton_mode(approx)
             probe.rec(f"{name} #{rep}", fn, r, flop, case=case, width=32)
+
+    # the dx kernel's tiles with two programs per SM: one program's epilogue (z loaded,
+    # out and h stored) can then overlap the other's main loop; the subtiled epilogue and
+    # fewer stages make two fit in shared memory
+    triton_mode(True)
+    key = (dev.type, dev.index)
+    sms = wide._programs(dev)
+    ref = (gw * dgelu, F.gelu(zf, approximate="tanh"))
+    # (h200-probe-approx-20261201b.json: two per SM were 12-25% slower than one), and
+    # other tiles: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, subtile) (-20261201c: z's
+    # tile loaded through pointers before the main loop spilled 2.5 KB and ran 24 ms)
+    tiles = [((128, 128, 64, 8, 4, False), 1), ((128, 256, 32, 16, 4, True), 1),
+             ((128, 256, 32, 8, 4, True), 1), ((128, 128, 32, 8, 6, True), 1),
+             ((128, 128, 64, 8, 4, True), 1), ((128, 128, 64, 8, 2, True), 2)]
+    case = "dx tiles, gelu approx, h1 stored"
+    for rep in (1, 2):
+        for c, per_sm in tiles:
+            wide._PROGRAMS[key] = sms * per_sm
+            wide._TMA_FIT.clear()
+            name = "{}x{}x{} w{} st{}".format(*c) + (" sub" if c[5] else "") + f" {per_sm}/SM"
+
+            def dx_c(c=c):
+                assert wide._dx_tma(g2, w2, z1, out, h, "gelu_tanh", c)
+                return out, h
+            probe.rec(f"{name} #{rep}", dx_c, ref, flop, case=case, width=32)
+            probe.note_fit(f"{name} #{rep}")
+    # the same for the inference forward (its epilogue: y stored)
+    real_cfg = wide._tma_config_nvidia
+    case = "fwd tiles, gelu approx"
+    for rep in (1, 2):
+        for c, per_sm in [((128, 256, 64, 8, 3), 1), ((128, 256, 32, 8, 5), 1),
+                          ((128, 256, 64, 16, 3), 1)]:
+            wide._PROGRAMS[key] = sms * per_sm
+            wide._TMA_FIT.clear()
+            wide._tma_config_nvidia = lambda kind, c=c: c
+            wide._linear_plan.cache_clear()
+            name = "{}x{}x{} w{} st{}".format(*c) + f" {per_sm}/SM"
+            probe.rec(f"{name} #{rep}", lambda: wide.linear(x, w, b, "gelu_tanh", False)[0],
+                      gz, flop, case=case, width=32)
+            probe.note_fit(f"{name} #{rep}")
+    wide._tma_config_nvidia = real_cfg
+    wide._linear_plan.cache_clear()
+    wide._PROGRAMS[key] = sms
     os.environ.pop(wide.APPROX_ENV, None)
     os.environ.pop(wide.BLAS_ENV, None)
     probe.write(args.out, dev)

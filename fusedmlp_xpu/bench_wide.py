@@ -9,8 +9,9 @@ matmuls with no bias/activation), it checks the output and gradients against an 
 reference (ours with NaN-poisoned outputs), then times with device events (warm-up,
 median of >= 7 repeats of back-to-back calls, rotating inputs past the 60 MB L2) and
 records peak memory per train step. Each config is timed in two passes (the card
-throttles under long matmul runs) that interleave the backends, the second in reverse
-order, so that x_bare compares times taken close together; ceilings (copy GB/s, 8192^3
+throttles under long matmul runs); within a pass the backends' timed batches take turns
+(bare, eager, ours, bare, ...), so that x_bare compares times taken close together, and
+x_bare_paired is the median of the batch-by-batch ratios; ceilings (copy GB/s, 8192^3
 matmul TFLOP/s) are measured in the same run. Writes fusedmlp-bench/1 JSON and prints a table.
 """
 from __future__ import annotations
@@ -186,6 +187,24 @@ def time_calls(clock, fn, repeats, target_ms, warmup=None):
     return statistics.median(ts), min(ts), max(ts)
 
 
+def time_interleaved(clock, fns: dict, repeats, target_ms) -> dict:
+    """Each of ``fns`` (name -> fn(i)) timed in ``repeats`` batches taken in turn (the
+    order reversed every other round), after warm-up: name -> list of ms per call, the
+    i-th batches of all names seconds apart at most, so a drifting clock (throttling)
+    moves them together."""
+    inner = {}
+    for name, fn in fns.items():
+        for i in range(WARMUP):
+            fn(i)
+        est = clock.time(fn, 1)
+        inner[name] = max(1, min(50, math.ceil(target_ms / max(est, 1e-3))))
+    ts = {name: [] for name in fns}
+    for r in range(repeats):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            ts[name].append(clock.time(fns[name], inner[name]))
+    return ts
+
+
 def ceilings(device, dtype, tiny):
     """Device copy GB/s (read + write bytes) and an n^3 matmul's TFLOP/s, measured now."""
     clock = _Clock(device)
@@ -308,14 +327,22 @@ def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backe
                 _sync(device)
                 peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             steps[backend], errs[backend], peaks[backend] = step, err, peak
-        # the passes interleave the backends, in reverse order every other pass, so that
-        # each pass's x_bare compares times taken seconds apart, and a clock that
-        # drifts (throttling) favours a different backend in each pass
+        # each pass takes the backends' batches in turn (time_interleaved), so that x_bare
+        # compares times taken within a second or so, and a clock that drifts
+        # (throttling) moves every backend alike; x_bare_paired is the median of the
+        # batch-by-batch ratios to bare
         for p in range(1, args.passes + 1):
-            for backend in (list(steps) if p % 2 else list(steps)[::-1]):
-                t = time_calls(_Clock(device), steps[backend], args.repeats, args.target_ms)
-                records.append(_record(config, m, dtype, mode, backend, "python", p, t, floor,
-                                       flops, errs[backend], peaks[backend]))
+            order = list(steps) if p % 2 else list(steps)[::-1]
+            ts = time_interleaved(_Clock(device), {b: steps[b] for b in order}, args.repeats,
+                                  args.target_ms)
+            for backend in order:
+                v = ts[backend]
+                r = _record(config, m, dtype, mode, backend, "python", p,
+                            (statistics.median(v), min(v), max(v)), floor, flops,
+                            errs[backend], peaks[backend])
+                if "bare" in ts:
+                    r["x_bare_paired"] = statistics.median(a / b for a, b in zip(v, ts["bare"]))
+                records.append(r)
         if m <= 64 and mode == "inference" and device.type == "cuda" and not args.no_graphs:
             for backend, step in steps.items():
                 if backend == "compile":
@@ -381,15 +408,15 @@ def _relate(records, notes):
 
 def table(records) -> str:
     lines = [f"{'config':<12}{'N':>6} {'mode':<10}{'backend':<9}{'timing':<7}{'pass':>4}"
-             f"{'median ms':>12}{'x bare':>9}{'x floor':>9}{'TFLOP/s':>10}{'peak MB':>10}"
+             f"{'median ms':>12}{'x bare':>9}{'paired':>8}{'x floor':>9}{'TFLOP/s':>10}{'peak MB':>10}"
              f"{'rel err':>10}"]
     for r in records:
         def f(k, fmt):
             width = int(fmt.split(".")[0])
-            return format(r[k], fmt) if r[k] is not None else "-".rjust(width)
+            return format(r[k], fmt) if r.get(k) is not None else "-".rjust(width)
         lines.append(f"{r['config']:<12}{r['N']:>6} {r['mode']:<10}{r['backend']:<9}"
                      f"{r['timing']:<7}{r['pass']:>4} {f('median_ms', '11.4f')} {f('x_bare', '8.3f')}"
-                     f" {f('x_floor', '8.2f')} {f('tflops', '9.1f')} {f('peak_mem_MB', '9.0f')}"
+                     f" {f('x_bare_paired', '7.3f')} {f('x_floor', '8.2f')} {f('tflops', '9.1f')} {f('peak_mem_MB', '9.0f')}"
                      f" {f('max_rel_error', '9.1e')}")
     return "\n".join(lines)
 

@@ -285,3 +285,27 @@ def test_bench_repeats_are_back_to_back_calls_filling_the_target(monkeypatch):
     with pytest.raises(Made) as made:
         bench.run_bench(p.parse_args(["--device", "cpu", "--target-ms", "7"]))
     assert made.value.args[0]["min_repeat_ms"] == 7.0
+
+
+def test_wide_bench_times_backends_in_turn():
+    """bench_wide.time_interleaved: after warm-up and an estimate, each name's batches
+    take turns with the others', the order reversed every other round, so that the i-th
+    batches of bare, eager and ours are timed close together."""
+    from fusedmlp_xpu import bench_wide
+
+    order = []
+
+    class Clock:
+        def time(self, fn, n):
+            for i in range(n):
+                fn(i)
+            return {"bare": 1.0, "eager": 2.0, "ours": 3.0}[order[-1]] + len(order) / 1000
+
+    fns = {name: (lambda i, name=name: order.append(name)) for name in ("bare", "eager", "ours")}
+    ts = bench_wide.time_interleaved(Clock(), fns, repeats=3, target_ms=1.0)
+    warm = bench_wide.WARMUP + 1  # warm-up calls and one estimating call per name
+    timed = order[3 * warm:]
+    assert order[:3 * warm] == [n for n in fns for _ in range(warm)]
+    assert timed == ["bare", "eager", "ours", "ours", "eager", "bare", "bare", "eager", "ours"]
+    assert [len(v) for v in ts.values()] == [3, 3, 3]
+    assert all(1.0 < t < 1.1 for t in ts["bare"]) and all(3.0 < t < 3.1 for t in ts["ours"])

@@ -854,11 +854,16 @@ def _tma_config_nvidia(kind: str) -> tuple:
       was slower than the pointer kernels.
     - subtile (-epilogue-20261130d): the gated dh GEMM storing h as well spilled 1008 B of
       registers with its epilogue whole (Triton 3.6): 2.37 ms, 1.99 in halves (3 stages
-      2.24, 16 warps 2.39-2.83). The dx kernel ran 2.13 ms whole, 2.31 in halves."""
+      2.24, 16 warps 2.39-2.83). The dx kernel ran 2.13 ms whole, 2.31 in halves.
+    - dx again, with the hardware tanh (h200-probe-approx-20261201c.json, two passes):
+      128x256x32 / 8 warps / 4 stages in halves 1.885-1.892 ms (196 KB, 254 registers, no
+      spills in the sm_90 compile) against 128x128x64 whole 1.968-1.977; 16 warps 2.38-
+      2.40, 128x128x32 / 6 stages 2.68; two programs per SM (-20261201b: 128x128 halves at
+      2 stages, or BLOCK_K 32) 2.26-2.52."""
     if kind in ("gated", "gated_gu"):
         return (128, 128, 64, 8, 3)
     if kind == "dx":
-        return (128, 128, 64, 8, 4, False)
+        return (128, 256, 32, 8, 4, True)
     if kind == "gated_bwd":
         return (128, 128, 64, 8, 4, True)
     return (128, 256, 64, 8, 3)  # fwd, fwd_z
