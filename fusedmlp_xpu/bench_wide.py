@@ -109,6 +109,9 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
                      f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"
                      " rows, which run as torch ops with torch's autograd (faster there)")
+    _note(notes, "ours: the package's modules sharing the eager model's parameters, "
+                 "fm.FusedMLP (wide-gelu) and fm.GatedMLP (wide-swiglu); wide-gelu results "
+                 "before h200-wide-small-20261201f.json called fm.fused_mlp instead")
     if gated:
         return fm.GatedMLP.from_module(eager, backend=call_name), name
     mlp_name = call_name
@@ -118,14 +121,12 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
         mlp_name = _WideShim.name
         _note(notes, "fused_mlp ran through a benchmark-only backend over backends/triton/wide.py"
                      " ('triton' backend not registered in this checkout)")
-    lin1, lin2 = eager[0], eager[2]
-
-    class Ours(nn.Module):
-        def forward(self, x):
-            return fm.fused_mlp(x, [lin1.weight, lin2.weight], [lin1.bias, lin2.bias],
-                                "gelu_tanh", backend=mlp_name)
-
-    return Ours(), name
+    # the package's module, as a user swaps it in for the nn.Sequential, holding the
+    # eager model's own Parameters (the train steps take gradients with respect to them)
+    ours = fm.FusedMLP.from_sequential(eager, backend=mlp_name)
+    for lin, src in zip(ours.linears, (eager[0], eager[2])):
+        lin.weight, lin.bias = src.weight, src.bias
+    return ours, name
 
 
 def _note(notes, text):
