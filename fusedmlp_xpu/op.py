@@ -32,7 +32,7 @@ def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
     for name, ts in (("weights", weights), ("biases", biases or ())):
         for i, t in enumerate(ts):
             if t.dtype is not dt or t.device != dev:
-                _same(t, x, f"{name}[{i}]")
+                _same(t, dev, dt, i, name)
     widths = (x.shape[-1],) + tuple(w.shape[0] for w in weights)
     # not spec._spec's cache: under fake tensors (opcheck, compile) widths are SymInts,
     # which do not hash

@@ -90,6 +90,7 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
     out_act = activations.get(output_activation)
 
     widths = [x.shape[-1]]
+    dev, dt = x.device, x.dtype
     for i, w in enumerate(weights):
         if not isinstance(w, torch.Tensor):
             raise TypeError(f"weights[{i}]: expected a torch.Tensor, got {type(w).__name__}")
@@ -101,7 +102,7 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
                 f"weights[{i}]: expected in_features {widths[-1]} (= {what}), "
                 f"got shape {tuple(w.shape)}"
             )
-        _same(w, x, f"weights[{i}]")
+        _same(w, dev, dt, i, "weights")
         widths.append(w.shape[0])
 
     if biases is not None:
@@ -115,11 +116,11 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
         for i, b in enumerate(biases):
             if not isinstance(b, torch.Tensor):
                 raise TypeError(f"biases[{i}]: expected a torch.Tensor, got {type(b).__name__}")
-            if tuple(b.shape) != (widths[i + 1],):
+            if b.dim() != 1 or b.shape[0] != widths[i + 1]:
                 raise ValueError(
                     f"biases[{i}]: expected shape ({widths[i + 1]},), got {tuple(b.shape)}"
                 )
-            _same(b, x, f"biases[{i}]")
+            _same(b, dev, dt, i, "biases")
     return _spec(tuple(int(w) for w in widths), act.name, out_act.name, biases is not None,
                  x.dtype)
 
@@ -136,14 +137,15 @@ def _spec(widths, activation, output_activation, bias, dtype) -> MLPSpec:
     return MLPSpec(widths, activation, output_activation, bias, dtype)
 
 
-def _same(t: torch.Tensor, x: torch.Tensor, name: str) -> None:
-    if t.device != x.device:
+def _same(t: torch.Tensor, dev: torch.device, dt: torch.dtype, i: int, what: str) -> None:
+    """t on x's device ``dev`` and of its dtype ``dt``; else an error naming what[i]."""
+    if t.device != dev:
         raise ValueError(
-            f"{name}: expected device {x.device} (the device of x), got {t.device}; "
+            f"{what}[{i}]: expected device {dev} (the device of x), got {t.device}; "
             "move the module or the input with .to(device)"
         )
-    if t.dtype != x.dtype:
+    if t.dtype != dt:
         raise TypeError(
-            f"{name}: expected dtype {x.dtype} (the dtype of x), got {t.dtype}; "
+            f"{what}[{i}]: expected dtype {dt} (the dtype of x), got {t.dtype}; "
             "the op does not promote: cast the module or the input, or use torch.autocast"
         )
