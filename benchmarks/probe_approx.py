@@ -22,7 +22,7 @@ import os
 import torch
 
 from fusedmlp_xpu.backends.triton import wide
-from probe_common import Probe, gemm_args
+from probe_common import Probe, dx_operands, gemm_args
 
 F = torch.nn.functional
 
@@ -70,12 +70,7 @@ def main():
                     triton_mode(approx)
                 probe.rec(f"{name} #{rep}", fn, r, flop, case=case, width=32)
 
-    g2 = torch.randn(m, d, device=dev, dtype=dt)
-    w2 = torch.randn(d, hid, device=dev, dtype=dt) / hid ** 0.5
-    z1 = torch.randn(m, hid, device=dev, dtype=dt)
-    zf = z1.float()
-    dgelu = torch.autograd.functional.jvp(lambda t: F.gelu(t, approximate="tanh"), zf,
-                                          torch.ones_like(zf))[1]
+    g2, w2, z1, zf, dgelu = dx_operands(m, d, hid, dev, dt)
     gw = g2.float() @ w2.float()
     out, h = torch.empty_like(z1), torch.empty_like(z1)
     cfg = wide._tma_config_nvidia("dx")

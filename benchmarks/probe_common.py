@@ -24,6 +24,20 @@ def gemm_args(description: str | None = None) -> argparse.ArgumentParser:
     return ap
 
 
+def dx_operands(m, d, hidden, device, dtype):
+    """wide-gelu's hidden-layer input gradient (g2 W2) * gelu'(z1), fresh random data:
+    (g2 [m, d], W2 [d, hidden], z1 [m, hidden], z1 in fp32, gelu'(z1) in fp32)."""
+    import torch
+
+    g2 = torch.randn(m, d, device=device, dtype=dtype)
+    w2 = torch.randn(d, hidden, device=device, dtype=dtype) / hidden ** 0.5
+    z1 = torch.randn(m, hidden, device=device, dtype=dtype)
+    zf = z1.float()
+    dgelu = torch.autograd.functional.jvp(
+        lambda t: torch.nn.functional.gelu(t, approximate="tanh"), zf, torch.ones_like(zf))[1]
+    return g2, w2, z1, zf, dgelu
+
+
 def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 

@@ -23,7 +23,7 @@ import argparse
 import torch
 
 from fusedmlp_xpu.backends.triton import wide
-from probe_common import Probe
+from probe_common import Probe, dx_operands
 
 F = torch.nn.functional
 DX = [(128, 256, 64, 8, 3), (128, 256, 64, 16, 3)]
@@ -65,12 +65,7 @@ def main():
         wide._tuned.pop((kernel, "nvidia"), None)
 
     d, hid = 4096, 16384
-    g2 = torch.randn(m, d, device=dev, dtype=dt)
-    w2 = torch.randn(d, hid, device=dev, dtype=dt) / hid ** 0.5
-    z1 = torch.randn(m, hid, device=dev, dtype=dt)
-    zf = z1.float()
-    dgelu = torch.autograd.functional.jvp(lambda t: F.gelu(t, approximate="tanh"), zf,
-                                          torch.ones_like(zf))[1]
+    g2, w2, z1, zf, dgelu = dx_operands(m, d, hid, dev, dt)
     ref = (g2.float() @ w2.float() * dgelu, F.gelu(zf, approximate="tanh"))
     flop = 2 * m * d * hid
     case = "dx (g2 W2) gelu'(z1), h1 stored"
