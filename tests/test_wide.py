@@ -736,7 +736,8 @@ def test_forward_blas_paths(device, monkeypatch, request, act, bias):
     b = torch.randn(N, device=device).to(torch.bfloat16) if bias else None
     fn = activations.ACTIVATIONS[act].fn
     request.addfinalizer(wide._linear_plan.cache_clear)  # no plan of FUSEDMLP_APPROX_TANH=0
-    for blas, approx in (("1", "1"), ("0", "1"), ("1", "0")):
+    # the hardware tanh is CUDA's alone: elsewhere the third pass would repeat the first
+    for blas, approx in (("1", "1"), ("0", "1"), ("1", "0"))[:3 if big else 2]:
         monkeypatch.setenv(wide.BLAS_ENV, blas)
         monkeypatch.setenv(wide.APPROX_ENV, approx)
         wide._linear_plan.cache_clear()  # the hardware tanh is a plan's choice
