@@ -22,17 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu.bench import environment
+from fusedmlp_xpu.bench import calls_ms, environment
 
 
 def _time(fn, n: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n
+    """Device-event ms per call of fn(), n back to back (bench.calls_ms)."""
+    return calls_ms(torch.device("cuda", torch.cuda.current_device()), lambda i: fn(), n)
 
 
 def _interleaved(fns: dict, n: int, passes: int) -> dict:

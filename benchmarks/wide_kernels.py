@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fusedmlp_xpu import bench_wide
-from fusedmlp_xpu.bench import environment
+from fusedmlp_xpu.bench import calls_ms, environment
 
 STEPS = 5
 
@@ -65,16 +65,7 @@ def step_ms(fn, device) -> float | None:
     on a CPU)."""
     if device.type != "cuda":
         return None
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(STEPS):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / STEPS)
-    return sorted(times)[2]
+    return sorted(calls_ms(device, lambda i: fn(), STEPS) for _ in range(5))[2]
 
 
 def main():

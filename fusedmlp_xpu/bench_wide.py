@@ -181,22 +181,18 @@ WARMUP = 3  # calls before timing (the first one autotunes/compiles)
 
 def time_calls(clock, fn, repeats, target_ms, warmup=None):
     """(median, min, max) ms of fn(i) over ``repeats`` timed batches, after warm-up."""
-    for i in range(WARMUP if warmup is None else warmup):
-        fn(i)
-    est = clock.time(fn, 1)
-    inner = max(1, min(50, math.ceil(target_ms / max(est, 1e-3))))
-    ts = [clock.time(fn, inner) for _ in range(repeats)]
+    ts = time_interleaved(clock, {None: fn}, repeats, target_ms, warmup)[None]
     return statistics.median(ts), min(ts), max(ts)
 
 
-def time_interleaved(clock, fns: dict, repeats, target_ms) -> dict:
+def time_interleaved(clock, fns: dict, repeats, target_ms, warmup=None) -> dict:
     """Each of ``fns`` (name -> fn(i)) timed in ``repeats`` batches taken in turn (the
     order reversed every other round), after warm-up: name -> list of ms per call, the
     i-th batches of all names seconds apart at most, so a drifting clock (throttling)
     moves them together."""
     inner = {}
     for name, fn in fns.items():
-        for i in range(WARMUP):
+        for i in range(WARMUP if warmup is None else warmup):
             fn(i)
         est = clock.time(fn, 1)
         inner[name] = max(1, min(50, math.ceil(target_ms / max(est, 1e-3))))
