@@ -1,11 +1,14 @@
-"""Host time of one wide-gelu train step at decode-sized rows (bf16, 4096 -> 16384 ->
-4096, bias): the package's automatic call (torch ops with torch's autograd at these
-rows), the same three torch ops written inline, and the eager nn.Sequential; forward
-alone and the whole step, the variants interleaved over several rounds, then a cProfile
-of the package's step. Each step's device work queues behind the previous; a round ends
-with a synchronize, so a round's mean per step is max(host, device) time.
+"""Host time of one wide train step at decode-sized rows (bf16): wide-gelu (4096 ->
+16384 -> 4096, bias) or, with --gated, wide-swiglu's Llama block (4096 -> 14336, no
+bias). Variants: the package's automatic call ("ours": torch's ops under one autograd
+node at these rows, torch_node), the package with those ops under torch's own graph of
+one node per op ("graph", as before torch_node), the same torch ops written inline, and
+the eager modules; forward alone and the whole step, the variants interleaved over
+several rounds, then a cProfile of the package's step. Each step's device work queues
+behind the previous; a round ends with a synchronize, so a round's mean per step is
+max(host, device) time.
 
-    PYTHONPATH=. python3 benchmarks/probe_host_small.py --out host-small.json
+    PYTHONPATH=. python3 benchmarks/probe_host_small.py --out host-small.json [--gated]
 """
 from __future__ import annotations
 
@@ -22,7 +25,34 @@ import torch.nn.functional as F
 from torch import nn
 
 import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations, torch_node
 from fusedmlp_xpu.bench import environment
+from fusedmlp_xpu.bench_wide import LlamaMLP
+
+
+def _graph_mlp(x, weights, biases, spec):
+    """torch_node.mlp's ops under torch's own graph (the package before torch_node)."""
+    act, h = activations.ACTIVATIONS[spec.activation].fn, x
+    for i, w in enumerate(weights):
+        h = F.linear(h, w, None if biases is None else biases[i])
+        h = act(h) if i < len(weights) - 1 else h
+    return h
+
+
+def _graph_gated(x, w_gate, w_up, w_down, biases, activation):
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def _as_graph(call):
+    """call() with torch_node's entries swapped for torch's own graph."""
+    def run():
+        node = torch_node.mlp, torch_node.gated
+        torch_node.mlp, torch_node.gated = _graph_mlp, _graph_gated
+        try:
+            return call()
+        finally:
+            torch_node.mlp, torch_node.gated = node
+    return run
 
 
 def main():
@@ -33,28 +63,45 @@ def main():
     ap.add_argument("--hidden", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--gated", action="store_true",
+                    help="wide-swiglu's block (hidden 14336 unless --hidden is given)")
     args = ap.parse_args()
+    if args.gated and args.hidden == 16384:
+        args.hidden = 14336
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(args.d, args.hidden), nn.GELU(approximate="tanh"),
-                          nn.Linear(args.hidden, args.d)).to(dev, dt)
-    ps = list(eager.parameters())
-    W, B = [eager[0].weight, eager[2].weight], [eager[0].bias, eager[2].bias]
+    if args.gated:
+        eager = LlamaMLP(args.d, args.hidden, dev, dt)
+        ours = fm.GatedMLP.from_module(eager)  # shares eager's Linears
+
+        def inline():
+            return F.linear(F.silu(F.linear(x, eager.gate_proj.weight))
+                            * F.linear(x, eager.up_proj.weight), eager.down_proj.weight)
+    else:
+        eager = nn.Sequential(nn.Linear(args.d, args.hidden), nn.GELU(approximate="tanh"),
+                              nn.Linear(args.hidden, args.d)).to(dev, dt)
+        ours = fm.FusedMLP.from_sequential(eager)  # the same values, its own copies
+        W, B = [eager[0].weight, eager[2].weight], [eager[0].bias, eager[2].bias]
+
+        def inline():
+            return F.linear(F.gelu(F.linear(x, W[0], B[0]), approximate="tanh"), W[1], B[1])
+    ps, ps_ours = list(eager.parameters()), list(ours.parameters())
     x = torch.randn(args.rows, args.d, device=dev, dtype=dt, requires_grad=True)
     gy = torch.randn(args.rows, args.d, device=dev, dtype=dt)
-
-    def ours():
-        return fm.fused_mlp(x, W, B, "gelu_tanh")
-
-    def inline():
-        return F.linear(F.gelu(F.linear(x, W[0], B[0]), approximate="tanh"), W[1], B[1])
-
-    fwds = {"ours": ours, "inline": inline, "eager": lambda: eager(x)}
+    fwds = {"ours": lambda: ours(x), "graph": _as_graph(lambda: ours(x)), "inline": inline,
+            "eager": lambda: eager(x)}
     fns = {}
     for k, f in fwds.items():
+        inputs = [x, *(ps_ours if k in ("ours", "graph") else ps)]
         fns[k + "_fwd"] = f
-        fns[k + "_step"] = (lambda f=f: torch.autograd.grad(f(), [x, *ps], gy))
+        fns[k + "_step"] = (lambda f=f, inputs=inputs: torch.autograd.grad(f(), inputs, gy))
+    want = torch.autograd.grad(eager(x), [x, *ps], gy)
+    for k in ("ours", "graph"):  # the same gradients before any timing
+        for a, b in zip(torch.autograd.grad(fwds[k](), [x, *ps_ours], gy), want):
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    grad_fn = type(ours(x).grad_fn).__name__
+    print("ours' node:", grad_fn)
 
     def sync():
         if dev.type == "cuda":
@@ -72,10 +119,29 @@ def main():
                 fns[k]()
             sync()
             res[k].append((time.perf_counter() - t) / args.steps * 1e6)
-    summary = {k: {"median_us": statistics.median(v), "min_us": min(v), "all_us": v}
-               for k, v in res.items()}
+    # the host time of each call alone, the variants taking turns call by call: this
+    # host's jitter moved whole rounds by up to 2x, and the median of single calls is
+    # robust to it. The device's queue does not fill (its work per step is shorter than
+    # the host's), so a call's time is its host time.
+    each = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(args.rounds):
+        for i in range(args.steps):
+            for k in (names if (r + i) % 2 == 0 else names[::-1]):
+                t = time.perf_counter()
+                fns[k]()
+                each[k].append((time.perf_counter() - t) * 1e6)
+        sync()
+    summary = {}
+    for k, v in res.items():
+        e = sorted(each[k])
+        summary[k] = {"median_us": statistics.median(v), "min_us": min(v), "all_us": v,
+                      "call_median_us": e[len(e) // 2], "call_p10_us": e[len(e) // 10],
+                      "call_p90_us": e[len(e) * 9 // 10]}
     for k, v in summary.items():
-        print(f"{k:12s} median {v['median_us']:8.1f} us  min {v['min_us']:8.1f}")
+        print(f"{k:12s} rounds: median {v['median_us']:7.1f} us, min {v['min_us']:7.1f};  "
+              f"single calls: median {v['call_median_us']:7.1f}, p10 {v['call_p10_us']:7.1f},"
+              f" p90 {v['call_p90_us']:7.1f}", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.steps):
@@ -86,7 +152,8 @@ def main():
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
     print(s.getvalue())
     with open(args.out, "w") as f:
-        json.dump({"env": environment(dev), "args": vars(args), "times": summary,
+        json.dump({"env": environment(dev), "args": vars(args), "ours_grad_fn": grad_fn,
+                   "times": summary,
                    "cprofile_ours_step": s.getvalue()}, f, indent=1)
 
 
