@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import activations, dispatch, envvars, op, torch_node
+from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
 from .backends.triton import wide_torch_train_rows as _torch_train_rows
@@ -114,11 +114,11 @@ def choose(device: torch.device, backend: str | None = None):
 
 
 def _torch_autograd(x, backend: str | None) -> bool:
-    """Whether a plain eager training call runs as torch's own ops (eager's kernels under
-    one autograd node, torch_node.gated; as fused_mlp's, op._torch_autograd): with the
-    wide kernels chosen automatically, up to _torch_train_rows rows. (Those ops save
-    eager's four [rows, hidden] tensors where the kernels' node keeps g and u.) The cheap
-    tests first: most calls leave before the choice is looked up."""
+    """Whether a plain eager training call runs as the reference's torch ops with torch's
+    own autograd graph (as fused_mlp's, op._torch_autograd): with the wide kernels chosen
+    automatically, up to _torch_train_rows rows. (Those ops save eager's four [rows,
+    hidden] tensors where the op's node keeps g and u.) The cheap tests first: most
+    calls leave before the choice is looked up."""
     limit = _torch_train_rows(x.device)
     return (limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
             and not backend and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
@@ -357,7 +357,7 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         if not needs_grad:
             return _run_forward(x, w_gate, w_up, w_down, biases, act, backend or "", False)[0]
         if not recompute and _torch_autograd(x, backend):
-            return torch_node.gated(x, w_gate, w_up, w_down, biases, act)
+            return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
         return _EagerGated.apply(act, backend or "", recompute, x, w_gate, w_up, w_down,
                                  *(biases or ()))
     if needs_grad and not recompute:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from . import dispatch, torch_node
+from . import dispatch
 from .backends import saved_widths
 from .spec import MLPSpec, _same, check_recompute, validate
 
@@ -251,12 +251,11 @@ def _recomputes(device, widths, activation, output_activation, bias, dtype, back
 
 
 def _torch_autograd(x, spec: MLPSpec, be, backend: str | None) -> bool:
-    """Whether a plain eager training call runs as torch's own ops (eager's kernels under
-    one autograd node, torch_node.mlp) rather than the backend's: for as many rows as the
-    chosen backend ``be`` names (``Backend.torch_train_rows``), unless a backend was
-    forced. (Those ops save what eager saves: for a two-layer MLP both z and act(z),
-    where the backend's node keeps z alone.) Most calls leave at the first test (limit
-    0)."""
+    """Whether a plain eager training call runs as the reference's torch ops, with torch's
+    own autograd graph rather than the op's autograd node: for as many rows as the chosen
+    backend ``be`` names (``Backend.torch_train_rows``), unless a backend was forced.
+    (Those ops save what eager saves: for a two-layer MLP both z and act(z), where the
+    op's node keeps z alone.) Most calls leave at the first test (limit 0)."""
     limit = be.torch_train_rows(spec, x.device)
     return (limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
             and dispatch.requested(backend) is None)
@@ -277,7 +276,7 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         be = dispatch.choose(x.device, spec, backend)
         if not recompute and _torch_autograd(x, spec, be, backend):
             # F.linear takes any leading dims: no reshapes, no second dispatch (host time)
-            return torch_node.mlp(x, weights, biases, spec)
+            return dispatch.REGISTRY["reference"].forward(x, weights, biases, spec, False)[0]
         return _EagerMLP.apply(spec, be, recompute, x, *weights, *(biases or ()))
     args = (x, weights, biases, spec.activation, spec.output_activation, backend or "")
     if needs_grad and recompute is None:

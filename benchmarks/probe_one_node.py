@@ -1,10 +1,13 @@
-"""Few-row training calls as torch's own ops under ONE autograd node.
+"""A candidate measured and not taken (benchmarks/NOTES.md, wide history 16): few-row
+training calls as torch's own ops under ONE autograd node.
 
 Plain eager training calls with few rows run torch's ops (``Backend.torch_train_rows``):
 cuBLAS's GEMMs there beat the Triton train path, and the step is host time. With
 torch's own autograd graph every op is a node (two per nn.Linear, one per activation),
 and on CUDA each node's hand-off to the autograd engine's device thread costs host time.
-Here the whole MLP is one node: the forward runs the same ops as eager nn.Linear layers
+The guess was that one node for the whole MLP costs less; on the H200 host it cost
+30-70 us a step more (probe_host_small.py's "node" variant). Here the whole MLP is one
+node: the forward runs the same ops as eager nn.Linear layers
 and activations and saves what eager's nodes save (each layer's input, and the
 pre-activation or the activation's output where eager's derivative reads it), and the
 backward runs the derivative kernels eager's nodes run (``aten.*_backward``, the GEMMs
@@ -20,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .activations import ACTIVATIONS, LEAKY_RELU_SLOPE, SOFTPLUS_BETA, SOFTPLUS_THRESHOLD
+from fusedmlp_xpu.activations import ACTIVATIONS, LEAKY_RELU_SLOPE, SOFTPLUS_BETA, SOFTPLUS_THRESHOLD
 
 _aten = torch.ops.aten
 
