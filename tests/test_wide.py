@@ -725,8 +725,9 @@ def test_forward_blas_paths(device, monkeypatch, request, act, bias):
     """An inference layer (no z stored) whose epilogue cuBLAS(Lt) has - bias, bias + GELU
     (tanh) or ReLU, or nothing - is one torch op on CUDA from BLAS_FWD_MIN_ROWS rows, unless
     FUSEDMLP_WIDE_BLAS=0, or GELU(tanh) has the hardware tanh (not with
-    FUSEDMLP_APPROX_TANH=0); fewer rows (if any), other epilogues, a stored z and other
-    devices run the Triton kernels. Each path against the float64 reference, into poisoned outputs."""
+    FUSEDMLP_APPROX_TANH=0) past BLAS_LT_GELU_MAX_ROWS rows; fewer rows (if any), other
+    epilogues, a stored z and other devices run the Triton kernels. Each path against the
+    float64 reference, into poisoned outputs."""
     ran = []
     real = wide._blas_linear
     monkeypatch.setattr(wide, "_blas_linear", lambda *a: ran.append(a[3]) or real(*a))
@@ -742,7 +743,8 @@ def test_forward_blas_paths(device, monkeypatch, request, act, bias):
         monkeypatch.setenv(wide.APPROX_ENV, approx)
         wide._linear_plan.cache_clear()  # the hardware tanh is a plan's choice
         cases = [(wide.BLAS_FWD_MIN_ROWS, False), (wide.BLAS_FWD_MIN_ROWS + 200, False),
-                 (wide.BLAS_FWD_MIN_ROWS + 3, True)]
+                 (wide.BLAS_FWD_MIN_ROWS + 3, True), (wide.BLAS_LT_GELU_MAX_ROWS, False),
+                 (wide.BLAS_LT_GELU_MAX_ROWS + 1, False)]
         if wide.BLAS_FWD_MIN_ROWS > 1:
             cases.append((wide.BLAS_FWD_MIN_ROWS - 1, False))
         for M, save in cases:
@@ -754,8 +756,9 @@ def test_forward_blas_paths(device, monkeypatch, request, act, bias):
                 z64 = z64 + b.double().cpu()
             assert_close(y, fn(z64), TOLERANCE[torch.bfloat16], f"y ({act}, {M} rows)")
             assert (z is None) == (not save)
-            # GELU(tanh) keeps the Triton kernel where that has the hardware tanh
-            lt_gelu = act == "gelu_tanh" and approx == "0"
+            # GELU(tanh) keeps the Triton kernel where that has the hardware tanh, past
+            # BLAS_LT_GELU_MAX_ROWS rows
+            lt_gelu = act == "gelu_tanh" and (approx == "0" or M <= wide.BLAS_LT_GELU_MAX_ROWS)
             want = (big and blas == "1" and not save and M >= wide.BLAS_FWD_MIN_ROWS
                     and (act == "none" or (bias and (act == "relu" or lt_gelu))))
             assert ran == ([act] if want else []), (M, save, blas)

@@ -1124,15 +1124,21 @@ class _Direct:
 
 
 #: Rows from which an inference layer whose epilogue cuBLAS(Lt) has runs as that torch op
-#: on CUDA (_blas_linear). H200, bf16, wide-gelu's layers (NOTES.md wide history 14,
-#: h200-probe-blas-fwd-20261201.json), device-bound back-to-back calls: the first with
-#: cuBLASLt's bias + GELU(tanh) epilogue 36.3 / 38.1 / 1717 us at 16 / 64 / 8192 rows
-#: against the Triton kernels' 39.2 / 42.7 / 1736; the second, torch.addmm, 40.7 / 38.9 /
-#: 1571 against 38.2 / 54.0 / 1589. But the whole block at 16 rows from Python, where the
-#: host sets the pace, went from 0.077 to 0.095-0.124 ms with both layers on cuBLAS(Lt)
-#: (eager 0.080-0.086; h200-wide-small-20261201b.json): decode sizes keep the Triton
-#: kernels' lean launches, and cuBLAS takes the TMA kernels' range.
-BLAS_FWD_MIN_ROWS = 65
+#: on CUDA (_blas_linear). H200, bf16, wide-gelu's layers, device-bound back-to-back calls
+#: (NOTES.md wide history 14 and 16; h200-probe-blas-fwd-20261201.json, -20261201b):
+#: the second layer, torch.addmm with its bias, 39.3 / 38.1 / 37.9 / 38.3 us at 16 / 32 /
+#: 48 / 64 rows against the Triton kernel's 38.6 / 42.0 / 53.7 / 54.0; the first,
+#: cuBLASLt's bias + GELU(tanh), 37.1 / 37.7 / 38.5 / 38.6 against the Triton kernel's
+#: (hardware tanh) 39.4 / 39.1 / 42.1 / 41.8. The whole block at 16 rows from Python, where
+#: the host sets the pace, went from 0.077 to 0.095-0.124 ms with both layers on cuBLAS(Lt)
+#: (eager 0.080-0.086; h200-wide-small-20261201b.json): 16 rows and fewer keep the Triton
+#: kernels' lean launches. From 17 rows cuBLAS takes these layers up to the TMA kernels'
+#: range, where only the hardware tanh's GELU stays on Triton (BLAS_LT_GELU_MAX_ROWS).
+BLAS_FWD_MIN_ROWS = 17
+#: Up to these rows cuBLASLt's bias + GELU(tanh) takes the layer even where the Triton
+#: kernel has the hardware tanh (faster from 8192 rows: h200-probe-approx-20261201.json;
+#: from 65 to 4096 rows not timed, so the kernel keeps them)
+BLAS_LT_GELU_MAX_ROWS = 64
 #: the activations cuBLASLt's epilogues apply after the bias (torch._addmm_activation)
 _BLAS_EPILOGUES = ("gelu_tanh", "relu")
 
@@ -1163,21 +1169,22 @@ class _LinearForward:
         self.consts = dict(ACT=act_id(act, device, dtype), HAS_BIAS=has_b, STORE_Z=save_z,
                            **_meta_for(device, dtype))
         self.tma_cfg = _tma_config(device, "fwd_z" if save_z else "fwd")
-        # inference on CUDA: cuBLAS(Lt) where it has this epilogue (no z to store), but
-        # not over the hardware tanh's kernel: with it gelu_tanh's first wide-gelu layer
-        # ran 1.638 ms against cuBLASLt's 1.693 (1.700 with the portable gelu;
-        # h200-probe-approx-20261201.json)
-        self.blas_act = act if (device.type == "cuda" and not save_z
-                                and _blas_forward_ok(act, has_b)
-                                and self.consts["ACT"] < APPROX.value) else None
+        # inference on CUDA: cuBLAS(Lt) where it has this epilogue (no z to store); past
+        # BLAS_LT_GELU_MAX_ROWS not over the hardware tanh's kernel: with it gelu_tanh's
+        # first wide-gelu layer ran 1.638 ms against cuBLASLt's 1.693 at 8192 rows (1.700
+        # with the portable gelu; h200-probe-approx-20261201.json)
+        self.blas_small = act if (device.type == "cuda" and not save_z
+                                  and _blas_forward_ok(act, has_b)) else None
+        self.blas_act = self.blas_small if self.consts["ACT"] < APPROX.value else None
         self.lean = launch.enabled(device)
         self._direct = _Direct(_kernel("fwd", device), device)  # looked up once
         self._entries = self._direct.entries
 
     def __call__(self, x, w, b):
         M, N, K = x.shape[0], self.N, self.K
-        if self.blas_act is not None and M >= BLAS_FWD_MIN_ROWS and _blas(x.device):
-            return _blas_linear(x, w, b, self.blas_act), None
+        blas = self.blas_act if M > BLAS_LT_GELU_MAX_ROWS else self.blas_small
+        if blas is not None and M >= BLAS_FWD_MIN_ROWS and _blas(x.device):
+            return _blas_linear(x, w, b, blas), None
         y = memory.new_empty(M, N, like=x)
         z = memory.new_empty(M, N, like=x) if self.save_z else None
         if M == 0:
