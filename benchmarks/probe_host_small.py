@@ -22,13 +22,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-import fusedmlp_xpu as fm
 import probe_one_node
 from fusedmlp_xpu import dispatch, gated
 from fusedmlp_xpu.bench import environment
-from fusedmlp_xpu.bench_wide import LlamaMLP
+from fusedmlp_xpu.bench_wide import eager_model, ours_model
 
 
 def _as_node(call):
@@ -70,34 +68,30 @@ def main():
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     torch.manual_seed(0)
+    # the bench's own models: ours shares eager's parameters (bench_wide.ours_model)
+    eager = eager_model(None, (args.d, args.hidden, not args.gated, args.gated), dev, dt)
+    ours, _ = ours_model(eager, args.gated, dev, [])
+    ps = list(eager.parameters())
     if args.gated:
-        eager = LlamaMLP(args.d, args.hidden, dev, dt)
-        ours = fm.GatedMLP.from_module(eager)  # shares eager's Linears
-
         def inline():
             return F.linear(F.silu(F.linear(x, eager.gate_proj.weight))
                             * F.linear(x, eager.up_proj.weight), eager.down_proj.weight)
     else:
-        eager = nn.Sequential(nn.Linear(args.d, args.hidden), nn.GELU(approximate="tanh"),
-                              nn.Linear(args.hidden, args.d)).to(dev, dt)
-        ours = fm.FusedMLP.from_sequential(eager)  # the same values, its own copies
         W, B = [eager[0].weight, eager[2].weight], [eager[0].bias, eager[2].bias]
 
         def inline():
             return F.linear(F.gelu(F.linear(x, W[0], B[0]), approximate="tanh"), W[1], B[1])
-    ps, ps_ours = list(eager.parameters()), list(ours.parameters())
     x = torch.randn(args.rows, args.d, device=dev, dtype=dt, requires_grad=True)
     gy = torch.randn(args.rows, args.d, device=dev, dtype=dt)
     fwds = {"ours": lambda: ours(x), "node": _as_node(lambda: ours(x)), "inline": inline,
             "eager": lambda: eager(x)}
     fns = {}
     for k, f in fwds.items():
-        inputs = [x, *(ps_ours if k in ("ours", "node") else ps)]
         fns[k + "_fwd"] = f
-        fns[k + "_step"] = (lambda f=f, inputs=inputs: torch.autograd.grad(f(), inputs, gy))
+        fns[k + "_step"] = (lambda f=f: torch.autograd.grad(f(), [x, *ps], gy))
     want = torch.autograd.grad(eager(x), [x, *ps], gy)
     for k in ("ours", "node"):  # the same gradients before any timing
-        for a, b in zip(torch.autograd.grad(fwds[k](), [x, *ps_ours], gy), want):
+        for a, b in zip(torch.autograd.grad(fwds[k](), [x, *ps], gy), want):
             torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
     grad_fn = type(ours(x).grad_fn).__name__
     print("ours' node:", grad_fn, "| node's:", type(fwds["node"]().grad_fn).__name__)

@@ -119,9 +119,7 @@ def _torch_autograd(x, backend: str | None) -> bool:
     automatically, up to _torch_train_rows rows. (Those ops save eager's four [rows,
     hidden] tensors where the op's node keeps g and u.) The cheap tests first: most
     calls leave before the choice is looked up."""
-    limit = _torch_train_rows(x.device)
-    return (limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
-            and not backend and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
+    return (op.rows_within(x, _torch_train_rows(x.device)) and not backend and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
             and choose(x.device) is not _Reference)
 
 
@@ -399,7 +397,7 @@ class GatedMLP(nn.Module):
         # _modules / _parameters directly: nn.Module.__getattr__ costs ~1 us a lookup,
         # and a decode-sized call is all host time
         g, u, d = (self._modules[n]._parameters for n in ("gate_proj", "up_proj", "down_proj"))
-        biases = [g["bias"], u["bias"], d["bias"]] if self.has_bias else None
+        biases = None if g["bias"] is None else [g["bias"], u["bias"], d["bias"]]
         return fused_gated_mlp(x, g["weight"], u["weight"], d["weight"], self.activation,
                                self.backend, self.recompute, biases=biases)
 

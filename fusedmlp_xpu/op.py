@@ -256,9 +256,14 @@ def _torch_autograd(x, spec: MLPSpec, be, backend: str | None) -> bool:
     backend ``be`` names (``Backend.torch_train_rows``), unless a backend was forced.
     (Those ops save what eager saves: for a two-layer MLP both z and act(z), where the
     op's node keeps z alone.) Most calls leave at the first test (limit 0)."""
-    limit = be.torch_train_rows(spec, x.device)
-    return (limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
+    return (rows_within(x, be.torch_train_rows(spec, x.device))
             and dispatch.requested(backend) is None)
+
+
+def rows_within(x, limit: int) -> bool:
+    """Whether x ([..., features]) has at most ``limit`` rows; False for limit 0, at once
+    (the usual case: no reshape or numel on that path)."""
+    return limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
 
 
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool | None):

@@ -1173,18 +1173,19 @@ class _LinearForward:
         # BLAS_LT_GELU_MAX_ROWS not over the hardware tanh's kernel: with it gelu_tanh's
         # first wide-gelu layer ran 1.638 ms against cuBLASLt's 1.693 at 8192 rows (1.700
         # with the portable gelu; h200-probe-approx-20261201.json)
-        self.blas_small = act if (device.type == "cuda" and not save_z
-                                  and _blas_forward_ok(act, has_b)) else None
-        self.blas_act = self.blas_small if self.consts["ACT"] < APPROX.value else None
+        self.blas_act = act if (device.type == "cuda" and not save_z
+                                and _blas_forward_ok(act, has_b)) else None
+        self.blas_max_rows = (BLAS_LT_GELU_MAX_ROWS if self.consts["ACT"] >= APPROX.value
+                              else float("inf"))
         self.lean = launch.enabled(device)
         self._direct = _Direct(_kernel("fwd", device), device)  # looked up once
         self._entries = self._direct.entries
 
     def __call__(self, x, w, b):
         M, N, K = x.shape[0], self.N, self.K
-        blas = self.blas_act if M > BLAS_LT_GELU_MAX_ROWS else self.blas_small
-        if blas is not None and M >= BLAS_FWD_MIN_ROWS and _blas(x.device):
-            return _blas_linear(x, w, b, blas), None
+        if (self.blas_act is not None and BLAS_FWD_MIN_ROWS <= M <= self.blas_max_rows
+                and _blas(x.device)):
+            return _blas_linear(x, w, b, self.blas_act), None
         y = memory.new_empty(M, N, like=x)
         z = memory.new_empty(M, N, like=x) if self.save_z else None
         if M == 0:
