@@ -7,7 +7,7 @@ the GPU compiler rejects (seen: a loop-carried tile whose shape changed compiled
 interpreter and failed on the H200). This compiles the forward (one program per row
 block, and persistent), the backward (fused, and split in two) kernels for
 sm_<arch> with the tuning the H200 uses (and the backward in one kernel), for every
-padded width and activation family,
+padded width and activation family, and the Gluon inference forward (gluon_narrow.py),
 and prints shared memory, MMA family, registers and spills. Must run WITHOUT
 TRITON_INTERPRET.
 """
@@ -186,7 +186,62 @@ def main(argv=None) -> int:
                     failed += 1
                     print(f"{name} P={P} act {act}/{out_act}: FAILED {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]}")
+    failed += compile_gluon(args)
     return 1 if failed else 0
+
+
+def compile_gluon(args) -> int:
+    """The Gluon inference forward (gluon_narrow.py) at the bench's nets, at the
+    package's tuning; returns the number of failures."""
+    from fusedmlp_xpu.backends.triton import gluon_narrow as g
+
+    if g.gluon is None:
+        print(f"gluon: not compiled ({g.IMPORT_ERROR})")
+        return 0
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon import language as gl
+
+    nets = [((64,) + (32,) * 4 + (64,), 1, 0, False), ((64,) + (64,) * 4 + (64,), 1, 0, False),
+            ((64,) + (128,) * 4 + (64,), 1, 0, False)]
+    if not args.quick:
+        nets += [((64,) + (64,) * 11 + (64,), 1, 0, False), ((24, 64, 64, 40), 4, 6, True),
+                 ((32, 16, 8), 8, 7, True)]
+    failed = 0
+    for widths, act, out_act, bias in nets:
+        spec = MLPSpec(widths, dtype=torch.float16, bias=bias)
+        bm, stages, per_sm = g.tuning(spec)
+        IN_P, H_P, OUT_P = g._pads(spec)
+
+        def desc(shape):
+            lay = gl.NVMMASharedLayout.get_default_for(shape, gl.float16)
+            return f"tensordesc<fp16[{shape[0]}, {shape[1]}],{lay!r}>"
+
+        sig = dict(x_desc=desc([bm, IN_P]), w0_desc=desc([H_P, IN_P]),
+                   wh_desc=desc([H_P, H_P]), wl_desc=desc([OUT_P, H_P]),
+                   y_desc=desc([bm, OUT_P]), b0_ptr="*fp16", bh_ptr="*fp16", bl_ptr="*fp16",
+                   M="i32", H="i32", OUT="i32")
+        cx = dict(L_HID=spec.n_layers - 2, ACT=act, OUT_ACT=out_act, HAS_BIAS=bias,
+                  STAGES=stages, num_warps=4)
+        sig.update({k: "constexpr" for k in cx})
+        name = "gluon " + "-".join(map(str, widths))
+        try:
+            k = triton.compile(GluonASTSource(g._fwd_kernel, sig, cx, {}),
+                               target=GPUTarget("cuda", args.arch, 32),
+                               options=dict(num_warps=4))
+            ptx = k.asm["ptx"]
+            mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
+            # the shared memory the tuning counted against what the compiler allocated
+            est = g.smem_bytes(spec, bm, stages)
+            print(f"{name:<28} act {act}/{out_act} BLOCK_M {bm} stages {stages} x{per_sm}/SM "
+                  f"{k.metadata.shared // 1024:>4} KB smem (counted {est // 1024}) {mma} "
+                  f"{_ptxas_info(ptx)}")
+            if abs(k.metadata.shared - est) > 1024:
+                failed += 1
+                print(f"{name}: FAILED the counted shared memory is off")
+        except Exception as e:  # report every failure, then fail the run
+            failed += 1
+            print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    return failed
 
 
 if __name__ == "__main__":

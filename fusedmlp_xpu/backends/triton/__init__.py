@@ -490,6 +490,13 @@ class TritonBackend(Backend):
                         "with torch's autograd (measured faster there)")
             return True, why
         why = f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
+        if device.type == "cuda":
+            from . import gluon_narrow
+
+            ok, why_not = gluon_narrow.eligible(spec, device)
+            why += ("; inference on sm_90 from {} rows: the Gluon kernel (two row blocks "
+                    "per warpgroup, asynchronous MMAs, TMA)".format(GLUON_MIN_ROWS) if ok
+                    else f"; not the Gluon inference kernel: {why_not}")
         p = _persistent_choice(device, spec)
         if p is not None:
             why += (f"; inference: persistent programs, {p[0]} rows / {p[1]} warps"
@@ -791,6 +798,9 @@ class _NarrowForward:
         self.bias_per_block = _bias_per_block(self.pads)  # the persistent kernel's
         self.tuning = _tuning(device, spec, "fwd_save" if save else "fwd")
         self.lean = launch.enabled(device)
+        # the no-grad forward on sm_90: the Gluon kernel (gluon_narrow.py) from
+        # GLUON_MIN_ROWS rows, for x it can read by TMA
+        self.gluon = None if save else _gluon_plan(spec, device)
         self._entries: dict = {}  # key bits -> (entry, persistent?)
         self._exact: dict = {}  # (rows, strides) -> an entry of _entries (bound calls)
         if self.lean:
@@ -800,6 +810,10 @@ class _NarrowForward:
     def __call__(self, x, weights, biases):
         weights, biases = _dense(weights), _dense(biases)
         M, OUT, L_HID = x.shape[0], self.OUT, self.L_HID
+        if self.gluon is not None and M >= GLUON_MIN_ROWS:
+            y = self._gluon(x, weights, biases)
+            if y is not None:
+                return y, None
         y = memory.new_empty(M, OUT, like=x)  # through memory: the tests poison outputs
         z = saved = memory.new_empty(M, self.S, like=x) if self.save else None
         if z is None:
@@ -856,10 +870,52 @@ class _NarrowForward:
                 (*ptrs, M, self.IN, self.H, self.OUT, self.L_HID, *strides),
                 self.device.index)
 
+    def _gluon(self, x, weights, biases):
+        """y from the Gluon kernel, or None where it cannot read x, a weight or y by TMA
+        (strides or addresses not 16-byte aligned): the caller takes the Triton kernel."""
+        if not self.gluon.accepts(x):
+            return None
+        wh = _stacked(weights[1:-1]) if self.L_HID else weights[0]
+        ws = (weights[0], wh, weights[-1])
+        if (ws[0].data_ptr() | wh.data_ptr() | ws[2].data_ptr()) & _ALIGN:
+            return None
+        if biases is not None:
+            biases = (biases[0], _stacked(biases[1:-1]) if self.L_HID else x, biases[-1])
+        return self._gluon_run(x, ws, biases)
+
+    def _gluon_run(self, x, ws, bs):
+        y = memory.new_empty(x.shape[0], self.OUT, like=x)
+        if y.data_ptr() & _ALIGN:  # never from PyTorch's allocators; a test's wrapper
+            return None
+        return self.gluon(x, ws, bs, y)
+
+    def _gluon_bound(self, ws, bs, triton_bound, x):
+        """bind's forward on the Gluon path (the caller re-checks the parameters): ``ws``
+        and ``bs`` the parameters' addresses (gluon_narrow.Addr), ``triton_bound`` (or
+        None) the Triton kernel's bound forward, for fewer rows."""
+        if x.shape[0] < GLUON_MIN_ROWS:
+            return None if triton_bound is None else triton_bound(x)
+        if not self.gluon.accepts(x):
+            return None
+        return self._gluon_run(x, ws, bs)
+
     def bind(self, weights, biases):
         """``x -> y`` for this plan's no-grad forward with the parameters' addresses taken
         now, as ints (see ``_bound``); None where the plan has no lean launches or a
-        parameter is not dense, in place and 16-byte aligned."""
+        parameter is not dense, in place and 16-byte aligned. With the Gluon kernel, a
+        forward that takes it from GLUON_MIN_ROWS rows and the Triton one below."""
+        triton_bound = self._bind_triton(weights, biases)
+        if self.gluon is None or triton_bound is None:
+            return triton_bound
+        from .gluon_narrow import Addr
+
+        i = 1 if self.L_HID else 0
+        ws = tuple(Addr(w) for w in (weights[0], weights[i], weights[-1]))
+        bs = None if biases is None else tuple(
+            Addr(b) for b in (biases[0], biases[i], biases[-1]))
+        return functools.partial(self._gluon_bound, ws, bs, triton_bound)
+
+    def _bind_triton(self, weights, biases):
         if not self.lean or self.save or _dense(weights) is not weights \
                 or _dense(biases) is not biases:
             return None
@@ -932,6 +988,20 @@ class _NarrowForward:
             entry = _launcher("fwd").cached(args, consts, device, num_warps=warps,
                                             num_stages=stages)
             return None if entry is None else (entry, False)
+
+
+#: the no-grad narrow forward takes the Gluon kernel from this many rows (fewer are
+#: host-bound: its launch builds TMA descriptors)
+GLUON_MIN_ROWS = 1 << 14
+
+
+@functools.lru_cache(maxsize=256)
+def _gluon_plan(spec, device: torch.device):
+    """gluon_narrow's Plan for spec's no-grad forward on device, or None (eligible)."""
+    from . import gluon_narrow
+
+    ok, _ = gluon_narrow.eligible(spec, device) if _narrow(spec) else (False, "")
+    return gluon_narrow.Plan(spec, device) if ok else None
 
 
 def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT):

@@ -1,0 +1,200 @@
+"""The Gluon narrow inference forward (backends/triton/gluon_narrow.py): on sm_90 GPUs
+against the float64 reference, into NaN-poisoned outputs, over widths, depths,
+activations, biases, dtypes, row counts with tails and strided x; on every machine its
+selection rule and (ci/aot_narrow.py) its compile for sm_90."""
+import pytest
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations
+from fusedmlp_xpu.backends import triton as tb
+from fusedmlp_xpu.backends.triton import gluon_narrow
+from fusedmlp_xpu.spec import MLPSpec
+
+from conftest import assert_close, make_params, reference, tolerance
+
+
+def _sm90() -> bool:
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+            and gluon_narrow.gluon is not None)
+
+
+sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's Gluon")
+
+# (in, hidden, out, hidden layers): the bench's shapes, depth 1 (no hidden-to-hidden
+# weights) to 11, in/out padded by TMA (24, 40), the narrowest and widest hidden
+NETS = [(64, 64, 64, 4), (64, 32, 64, 4), (64, 128, 64, 4), (64, 64, 64, 11),
+        (24, 64, 40, 3), (32, 16, 8, 1), (128, 128, 128, 2), (16, 64, 16, 2)]
+ROWS = [1, 63, 64, 65, 128, 129, 1000, 2 ** 14 + 37]
+
+
+def _spec(net, act, out_act, bias, dtype):
+    IN, H, OUT, L = net
+    return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, bias, dtype)
+
+
+def _check(spec, rows, dev, x=None, gen=None):
+    ws, bs = make_params(spec.widths, spec.bias, spec.dtype, dev, gen=gen)
+    if x is None:
+        x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
+    plan = tb._forward_plan(spec, dev, False)
+    assert plan.gluon is not None, gluon_narrow.eligible(spec, dev)
+    y = plan._gluon(x, ws, bs)  # from any row count (GLUON_MIN_ROWS is the caller's rule)
+    assert y is not None
+    ref = reference(x, ws, bs, spec.activation, spec.output_activation)
+    assert_close(y, ref, tolerance("triton", spec.dtype))
+    return x, ws, bs
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("net", NETS, ids=["x".join(map(str, n)) for n in NETS])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_gluon_forward_matches_reference(net, dtype, bias):
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(hash((net, bias)) % 2 ** 31)
+    spec = _spec(net, "relu", "none", bias, dtype)
+    for rows in ROWS:
+        _check(spec, rows, dev, gen=gen)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", sorted(activations.ACTIVATIONS))
+def test_gluon_forward_every_activation(act):
+    """Each registry activation as the hidden and as the output activation."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(7)
+    for out_act in ("none", act):
+        _check(_spec((64, 64, 32, 2), act, out_act, True, torch.float16), 777, dev, gen=gen)
+
+
+@sm90
+@pytest.mark.gpu
+def test_gluon_forward_strided_and_refused_inputs():
+    """x as every other row of a wider tensor (TMA reads the stride); x whose rows are
+    not 16-byte aligned goes to the Triton kernel (None here), and still right."""
+    dev = torch.device("cuda")
+    spec = _spec((64, 64, 64, 3), "gelu", "none", True, torch.float16)
+    wide = torch.randn(3001, 128, device=dev, dtype=torch.float16)
+    _check(spec, None, dev, x=wide[:, 32:96])
+    odd = torch.randn(500, 65, device=dev, dtype=torch.float16)[:, :64]
+    plan = tb._forward_plan(spec, dev, False)
+    ws, bs = make_params(spec.widths, True, spec.dtype, dev)
+    assert not plan.gluon.accepts(odd)
+    assert plan._gluon(odd, ws, bs) is None
+    with torch.no_grad():
+        y = fm.fused_mlp(odd, ws, bs, "gelu", backend="triton")
+    assert_close(y, reference(odd, ws, bs, "gelu", "none"), tolerance("triton", spec.dtype))
+
+
+@sm90
+@pytest.mark.gpu
+def test_module_inference_takes_the_gluon_kernel_from_min_rows(monkeypatch):
+    """FusedMLP's no-grad calls (the bound fast path and the general one) launch the
+    Gluon kernel from GLUON_MIN_ROWS rows and the Triton kernel below; both right."""
+    dev = torch.device("cuda")
+    calls = []
+    real = gluon_narrow.Plan.__call__
+
+    def counting(self, *a):
+        calls.append(a[0].shape[0])
+        return real(self, *a)
+
+    monkeypatch.setattr(gluon_narrow.Plan, "__call__", counting)
+    m = fm.FusedMLP(64, 64, 64, 4, bias=True, device=dev, dtype=torch.float16,
+                    backend="triton")
+    big = tb.GLUON_MIN_ROWS + 5
+    for rows in (big, big, tb.GLUON_MIN_ROWS - 1, big + 64):
+        x = torch.randn(rows, 64, device=dev, dtype=torch.float16)
+        with torch.no_grad():
+            y = m(x)
+        assert_close(y, reference(x, m.weights(), m.biases(), "relu", "none"),
+                     tolerance("triton", torch.float16))
+    assert calls == [big, big, big + 64]
+    # training keeps the Triton kernels (it saves what the backward needs)
+    x = torch.randn(big, 64, device=dev, dtype=torch.float16, requires_grad=True)
+    m(x).sum().backward()
+    assert len(calls) == 3
+
+
+@sm90
+@pytest.mark.gpu
+def test_gluon_forward_in_a_cuda_graph():
+    """Captured and replayed on new data: TMA descriptors travel as kernel parameters."""
+    dev = torch.device("cuda")
+    m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16, backend="triton")
+    x = torch.randn(tb.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
+    with torch.no_grad():
+        m(x)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = m(x)
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+    assert_close(y, reference(x, m.weights(), None, "relu", "none"),
+                 tolerance("triton", torch.float16))
+
+
+def test_eligibility_rule_and_reasons(monkeypatch):
+    """Which nets may take the kernel, and explain()'s reason where one may not (the
+    checks before the device's own are plain Python)."""
+    cpu = torch.device("cpu")
+    ok = _spec((64, 64, 64, 4), "relu", "none", False, torch.float16)
+    assert gluon_narrow.eligible(ok, cpu)[1].startswith("not a CUDA device")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cuda = torch.device("cuda", 0)
+    if gluon_narrow.gluon is None:
+        assert "no Gluon" in gluon_narrow.eligible(ok, cuda)[1]
+        return
+    assert gluon_narrow.eligible(ok, cuda) == (True, "")
+    for spec, why in [
+            (_spec((64, 64, 64, 4), "relu", "none", False, torch.float32), "fp16 and bf16"),
+            (_spec((64, 48, 64, 4), "relu", "none", False, torch.float16), "power of two"),
+            (_spec((60, 64, 64, 4), "relu", "none", False, torch.float16), "multiples of 8"),
+            (_spec((64, 64, 12, 4), "relu", "none", False, torch.float16), "multiples of 8"),
+            (_spec((128, 128, 128, 16), "relu", "none", False, torch.float16), "do not fit")]:
+        assert why in gluon_narrow.eligible(spec, cuda)[1], spec
+    monkeypatch.setenv(gluon_narrow.ENV, "0")
+    assert gluon_narrow.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    monkeypatch.delenv(gluon_narrow.ENV)
+    assert "sm_90 only" in gluon_narrow.eligible(ok, cuda)[1]
+
+
+def test_tuning_fills_shared_memory_without_overflowing_it():
+    """The most programs per SM (up to 3), then the most x stages (up to 2), that fit the
+    sm_90 limits; the bench's nets get what the H200 sweep measured fastest."""
+    for net in NETS:
+        spec = _spec(net, "relu", "none", False, torch.float16)
+        t = gluon_narrow.tuning(spec)
+        assert t is not None, net
+        bm, stages, per_sm = t
+        need = gluon_narrow.smem_bytes(spec, bm, stages)
+        assert need <= gluon_narrow.SMEM_BYTES
+        assert per_sm * (need + gluon_narrow.SMEM_RESERVED) <= gluon_narrow.SMEM_PER_SM
+        more = [(per_sm + 1, 1)] if per_sm < 3 else []
+        more += [(per_sm, stages + 1)] if stages < 2 else []
+        for p, s in more:  # one more program or one more stage would not fit
+            n = gluon_narrow.smem_bytes(spec, bm, s)
+            assert n > gluon_narrow.SMEM_BYTES or p * (n + gluon_narrow.SMEM_RESERVED) \
+                > gluon_narrow.SMEM_PER_SM, (net, p, s)
+    w64 = _spec((64, 64, 64, 4), "relu", "none", False, torch.float16)
+    assert gluon_narrow.tuning(w64) == (64, 1, 3)
+
+
+def test_gluon_kernel_compiles_for_sm90():
+    """ci/aot_narrow.py --quick compiles the Gluon forward for sm_90 (no GPU needed) with
+    this Triton: no spills at the bench's widths."""
+    from conftest import run_aot_compile
+
+    if gluon_narrow.gluon is None:
+        pytest.skip(f"no Gluon: {gluon_narrow.IMPORT_ERROR}")
+    out = run_aot_compile("aot_narrow.py")
+    lines = [ln for ln in out.splitlines() if ln.startswith("gluon")]
+    assert len(lines) >= 3, out[-2000:]
+    assert all("wgmma" in ln for ln in lines), lines
