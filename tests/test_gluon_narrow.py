@@ -28,6 +28,18 @@ NETS = [(64, 64, 64, 4), (64, 32, 64, 4), (64, 128, 64, 4), (64, 64, 64, 11),
 ROWS = [1, 63, 64, 65, 128, 129, 1000, 2 ** 14 + 37]
 
 
+@pytest.fixture(autouse=True)
+def _every_hidden_width(monkeypatch):
+    """The kernel from hidden width 16 (the package takes it from MIN_HIDDEN), plans
+    made afresh."""
+    monkeypatch.setattr(gluon_narrow, "MIN_HIDDEN", 16)
+    tb._gluon_plan.cache_clear()
+    tb._forward_plan.cache_clear()
+    yield
+    tb._gluon_plan.cache_clear()
+    tb._forward_plan.cache_clear()
+
+
 def _spec(net, act, out_act, bias, dtype):
     IN, H, OUT, L = net
     return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, bias, dtype)
@@ -103,20 +115,31 @@ def test_module_inference_takes_the_gluon_kernel_from_min_rows(monkeypatch):
         return real(self, *a)
 
     monkeypatch.setattr(gluon_narrow.Plan, "__call__", counting)
-    m = fm.FusedMLP(64, 64, 64, 4, bias=True, device=dev, dtype=torch.float16,
-                    backend="triton")
+    # silu: smooth, so the gradient check below has no mask flips at relu's kink
+    m = fm.FusedMLP(64, 64, 64, 4, activation="silu", bias=True, device=dev,
+                    dtype=torch.float16, backend="triton")
     big = tb.GLUON_MIN_ROWS + 5
     for rows in (big, big, tb.GLUON_MIN_ROWS - 1, big + 64):
         x = torch.randn(rows, 64, device=dev, dtype=torch.float16)
         with torch.no_grad():
             y = m(x)
-        assert_close(y, reference(x, m.weights(), m.biases(), "relu", "none"),
+        assert_close(y, reference(x, m.weights(), m.biases(), "silu", "none"),
                      tolerance("triton", torch.float16))
     assert calls == [big, big, big + 64]
-    # training keeps the Triton kernels (it saves what the backward needs)
+    # a train step's forward takes it too where the backward recomputes the
+    # pre-activations from x (it then saves nothing); the gradients stay right
     x = torch.randn(big, 64, device=dev, dtype=torch.float16, requires_grad=True)
-    m(x).sum().backward()
-    assert len(calls) == 3
+    gy = torch.randn(big, 64, device=dev, dtype=torch.float16)
+    y = m(x)
+    y.backward(gy)
+    recomputes = tb.TritonBackend().recomputes(m.spec(torch.float16), dev)
+    assert len(calls) == 3 + recomputes
+    ref = reference(x, m.weights(), m.biases(), "silu", "none", grad_y=gy)
+    tol = tolerance("triton", torch.float16)
+    assert_close(y, ref[0], tol)
+    assert_close(x.grad, ref[1], tol, "grad x")
+    for w, rw in zip(m.weights(), ref[2]):
+        assert_close(w.grad, rw, tol, "grad w")
 
 
 @sm90
@@ -135,7 +158,7 @@ def test_gluon_forward_in_a_cuda_graph():
         x.copy_(torch.randn_like(x))
         g.replay()
         torch.cuda.synchronize()
-    assert_close(y, reference(x, m.weights(), None, "relu", "none"),
+    assert_close(y, reference(x, m.weights(), m.biases(), "relu", "none"),
                  tolerance("triton", torch.float16))
 
 
@@ -158,6 +181,10 @@ def test_eligibility_rule_and_reasons(monkeypatch):
             (_spec((60, 64, 64, 4), "relu", "none", False, torch.float16), "multiples of 8"),
             (_spec((64, 64, 12, 4), "relu", "none", False, torch.float16), "multiples of 8"),
             (_spec((128, 128, 128, 16), "relu", "none", False, torch.float16), "do not fit")]:
+        assert why in gluon_narrow.eligible(spec, cuda)[1], spec
+    monkeypatch.setattr(gluon_narrow, "MIN_HIDDEN", 64)
+    for spec, why in [
+            (_spec((64, 32, 64, 4), "relu", "none", False, torch.float16), "measured faster")]:
         assert why in gluon_narrow.eligible(spec, cuda)[1], spec
     monkeypatch.setenv(gluon_narrow.ENV, "0")
     assert gluon_narrow.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
