@@ -20,8 +20,9 @@ the weight descriptors per parameter address and launches the compiled kernel di
 after the first call (launch.py). Training keeps the Triton kernels (this forward stores
 no pre-activations).
 
-Measured on the H200 (benchmarks/NOTES.md, narrow history 32): the narrow-w64 inference
-forward at 2^22 rows 0.321 ms against the Triton kernel's 0.385."""
+Measured on the H200 (benchmarks/NOTES.md, narrow history 32), 2^22 rows: narrow-w64
+0.316-0.351 ms against the Triton kernel's 0.372-0.401, narrow-w128 0.809-0.864 against
+0.934-0.968; narrow-w32 0.294 against 0.282, hence MIN_HIDDEN."""
 from __future__ import annotations
 
 import torch
