@@ -81,6 +81,16 @@ if gluon is not None:
         return warpgroup_mma(h, w_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
 
     @gluon.jit
+    def _next(acc, h, b_ptr, N, w_smem, zero, op: gl.constexpr, ACT: gl.constexpr,
+              HAS_BIAS: gl.constexpr):
+        """Wait until this block's MMA is done (the other block's may still run), its
+        epilogue into the next layer's operand layout, then the next layer's MMA issued:
+        (that MMA, its operand, which must stay live until it is waited for)."""
+        acc, h = warpgroup_mma_wait(1, deps=(acc, h))
+        h = gl.convert_layout(_epilogue(acc, b_ptr, N, ACT, HAS_BIAS).to(h.dtype), op)
+        return _mma(h, w_smem, zero), h
+
+    @gluon.jit
     def _store(y_desc, y_smem, row, acc, bl_ptr, OUT, OUT_ACT: gl.constexpr,
                HAS_BIAS: gl.constexpr):
         """The last layer's epilogue into a staging tile, then a TMA store; first waits
@@ -158,29 +168,21 @@ if gluon is not None:
 
             aa = _mma(ha, w0_smem, zero_h)
             ab = _mma(hb, w0_smem, zero_h)
+            # block a's layer j is done (b's may still run): its epilogue, then its next
+            # MMA; then the same for b
             for j in gl.static_range(L_HID):
-                # block a's layer j is done (b's may still run): its epilogue, then its
-                # next MMA; then the same for b
                 if j == 0:
                     bp = b0_ptr
                 else:
                     bp = bh_ptr + (j - 1) * H
-                aa, ha = warpgroup_mma_wait(1, deps=(aa, ha))
-                ha = gl.convert_layout(_epilogue(aa, bp, H, ACT, HAS_BIAS).to(dt), op_h)
-                aa = _mma(ha, wh_smem.index(j), zero_h)
-                ab, hb = warpgroup_mma_wait(1, deps=(ab, hb))
-                hb = gl.convert_layout(_epilogue(ab, bp, H, ACT, HAS_BIAS).to(dt), op_h)
-                ab = _mma(hb, wh_smem.index(j), zero_h)
+                aa, ha = _next(aa, ha, bp, H, wh_smem.index(j), zero_h, op_h, ACT, HAS_BIAS)
+                ab, hb = _next(ab, hb, bp, H, wh_smem.index(j), zero_h, op_h, ACT, HAS_BIAS)
             if L_HID == 0:
                 bp = b0_ptr
             else:
                 bp = bh_ptr + (L_HID - 1) * H
-            aa, ha = warpgroup_mma_wait(1, deps=(aa, ha))
-            ga = gl.convert_layout(_epilogue(aa, bp, H, ACT, HAS_BIAS).to(dt), op_o)
-            oa = _mma(ga, wl_smem, zero_o)
-            ab, hb = warpgroup_mma_wait(1, deps=(ab, hb))
-            gb = gl.convert_layout(_epilogue(ab, bp, H, ACT, HAS_BIAS).to(dt), op_o)
-            ob = _mma(gb, wl_smem, zero_o)
+            oa, ga = _next(aa, ha, bp, H, wl_smem, zero_o, op_o, ACT, HAS_BIAS)
+            ob, gb = _next(ab, hb, bp, H, wl_smem, zero_o, op_o, ACT, HAS_BIAS)
             oa, ga = warpgroup_mma_wait(1, deps=(oa, ga))
             _store(y_desc, y_smem.index(0), 2 * q * BM, oa, bl_ptr, OUT, OUT_ACT, HAS_BIAS)
             ob, gb = warpgroup_mma_wait(0, deps=(ob, gb))
