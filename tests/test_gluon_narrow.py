@@ -96,6 +96,10 @@ def test_gluon_forward_strided_and_refused_inputs():
     ws, bs = make_params(spec.widths, True, spec.dtype, dev)
     assert not plan.gluon.accepts(odd)
     assert plan._gluon(odd, ws, bs) is None
+    # a bias 2 bytes past an aligned address: the kept launch assumes aligned pointers
+    shifted = [torch.empty(b.numel() + 1, device=dev, dtype=b.dtype)[1:].copy_(b)
+               for b in bs]
+    assert plan._gluon(wide[:, 32:96], ws, shifted) is None
     with torch.no_grad():
         y = fm.fused_mlp(odd, ws, bs, "gelu", backend="triton")
     assert_close(y, reference(odd, ws, bs, "gelu", "none"), tolerance("triton", spec.dtype))
