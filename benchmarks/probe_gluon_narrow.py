@@ -1,7 +1,7 @@
 """Probe: the Gluon narrow inference forward (fusedmlp_xpu/backends/triton/gluon_narrow.py)
 at other tunings than the package's, against the Triton kernel (FUSEDMLP_GLUON=0), same
 process, passes in turn: each variant is (rows per block, x-pair stages, programs per
-SM), forced through ``gluon_narrow.tuning``. A net W -> W x hidden_layers -> W, fp16, no
+SM, warps), forced through ``gluon_narrow.tuning``. A net W -> W x hidden_layers -> W, fp16, no
 biases (the narrow bench's shape at W 64). Checked against float64 before timing.
 
 The first run (NOTES.md, narrow history 32; `h200-probe-gluon-narrow-20261201.txt`) timed
@@ -27,7 +27,7 @@ from fusedmlp_xpu.bench import environment
 
 def _use(variant, m=None):
     """Make the next plans (and ``m``'s next binding) take ``variant``: "triton",
-    "package" or (bm, stages, per_sm)."""
+    "package" or (bm, stages, per_sm, warps)."""
     os.environ["FUSEDMLP_GLUON"] = "0" if variant == "triton" else "1"
     gluon_narrow.tuning = (_own_tuning if variant in ("triton", "package")
                            else (lambda spec, v=variant: v))
@@ -46,8 +46,8 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[20, 22])
     ap.add_argument("--width", type=int, nargs="+", default=[64])
     ap.add_argument("--hidden-layers", type=int, default=4)
-    ap.add_argument("--variants", default="64,2,2;64,3,2;64,1,3;128,2,1",
-                    help="bm,stages,per_sm;... (4 warps)")
+    ap.add_argument("--variants", default="64,2,2,4;64,1,3,4;128,1,2,8;128,2,1,8",
+                    help="bm,stages,per_sm,warps;...")
     ap.add_argument("--passes", type=int, default=2)
     args = ap.parse_args()
     dev = torch.device("cuda")

@@ -209,7 +209,7 @@ def compile_gluon(args) -> int:
     failed = 0
     for widths, act, out_act, bias in nets:
         spec = MLPSpec(widths, dtype=torch.float16, bias=bias)
-        bm, stages, per_sm = g.tuning(spec)
+        bm, stages, per_sm, warps = g.tuning(spec)
         IN_P, H_P, OUT_P = g._pads(spec)
 
         def desc(shape):
@@ -221,18 +221,18 @@ def compile_gluon(args) -> int:
                    y_desc=desc([bm, OUT_P]), b0_ptr="*fp16", bh_ptr="*fp16", bl_ptr="*fp16",
                    M="i32", H="i32", OUT="i32")
         cx = dict(L_HID=spec.n_layers - 2, ACT=act, OUT_ACT=out_act, HAS_BIAS=bias,
-                  STAGES=stages, num_warps=4)
+                  STAGES=stages, num_warps=warps)
         sig.update({k: "constexpr" for k in cx})
         name = "gluon " + "-".join(map(str, widths))
         try:
             k = triton.compile(GluonASTSource(g._fwd_kernel, sig, cx, {}),
                                target=GPUTarget("cuda", args.arch, 32),
-                               options=dict(num_warps=4))
+                               options=dict(num_warps=warps))
             ptx = k.asm["ptx"]
             mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
             # the shared memory the tuning counted against what the compiler allocated
             est = g.smem_bytes(spec, bm, stages)
-            print(f"{name:<28} act {act}/{out_act} BLOCK_M {bm} stages {stages} x{per_sm}/SM "
+            print(f"{name:<28} act {act}/{out_act} BLOCK_M {bm} w{warps} stages {stages} x{per_sm}/SM "
                   f"{k.metadata.shared // 1024:>4} KB smem (counted {est // 1024}) {mma} "
                   f"{_ptxas_info(ptx)}")
             if abs(k.metadata.shared - est) > 1024:

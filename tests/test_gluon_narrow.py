@@ -204,7 +204,8 @@ def test_tuning_fills_shared_memory_without_overflowing_it():
         spec = _spec(net, "relu", "none", False, torch.float16)
         t = gluon_narrow.tuning(spec)
         assert t is not None, net
-        bm, stages, per_sm = t
+        bm, stages, per_sm, warps = t
+        assert warps * 16 == bm  # 64 rows a warpgroup
         need = gluon_narrow.smem_bytes(spec, bm, stages)
         assert need <= gluon_narrow.SMEM_BYTES
         assert per_sm * (need + gluon_narrow.SMEM_RESERVED) <= gluon_narrow.SMEM_PER_SM
@@ -215,7 +216,7 @@ def test_tuning_fills_shared_memory_without_overflowing_it():
             assert n > gluon_narrow.SMEM_BYTES or p * (n + gluon_narrow.SMEM_RESERVED) \
                 > gluon_narrow.SMEM_PER_SM, (net, p, s)
     w64 = _spec((64, 64, 64, 4), "relu", "none", False, torch.float16)
-    assert gluon_narrow.tuning(w64) == (64, 1, 3)
+    assert gluon_narrow.tuning(w64) == (64, 1, 3, 4)
 
 
 def test_gluon_kernel_compiles_for_sm90():

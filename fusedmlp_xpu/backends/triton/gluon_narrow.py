@@ -221,9 +221,10 @@ def smem_bytes(spec, block_m: int, stages: int) -> int:
                  + 2 * stages * block_m * IN_P + 2 * block_m * OUT_P) + 64
 
 
-def tuning(spec) -> tuple[int, int, int] | None:
-    """(rows per block, x stages, programs per SM), or None when one program's weights
-    and tiles do not fit shared memory. 64-row blocks, one warpgroup; as many programs
+def tuning(spec) -> tuple[int, int, int, int] | None:
+    """(rows per block, x stages, programs per SM, warps), or None when one program's
+    weights and tiles do not fit shared memory. 64-row blocks, one warpgroup (a 128-row
+    block on 8 warps is two warpgroups of 64 rows sharing the weights); as many programs
     per SM as fit, up to three, then the stages that still fit (at most two). Swept on
     the H200 (NOTES.md, narrow history 32): narrow-w64 1 stage / 3 per SM 0.321 ms,
     3 / 2 0.338-0.357, 2 / 2 0.358; 128-row blocks 0.370."""
@@ -232,7 +233,7 @@ def tuning(spec) -> tuple[int, int, int] | None:
         for stages in (2, 1):
             need = smem_bytes(spec, bm, stages)
             if need <= SMEM_BYTES and per_sm * (need + SMEM_RESERVED) <= SMEM_PER_SM:
-                return bm, stages, per_sm
+                return bm, stages, per_sm, 4
     return None
 
 
@@ -270,7 +271,7 @@ class Plan:
         self.spec, self.device = spec, device
         self.IN, self.H, self.OUT = spec.in_features, spec.widths[1], spec.out_features
         self.L_HID = spec.n_layers - 2
-        self.block_m, self.stages, self.per_sm = tuning(spec)
+        self.block_m, self.stages, self.per_sm, self.warps = tuning(spec)
         IN_P, H_P, OUT_P = _pads(spec)
         gdt = gl.float16 if spec.dtype == torch.float16 else gl.bfloat16
         lay = gl.NVMMASharedLayout.get_default_for
@@ -330,10 +331,10 @@ class Plan:
         if entry is not None and launch.direct_ok(self.device.index):
             launch._direct(entry, grid, args, self.device.index)
             return y
-        ck = _fwd_kernel[grid](*args, **self.consts, num_warps=4)
+        ck = _fwd_kernel[grid](*args, **self.consts, num_warps=self.warps)
         if self.lean:
             e = launch._entry(ck, launch._constexpr_names(_fwd_kernel),
-                              dict(self.consts, num_warps=4))
+                              dict(self.consts, num_warps=self.warps))
             if e is not None:
                 self._kernels[key] = e
         return y
