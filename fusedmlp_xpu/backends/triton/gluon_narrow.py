@@ -223,17 +223,23 @@ def smem_bytes(spec, block_m: int, stages: int) -> int:
 
 def tuning(spec) -> tuple[int, int, int, int] | None:
     """(rows per block, x stages, programs per SM, warps), or None when one program's
-    weights and tiles do not fit shared memory. 64-row blocks, one warpgroup (a 128-row
-    block on 8 warps is two warpgroups of 64 rows sharing the weights); as many programs
-    per SM as fit, up to three, then the stages that still fit (at most two). Swept on
-    the H200 (NOTES.md, narrow history 32): narrow-w64 1 stage / 3 per SM 0.321 ms,
-    3 / 2 0.338-0.357, 2 / 2 0.358; 128-row blocks 0.370."""
-    bm = 64
+    weights and tiles do not fit shared memory. 64-row blocks, one warpgroup; as many
+    programs per SM as fit, up to three, then the stages that still fit (at most two).
+    Where only one fits and hidden is at most 64 (deep nets), 128-row blocks on 8 warps:
+    two warpgroups, each its own pair of 64-row chains, sharing one copy of the weights.
+    Swept on the H200 (NOTES.md, narrow history 32): narrow-w64 1 stage / 3 per SM 0.321
+    ms, 3 / 2 0.338-0.357, 2 / 2 0.358, 128 rows on 4 warps 0.370; at 2^20 rows 0.082 ms
+    against 8 warps' 0.085. paper-table1's net (11 hidden layers) at 2^20 rows: 0.195 ms
+    at 64 rows / 2 stages / 4 warps, 0.178 at 128 rows / 1 stage / 8 warps, 0.192-0.196
+    at 256 rows / 16 warps (spilling). Hidden 128 keeps 4 warps (8 not timed there)."""
     for per_sm in (3, 2, 1):
         for stages in (2, 1):
-            need = smem_bytes(spec, bm, stages)
+            need = smem_bytes(spec, 64, stages)
             if need <= SMEM_BYTES and per_sm * (need + SMEM_RESERVED) <= SMEM_PER_SM:
-                return bm, stages, per_sm, 4
+                if per_sm == 1 and spec.widths[1] <= 64 \
+                        and smem_bytes(spec, 128, 1) <= SMEM_BYTES:
+                    return 128, 1, 1, 8
+                return 64, stages, per_sm, 4
     return None
 
 
