@@ -12,13 +12,16 @@ staging tiles, and every layer's weights stay in shared memory for the whole pro
 TMA pads the tiles past x's rows and in/out columns with zeros and clips the stores, so
 there are no masks and no padded copies.
 
+Deep nets whose weights leave room for one program per SM run 128-row blocks on 8 warps:
+two warpgroups, each with its own pair of row blocks, sharing one copy of the weights.
+
 What it takes (``eligible``): fp16/bf16, hidden width a power of two from 64 (MIN_HIDDEN;
-the kernel runs from 16) to 128, in
-and out widths multiples of 8 (16-byte TMA row strides), the weights in shared memory
-fitting one program, and Triton's Gluon API for Hopper. The host side (``Plan``) keeps
-the weight descriptors per parameter address and launches the compiled kernel directly
-after the first call (launch.py). Training keeps the Triton kernels (this forward stores
-no pre-activations).
+the kernel runs from 16) to 128, in and out widths multiples of 8 (16-byte TMA row
+strides), the weights in shared memory fitting one program, and Triton's Gluon API for
+Hopper. The host side (``Plan``) keeps the weight descriptors per parameter address and
+launches the compiled kernel directly after the first call (launch.py). It stores no
+pre-activations: a train step's forward takes it only where the backward computes them
+again from x (the one-kernel backward); forwards that save them keep narrow.py.
 
 Measured on the H200 (benchmarks/NOTES.md, narrow history 32), 2^22 rows: narrow-w64
 0.316-0.351 ms against the Triton kernel's 0.372-0.401, narrow-w128 0.809-0.864 against
