@@ -504,6 +504,13 @@ class TritonBackend(Backend):
         if self.recomputes(spec, device):
             why += ("; training: the backward in one kernel too, recomputing the "
                     "pre-activations on chip (the forward saves none)")
+            if device.type == "cuda":
+                from . import gluon_backward
+
+                ok, why_not = gluon_backward.eligible(spec, device)
+                why += ("; that backward on sm_90 from {} rows: the Gluon kernel "
+                        "(asynchronous weight-gradient MMAs, TMA)".format(GLUON_MIN_ROWS)
+                        if ok else f"; not the Gluon backward: {why_not}")
         return True, why
 
     # -- launches -----------------------------------------------------------------------
@@ -555,6 +562,11 @@ class TritonBackend(Backend):
         need_x, need_w, need_b = needs
         weights, biases = _dense(weights), _dense(biases)
         M = x.shape[0]
+        if saved is None and M >= GLUON_MIN_ROWS and not need_b:
+            plan = _gluon_backward_plan(spec, x.device, need_x, need_w)
+            out = None if plan is None else _gluon_backward(plan, grad_y, x, weights)
+            if out is not None:
+                return out
         need_wb = need_w or need_b
         # nothing saved (recompute): the one kernel also when only x needs a gradient
         split = (_split_backward(x.device, spec) if M > 0 and (need_wb or saved is None)
@@ -1005,6 +1017,38 @@ def _gluon_plan(spec, device: torch.device):
 
     ok, _ = gluon_narrow.eligible(spec, device) if _narrow(spec) else (False, "")
     return gluon_narrow.Plan(spec, device) if ok else None
+
+
+@functools.lru_cache(maxsize=256)
+def _gluon_backward_plan(spec, device: torch.device, need_x: bool, need_w: bool):
+    """gluon_backward's Plan for spec's recomputing backward on device, or None."""
+    from . import gluon_backward
+
+    ok, _ = gluon_backward.eligible(spec, device) if _narrow(spec) else (False, "")
+    return gluon_backward.Plan(spec, device, need_x, need_w) if ok else None
+
+
+def _gluon_backward(plan, grad_y, x, weights):
+    """(grad_x or None, weight gradients, []) from the Gluon backward, or None where it
+    cannot read an operand by TMA (strides or addresses not 16-byte aligned): the caller
+    takes the Triton kernels."""
+    if grad_y.stride(-1) != 1:  # a broadcast gradient (a sum's): TMA needs rows
+        grad_y = grad_y.contiguous()
+    if not plan.accepts(x, grad_y):
+        return None
+    L_HID = plan.L_HID
+    ws = (weights[0], _stacked(weights[1:-1]) if L_HID else weights[0], weights[-1])
+    if (ws[0].data_ptr() | ws[1].data_ptr() | ws[2].data_ptr()) & _ALIGN:
+        return None
+    M = x.shape[0]
+    gx = memory.new_empty(M, plan.IN, like=x) if plan.need_x else x
+    out = memory.new_empty(plan.reduce.numel, like=x) if plan.need_w else None
+    if (gx.data_ptr() | (0 if out is None else out.data_ptr())) & _ALIGN:
+        return None  # never from PyTorch's allocators; a test's wrapper
+    with device_guard(x):
+        plan(grad_y, x, ws, gx, out)
+    gws = plan.reduce.views(out)[0] if out is not None else []
+    return (gx if plan.need_x else None), gws, []
 
 
 def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT):

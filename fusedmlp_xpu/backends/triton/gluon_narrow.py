@@ -246,9 +246,9 @@ def tuning(spec) -> tuple[int, int, int, int] | None:
     return None
 
 
-def eligible(spec, device: torch.device) -> tuple[bool, str]:
-    """Whether the no-grad narrow forward of ``spec`` on ``device`` runs this kernel, and
-    why not (shown by explain())."""
+def device_ok(spec, device: torch.device) -> tuple[bool, str]:
+    """The checks every Gluon kernel here shares: Gluon's Hopper API, not turned off, an
+    sm_90 CUDA device, fp16/bf16."""
     if gluon is None:
         return False, f"no Gluon in this Triton ({IMPORT_ERROR})"
     if envvars.get(ENV, "1") == "0":
@@ -259,6 +259,15 @@ def eligible(spec, device: torch.device) -> tuple[bool, str]:
         return False, "warpgroup MMAs are sm_90 only"
     if spec.dtype not in (torch.float16, torch.bfloat16):
         return False, f"{spec.dtype} (fp16 and bf16 only)"
+    return True, ""
+
+
+def eligible(spec, device: torch.device) -> tuple[bool, str]:
+    """Whether the no-grad narrow forward of ``spec`` on ``device`` runs this kernel, and
+    why not (shown by explain())."""
+    ok, why = device_ok(spec, device)
+    if not ok:
+        return ok, why
     H = spec.widths[1]
     if H < 16 or H & (H - 1) or H > 128:
         return False, f"hidden width {H} is no power of two in 16..128"
@@ -269,6 +278,25 @@ def eligible(spec, device: torch.device) -> tuple[bool, str]:
     if tuning(spec) is None:
         return False, "the weights do not fit one program's shared memory"
     return True, ""
+
+
+def weight_descs(cache: dict, weights, IN: int, H: int, OUT: int, L_HID: int, blocks,
+                 layouts) -> tuple:
+    """TMA descriptors of (w0, the hidden weights back to back, wl), kept in ``cache`` per
+    address (at most 8 sets)."""
+    w0, wh, wl = weights
+    key = (w0.data_ptr(), wh.data_ptr(), wl.data_ptr())
+    d = cache.get(key)
+    if d is None:
+        if len(cache) >= 8:
+            cache.clear()
+        # wh: the hidden weights back to back from its address (_stacked may hand over
+        # the first one only); w0 stands in for it without hidden layers
+        shapes = ([H, IN], [L_HID * H, H] if L_HID else [H, IN], [OUT, H])
+        d = cache[key] = tuple(
+            TensorDescriptor(Addr(w), shape, [shape[1], 1], b, lay)
+            for w, shape, b, lay in zip(weights, shapes, blocks, layouts))
+    return d
 
 
 class Plan:
@@ -304,33 +332,16 @@ class Plan:
         return (s1 == 1 and not (s0 * x.element_size()) % 16 and not x.data_ptr() % 16
                 and 0 < x.shape[0] <= MAX_ROWS)
 
-    def _weight_descs(self, w0, wh, wl):
-        key = (w0.data_ptr(), wh.data_ptr(), wl.data_ptr())
-        d = self._wdesc.get(key)
-        if d is None:
-            if len(self._wdesc) >= 8:
-                self._wdesc.clear()
-            # wh: the hidden weights back to back from its address (_stacked may hand
-            # over the first one only); w0 stands in for it without hidden layers
-            shapes = ([self.H, self.IN],
-                      [self.L_HID * self.H, self.H] if self.L_HID else [self.H, self.IN],
-                      [self.OUT, self.H])
-            d = self._wdesc[key] = tuple(
-                TensorDescriptor(Addr(w), shape, [shape[1], 1], b, lay)
-                for w, shape, b, lay in zip((w0, wh, wl), shapes, self.w_blocks,
-                                            self.w_layouts))
-        return d
-
     def __call__(self, x, weights, biases, y):
         """y = the MLP of x, written into ``y`` ([M, OUT], contiguous, 16-byte aligned).
         ``weights`` (w0, the hidden weights back to back, wl) and ``biases`` (b0, the
         hidden ones back to back, bl; or None): tensors or Addr, dense, 16-byte aligned
         (the caller's _NarrowForward checks)."""
-        w0, wh, wl = weights
         M = x.shape[0]
         xd = TensorDescriptor(x, list(x.shape), list(x.stride()), self.x_block, self.x_layout)
         yd = TensorDescriptor(y, [M, self.OUT], [self.OUT, 1], self.y_block, self.y_layout)
-        w0d, whd, wld = self._weight_descs(w0, wh, wl)
+        w0d, whd, wld = weight_descs(self._wdesc, weights, self.IN, self.H, self.OUT,
+                                     self.L_HID, self.w_blocks, self.w_layouts)
         b0, bh, bl = biases if biases is not None else (x, x, x)
         n_pairs = (M + 2 * self.block_m - 1) // (2 * self.block_m)
         grid = (min(n_pairs, self.max_programs),)

@@ -1,0 +1,81 @@
+"""Probe: the Gluon recomputing backward (fusedmlp_xpu/backends/triton/gluon_backward.py)
+against the Triton one-kernel backward (FUSEDMLP_GLUON_BACKWARD=0), same process, passes
+in turn: the backward call alone (TritonBackend.backward, nothing saved) and FusedMLP's
+train step (forward + backward). A net 64 -> 64 x hidden_layers -> 64, fp16, no biases
+(the narrow bench's narrow-w64). Before timing, each variant's gradients are compared
+with the Triton kernels' (both are checked against float64 by the test suite).
+
+    python benchmarks/probe_gluon_backward.py --out F.json [--rows 20 22] [--passes 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu.backends import triton as tb
+from fusedmlp_xpu.bench import environment
+
+
+def _use(variant):
+    os.environ["FUSEDMLP_GLUON_BACKWARD"] = "0" if variant == "triton" else "1"
+    tb._gluon_backward_plan.cache_clear()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out")
+    ap.add_argument("--rows", type=int, nargs="+", default=[20, 22])
+    ap.add_argument("--hidden-layers", type=int, default=4)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--passes", type=int, default=2)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    dt = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    m = fm.FusedMLP(64, 64, 64, args.hidden_layers, bias=False, device=dev, dtype=dt,
+                    backend="triton")
+    spec = m.spec(dt)
+    be = tb.TritonBackend()
+    print(be.supports(spec, dev)[1], flush=True)
+    rows = []
+    for lg in args.rows:
+        x = torch.randn(2 ** lg, 64, device=dev, dtype=dt)
+        gy = torch.randn(2 ** lg, 64, device=dev, dtype=dt)
+        ws = [w.detach() for w in m.weights()]
+        got = {}
+        for v in ("triton", "gluon"):
+            _use(v)
+            gx, gws, _ = be.backward(gy, x, ws, None, None, spec, (True, True, False))
+            got[v] = [gx.double()] + [g.double() for g in gws]
+        errs = [((a - b).norm() / b.norm()).item() for a, b in zip(got["gluon"], got["triton"])]
+        print(f"2^{lg}: gluon vs triton rel diff, grad x and weights: "
+              + " ".join(f"{e:.1e}" for e in errs), flush=True)
+        xg = x.clone().requires_grad_()
+        for p in range(args.passes):
+            for v in ("triton", "gluon"):
+                _use(v)
+                bwd = triton.testing.do_bench(
+                    lambda: be.backward(gy, x, ws, None, None, spec, (True, True, False)),
+                    warmup=50, rep=300, return_mode="median")
+
+                def step():
+                    m(xg).backward(gy)
+
+                st = triton.testing.do_bench(step, warmup=20, rep=300, return_mode="median")
+                rows.append(dict(rows=x.shape[0], case=v, p=p, backward_ms=bwd, step_ms=st,
+                                 max_rel_diff=max(errs)))
+                print(f"2^{lg} pass {p} {v}: backward {bwd:.4f} ms, train step {st:.4f} ms",
+                      flush=True)
+    _use("gluon")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(environment=environment(dev), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The Gluon recomputing backward (backends/triton/gluon_backward.py): on sm_90 GPUs every
+gradient against the float64 reference, into NaN-poisoned outputs, over depths,
+activations, in/out widths that TMA pads, dtypes, row counts with tails and several row
+blocks per program, strided x, and the gradients asked for; through FusedMLP's train
+step; on every machine its selection rule and its compile for sm_90."""
+import pytest
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations
+from fusedmlp_xpu.backends import triton as tb
+from fusedmlp_xpu.backends.triton import gluon_backward, gluon_narrow
+from fusedmlp_xpu.spec import MLPSpec
+
+from conftest import assert_close, make_params, reference, saved_z, tolerance
+
+
+def _sm90() -> bool:
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+            and gluon_narrow.gluon is not None)
+
+
+sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's Gluon")
+
+# (in, hidden, out, hidden layers): the bench's w64 shape, 0..4 hidden-to-hidden weights,
+# in/out padded by TMA (24 -> 32, 40 -> 64, 8 -> 16)
+NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (64, 64, 64, 2), (64, 64, 64, 5), (24, 64, 40, 3),
+        (16, 64, 8, 2)]
+# tails, one program's single block, and several blocks a program (132 SMs x 128 rows)
+ROWS = [1, 127, 129, 1000, 2 ** 17 + 37]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    tb._gluon_backward_plan.cache_clear()
+    yield
+    tb._gluon_backward_plan.cache_clear()
+
+
+def _spec(net, act="relu", out_act="none", dtype=torch.float16):
+    IN, H, OUT, L = net
+    return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, False, dtype)
+
+
+def _check(spec, rows, dev, gen, x=None, need=(True, True)):
+    """The kernel's gradients (need: grad_x, grad_weights) of fresh random data against
+    the float64 reference, the derivatives taken at the kernel's pre-activations."""
+    plan = tb._gluon_backward_plan(spec, dev, *need)
+    assert plan is not None, gluon_backward.eligible(spec, dev)
+    ws, _ = make_params(spec.widths, False, spec.dtype, dev, gen=gen)
+    if x is None:
+        x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
+    gy = torch.randn(x.shape[0], spec.out_features, generator=gen).to(dev, spec.dtype)
+    out = tb._gluon_backward(plan, gy, x, ws)
+    assert out is not None
+    gx, gws, gbs = out
+    kinks = saved_z(x, ws, None, spec.activation, spec.output_activation, "triton")
+    _, rgx, rgw, _ = reference(x, ws, None, spec.activation, spec.output_activation,
+                               grad_y=gy, kinks_at=kinks)
+    tol = tolerance("triton", spec.dtype)
+    assert gbs == []
+    if need[0]:
+        assert_close(gx, rgx, tol, "grad x")
+    else:
+        assert gx is None
+    if need[1]:
+        assert len(gws) == len(ws)
+        for i, (g, r) in enumerate(zip(gws, rgw)):
+            assert_close(g, r, tol, f"grad weights[{i}]")
+    else:
+        assert gws == []
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("net", NETS, ids=["x".join(map(str, n)) for n in NETS])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gluon_backward_matches_reference(net, dtype, poison):
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(hash(net) % 2 ** 31)
+    for rows in ROWS:
+        _check(_spec(net, dtype=dtype), rows, dev, gen)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", sorted(activations.ACTIVATIONS))
+def test_gluon_backward_every_activation(act, poison):
+    """Each registry activation as the hidden one (those that keep the pre-activation fit
+    one hidden-to-hidden weight) and as the output one."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(11)
+    for out_act in ("none", act):
+        _check(_spec((64, 64, 32, 2), act, out_act), 3001, dev, gen)
+        _check(_spec((64, 64, 64, 4), "relu", out_act), 3001, dev, gen)
+
+
+@sm90
+@pytest.mark.gpu
+def test_gluon_backward_partial_needs_and_strided_x(poison):
+    """grad_x alone, the weights' alone; x as every other row of a wider tensor; x whose
+    rows TMA cannot read is refused (None: the caller takes the Triton kernels)."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(5)
+    spec = _spec((64, 64, 64, 4))
+    _check(spec, 5000, dev, gen, need=(True, False))
+    _check(spec, 5000, dev, gen, need=(False, True))
+    wide = torch.randn(3001, 128, generator=gen).to(dev, spec.dtype)
+    _check(spec, None, dev, gen, x=wide[:, 32:96])
+    odd = torch.randn(500, 65, device=dev, dtype=spec.dtype)[:, :64]
+    plan = tb._gluon_backward_plan(spec, dev, True, True)
+    ws, _ = make_params(spec.widths, False, spec.dtype, dev)
+    assert tb._gluon_backward(plan, torch.randn(500, 64, device=dev, dtype=spec.dtype),
+                              odd, ws) is None
+
+
+@sm90
+@pytest.mark.gpu
+def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
+    """FusedMLP's train step from GLUON_MIN_ROWS rows runs the Gluon backward (and the
+    Triton kernels below); the gradients, through the module, stay right. A sum's
+    gradient (broadcast, no rows in memory) is made dense first."""
+    dev = torch.device("cuda")
+    calls = []
+    real = gluon_backward.Plan.__call__
+
+    def counting(self, *a):
+        calls.append(a[1].shape[0])
+        return real(self, *a)
+
+    monkeypatch.setattr(gluon_backward.Plan, "__call__", counting)
+    m = fm.FusedMLP(64, 64, 64, 4, bias=False, device=dev, dtype=torch.float16,
+                    backend="triton")
+    big = tb.GLUON_MIN_ROWS + 5
+    tol = tolerance("triton", torch.float16)
+    for rows in (big, tb.GLUON_MIN_ROWS - 1):
+        x = torch.randn(rows, 64, device=dev, dtype=torch.float16, requires_grad=True)
+        gy = torch.randn(rows, 64, device=dev, dtype=torch.float16)
+        m.zero_grad()
+        m(x).backward(gy)
+        kinks = saved_z(x, m.weights(), None, "relu", "none", "triton")
+        ref = reference(x, m.weights(), None, "relu", "none", grad_y=gy, kinks_at=kinks)
+        assert_close(x.grad, ref[1], tol, "grad x")
+        for w, rw in zip(m.weights(), ref[2]):
+            assert_close(w.grad, rw, tol, "grad w")
+    assert calls == [big]
+    x = torch.randn(big, 64, device=dev, dtype=torch.float16)
+    m.zero_grad()
+    m(x).sum().backward()
+    gy = torch.ones(big, 64, dtype=torch.float16, device=dev)
+    kinks = saved_z(x, m.weights(), None, "relu", "none", "triton")
+    ref = reference(x, m.weights(), None, "relu", "none", grad_y=gy, kinks_at=kinks)
+    for w, rw in zip(m.weights(), ref[2]):
+        assert_close(w.grad, rw, tol, "grad w (sum)")
+    assert calls == [big, big]
+
+
+def test_eligibility_rule_and_reasons(monkeypatch):
+    """Which nets may take the kernel, and explain()'s reason where one may not."""
+    cpu = torch.device("cpu")
+    ok = _spec((64, 64, 64, 4))
+    assert gluon_backward.eligible(ok, cpu)[1].startswith("not a CUDA device")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cuda = torch.device("cuda", 0)
+    if gluon_narrow.gluon is None:
+        assert "no Gluon" in gluon_backward.eligible(ok, cuda)[1]
+        return
+    assert gluon_backward.eligible(ok, cuda) == (True, "")
+    biased = MLPSpec((64,) * 6, "relu", "none", True, torch.float16)
+    for spec, why in [
+            (_spec((64, 64, 64, 4), dtype=torch.float32), "fp16 and bf16"),
+            (_spec((64, 32, 64, 4)), "hidden width 32"),
+            (_spec((64, 128, 64, 4)), "hidden width 128"),
+            (_spec((60, 64, 64, 4)), "multiples of 8"),
+            (_spec((128, 64, 64, 4)), "up to 64"),
+            (_spec((64, 64, 64, 6)), "hidden-to-hidden"),
+            (_spec((64, 64, 64, 4), "gelu"), "do not fit"),
+            (biased, "biases")]:
+        assert why in gluon_backward.eligible(spec, cuda)[1], spec
+    monkeypatch.setenv(gluon_narrow.ENV, "0")
+    assert gluon_backward.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
+
+
+def test_tuning_fits_shared_memory():
+    """Two x stages where they fit, else one; the count matches what the sm_90 compile
+    allocates (ci/aot_narrow.py checks it) and stays under the limit."""
+    for net in NETS:
+        spec = _spec(net)
+        stages = gluon_backward.tuning(spec)
+        assert stages in (1, 2), net
+        assert gluon_backward.smem_bytes(spec, stages) <= gluon_narrow.SMEM_BYTES
+        if stages == 1:
+            assert gluon_backward.smem_bytes(spec, 2) > gluon_narrow.SMEM_BYTES
+    assert gluon_backward.tuning(_spec((64, 64, 64, 4))) == 2
+    assert gluon_backward.tuning(_spec((64, 64, 64, 5))) == 1
+    assert gluon_backward.tuning(_spec((64, 64, 64, 2), "gelu")) == 2
+    assert gluon_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == 1
+    assert gluon_backward.tuning(_spec((64, 64, 64, 4), "gelu")) is None
