@@ -2,7 +2,9 @@
 against the Triton one-kernel backward (FUSEDMLP_GLUON_BACKWARD=0), same process, passes
 in turn: the backward call alone (TritonBackend.backward, nothing saved) and FusedMLP's
 train step (forward + backward). A net 64 -> 64 x hidden_layers -> 64, fp16, no biases
-(the narrow bench's narrow-w64). Before timing, each variant's gradients are compared
+(the narrow bench's narrow-w64). The first runs (NOTES.md, narrow history 33) also
+timed the Gluon kernel without warp specialization ("gluon-step", commit 94a244d has
+it). Before timing, each variant's gradients are compared
 with the Triton kernels' (both are checked against float64 by the test suite).
 
     python benchmarks/probe_gluon_backward.py --out F.json [--rows 20 22] [--passes 2]
@@ -18,12 +20,21 @@ import triton
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu.backends import triton as tb
+from fusedmlp_xpu.backends.triton import gluon_backward
 from fusedmlp_xpu.bench import environment
 
 
 def _use(variant):
+    """"triton", "gluon" (the package's kernel and tuning) or "gluon-s<N>" (N x
+    stages)."""
     os.environ["FUSEDMLP_GLUON_BACKWARD"] = "0" if variant == "triton" else "1"
+    stages = variant[7:] if variant.startswith("gluon-s") else ""
+    gluon_backward.tuning = (_own_tuning if not stages.isdigit()
+                             else (lambda spec, n=int(stages): n))
     tb._gluon_backward_plan.cache_clear()
+
+
+_own_tuning = gluon_backward.tuning
 
 
 def main():
@@ -33,6 +44,8 @@ def main():
     ap.add_argument("--hidden-layers", type=int, default=4)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--variants", default="triton,gluon",
+                    help="triton, gluon, gluon-s1, gluon-s2 (x stages forced)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
@@ -47,28 +60,33 @@ def main():
         x = torch.randn(2 ** lg, 64, device=dev, dtype=dt)
         gy = torch.randn(2 ** lg, 64, device=dev, dtype=dt)
         ws = [w.detach() for w in m.weights()]
-        got = {}
-        for v in ("triton", "gluon"):
+        variants = args.variants.split(",")
+        _use("triton")
+        gx, gws, _ = be.backward(gy, x, ws, None, None, spec, (True, True, False))
+        want = [gx.double()] + [g.double() for g in gws]
+        errs = {}
+        for v in variants:
             _use(v)
             gx, gws, _ = be.backward(gy, x, ws, None, None, spec, (True, True, False))
-            got[v] = [gx.double()] + [g.double() for g in gws]
-        errs = [((a - b).norm() / b.norm()).item() for a, b in zip(got["gluon"], got["triton"])]
-        print(f"2^{lg}: gluon vs triton rel diff, grad x and weights: "
-              + " ".join(f"{e:.1e}" for e in errs), flush=True)
+            errs[v] = max(((a.double() - b).norm() / b.norm()).item()
+                          for a, b in zip([gx] + gws, want))
+            print(f"2^{lg} {v}: largest rel diff from the Triton kernels' gradients "
+                  f"{errs[v]:.1e}", flush=True)
         xg = x.clone().requires_grad_()
         for p in range(args.passes):
-            for v in ("triton", "gluon"):
+            for v in variants:
                 _use(v)
                 bwd = triton.testing.do_bench(
                     lambda: be.backward(gy, x, ws, None, None, spec, (True, True, False)),
                     warmup=50, rep=300, return_mode="median")
 
                 def step():
+                    xg.grad = None
                     m(xg).backward(gy)
 
                 st = triton.testing.do_bench(step, warmup=20, rep=300, return_mode="median")
                 rows.append(dict(rows=x.shape[0], case=v, p=p, backward_ms=bwd, step_ms=st,
-                                 max_rel_diff=max(errs)))
+                                 max_rel_diff=errs[v]))
                 print(f"2^{lg} pass {p} {v}: backward {bwd:.4f} ms, train step {st:.4f} ms",
                       flush=True)
     _use("gluon")

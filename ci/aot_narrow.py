@@ -187,6 +187,7 @@ def main(argv=None) -> int:
                     print(f"{name} P={P} act {act}/{out_act}: FAILED {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]}")
     failed += compile_gluon(args)
+    failed += compile_gluon_backward(args)
     return 1 if failed else 0
 
 
@@ -235,6 +236,66 @@ def compile_gluon(args) -> int:
             print(f"{name:<28} act {act}/{out_act} BLOCK_M {bm} w{warps} stages {stages} x{per_sm}/SM "
                   f"{k.metadata.shared // 1024:>4} KB smem (counted {est // 1024}) {mma} "
                   f"{_ptxas_info(ptx)}")
+            if abs(k.metadata.shared - est) > 1024:
+                failed += 1
+                print(f"{name}: FAILED the counted shared memory is off")
+        except Exception as e:  # report every failure, then fail the run
+            failed += 1
+            print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    return failed
+
+
+def compile_gluon_backward(args) -> int:
+    """The Gluon recomputing backward (gluon_backward.py, warp-specialized) at the
+    bench's narrow-w64 net and, unless quick, at the other depths, TMA-padded widths and
+    an activation that keeps its pre-activations; returns the number of failures."""
+    from fusedmlp_xpu.backends.triton import gluon_backward as g
+
+    if g.gluon is None:
+        print(f"gluon-bwd: not compiled ({g.IMPORT_ERROR})")
+        return 0
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon import language as gl
+
+    nets = [((64,) + (64,) * 4 + (64,), "relu", "none")]
+    if not args.quick:
+        nets += [((64,) + (64,) * 5 + (64,), "relu", "none"), ((64, 64, 64), "relu", "none"),
+                 ((24,) + (64,) * 3 + (40,), "relu", "sigmoid"),
+                 ((64, 64, 64, 32), "gelu", "none")]
+    failed = 0
+    for widths, act, out_act in nets:
+        spec = MLPSpec(widths, act, out_act, False, torch.float16)
+        IN_P, H_P, OUT_P = g._pads(spec)
+        bm = g.BLOCK_M
+
+        def lay(shape):
+            return gl.NVMMASharedLayout.get_default_for(shape, gl.float16)
+
+        def desc(shape):
+            return f"tensordesc<fp16[{shape[0]}, {shape[1]}],{lay(shape)!r}>"
+
+        sig = dict(x_desc=desc([bm, IN_P]), gy_desc=desc([bm, OUT_P]), gx_desc=desc([bm, IN_P]),
+                   w0_desc=desc([H_P, IN_P]), wh_desc=desc([H_P, H_P]),
+                   wl_desc=desc([OUT_P, H_P]), acc_ptr="*fp32", M="i32")
+        L_HID = spec.n_layers - 2
+        sums = 232 if L_HID <= 3 else 240
+        cx = dict(h_layout=lay([bm, H_P]), L_HID=L_HID, ACT=spec.activation_id,
+                  OUT_ACT=spec.output_activation_id, NEED_X=True, NEED_W=True,
+                  X_STAGES=g.tuning(spec), T_P=64, SLOT=64 * 64 + 64,
+                  CHAIN_REGS=(3 * g.MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums, num_warps=4)
+        sig.update({k: "constexpr" for k in cx})
+        name = "gluon-bwd " + "-".join(map(str, widths))
+        try:
+            k = triton.compile(GluonASTSource(g._bwd_kernel, sig, cx, {}),
+                               target=GPUTarget("cuda", args.arch, 32),
+                               options=dict(num_warps=4, maxnreg=g.MAXNREG))
+            ptx = k.asm["ptx"]
+            mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
+            parts = ptx.count("setmaxnreg")
+            est = g.smem_bytes(spec, cx["X_STAGES"])
+            print(f"{name:<28} {act}/{out_act} x stages {cx['X_STAGES']} "
+                  f"{k.metadata.shared // 1024:>4} KB smem (counted {est // 1024}) {mma} "
+                  f"setmaxnreg x{parts} {_ptxas_info(ptx)}")
             if abs(k.metadata.shared - est) > 1024:
                 failed += 1
                 print(f"{name}: FAILED the counted shared memory is off")

@@ -229,8 +229,9 @@ def test_tuning_fills_shared_memory_without_overflowing_it():
 
 
 def test_gluon_kernel_compiles_for_sm90():
-    """ci/aot_narrow.py --quick compiles the Gluon forward for sm_90 (no GPU needed) with
-    this Triton: no spills at the bench's widths."""
+    """ci/aot_narrow.py --quick compiles the Gluon forward and the warp-specialized Gluon
+    backward (gluon_backward.py) for sm_90 (no GPU needed) with this Triton, each with
+    the shared memory its tuning counted."""
     from conftest import run_aot_compile
 
     if gluon_narrow.gluon is None:
@@ -239,3 +240,5 @@ def test_gluon_kernel_compiles_for_sm90():
     lines = [ln for ln in out.splitlines() if ln.startswith("gluon")]
     assert len(lines) >= 3, out[-2000:]
     assert all("wgmma" in ln for ln in lines), lines
+    bwd = [ln for ln in lines if ln.startswith("gluon-bwd")]
+    assert bwd and all("setmaxnreg" in ln for ln in bwd), lines

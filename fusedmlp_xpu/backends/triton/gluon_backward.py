@@ -1,29 +1,29 @@
 """The narrow train step's backward for Hopper (sm_90) GPUs, written in Gluon: one
 kernel that computes every row block's forward again from x, walks the input gradient
 back through the layers and sums every weight gradient over its row blocks, as the Triton
-one-kernel backward (narrow.py, ``_mlp_bwd_resident_kernel`` with RECOMPUTE) does.
+one-kernel backward (narrow.py, ``_mlp_bwd_resident_kernel`` with RECOMPUTE) does, into
+the same per-program partials (the same reduction kernel then writes the gradients).
 
-What differs from that kernel, and why it can be faster:
-- the pre-activations are not held in registers across the chain: each layer's
-  activation (the weight gradient's other operand) goes to shared memory as it is
-  computed, and the derivative is read back from it (relu, leaky relu, identity) or from
-  the pre-activation kept beside it (every other activation). The Triton kernel held
-  them all in registers beside the weight-gradient sums and spilled (255 registers);
-- the weight-gradient MMAs are asynchronous: layer l's ``g^T h`` runs on the tensor
-  cores while the chain's epilogue for layer l - 1 (the derivative, the convert, the
-  store of g) runs on the other units (``warpgroup_mma_wait(1)``);
-- x comes in by TMA through a ring of stages, grad_y through one tile refilled as soon
-  as it is read, grad_x leaves by TMA; the tails are zero-filled and clipped, no masks.
+Why it is faster (benchmarks/NOTES.md, narrow history 33): the Triton kernel runs one
+chain of dependent layers per warp group, each layer's MMA waited for before its
+epilogue, with the weight-gradient sums and every pre-activation in registers (255, with
+spills). Here the work is split by warp specialization into three warpgroups per
+program (one per SM):
+- two chain warpgroups, each over half of the program's 64-row blocks: the forward again
+  (each layer's activation into shared memory, where the sums read it), then g back
+  through the layers, handing each layer's g over in shared memory, and grad_x out by
+  TMA. The derivative comes back from the stored activation (relu, leaky relu,
+  identity) or from the pre-activation kept beside it (the other activations). While
+  one chain waits on its MMA or runs an epilogue, the other's run;
+- one warpgroup that holds every layer's weight-gradient sum (a [64, 64] fp32 tile each)
+  and adds g^T h as soon as a chain hands g over (asynchronous MMAs; a g tile is handed
+  back as soon as its MMA is done); it also loads x by TMA for both chains.
+mbarriers carry the hand-overs both ways; every weight stays in shared memory.
 
-Layout of the work: 8 warps, 128-row blocks; in the forward and the chain each
-warpgroup runs its own 64 rows, and each weight gradient (hidden width 64 as its M, the
-row block as its K) is split between the two warpgroups by columns, so each thread
-holds half of every layer's sum. Every weight stays in shared memory.
-
-What it takes (``eligible``): fp16/bf16, hidden width 64, in and out widths multiples of
-8 up to 64, 0..4 hidden-to-hidden weights, no biases, a forward that saved nothing (the
-default where the one-kernel backward applies). The sums go out as the Triton kernel's
-per-program partials, and the same reduction kernel writes the gradients."""
+What it takes (``eligible``): fp16/bf16, hidden width 64 (the sums' MMAs take it as
+their M), in and out widths multiples of 8 up to 64, 0..4 hidden-to-hidden weights, no
+biases, activations and depth whose tiles fit shared memory, and a forward that saved
+nothing (the default where the one-kernel backward applies)."""
 from __future__ import annotations
 
 import torch
@@ -38,8 +38,8 @@ from .launch import int_key
 ENV = "FUSEDMLP_GLUON_BACKWARD"
 #: the largest hidden-to-hidden weight count (as the one-kernel backward's)
 MAX_HIDDEN_WEIGHTS = 4
-BLOCK_M = 128
-WARPS = 8
+BLOCK_M = 64  # rows of a chain's block
+MAXNREG = 168  # registers a thread at launch: 12 warps in one SM's 64K
 # activations whose derivative is a function of act(z) (relu, leaky relu, identity):
 # no pre-activation is kept for them
 _FROM_H = (0, 1, 2)
@@ -89,188 +89,217 @@ if gluon is not None:
             gl.store(slot + r[:, None] * T_P + c[None, :], d)
 
     @gluon.jit
-    def _hidden_sum(l: gl.constexpr, g_s, hs, d1, d2, d3, d4):
-        """d_{l+1} += g^T h_l, issued and not waited for; all four back."""
+    def _hidden_sum(l: gl.constexpr, g_s, hs, hb, d1, d2, d3, d4):
+        """d_{l+1} += g^T h_l (h_l: hs[hb + l]), issued and not waited for; all four
+        back."""
         gt = g_s.permute((1, 0))
+        h = hs.index(hb + l)
         if l == 0:
-            d1 = warpgroup_mma(gt, hs.index(l), d1, is_async=True)
+            d1 = warpgroup_mma(gt, h, d1, is_async=True)
         elif l == 1:
-            d2 = warpgroup_mma(gt, hs.index(l), d2, is_async=True)
+            d2 = warpgroup_mma(gt, h, d2, is_async=True)
         elif l == 2:
-            d3 = warpgroup_mma(gt, hs.index(l), d3, is_async=True)
+            d3 = warpgroup_mma(gt, h, d3, is_async=True)
         else:
-            d4 = warpgroup_mma(gt, hs.index(l), d4, is_async=True)
+            d4 = warpgroup_mma(gt, h, d4, is_async=True)
         return d1, d2, d3, d4
 
     @gluon.jit
-    def _wait_sums(d0, d1, d2, d3, d4, dl, dx, L_HID: gl.constexpr):
-        """Wait for every MMA in flight; the sums (those that exist) and dx back."""
+    def _wait_sums(d0, d1, d2, d3, d4, dl, L_HID: gl.constexpr):
+        """Wait for every MMA in flight; the sums (those that exist) back."""
         if L_HID == 0:
-            d0, dl, dx = warpgroup_mma_wait(0, deps=(d0, dl, dx))
+            d0, dl = warpgroup_mma_wait(0, deps=(d0, dl))
         elif L_HID == 1:
-            d0, d1, dl, dx = warpgroup_mma_wait(0, deps=(d0, d1, dl, dx))
+            d0, d1, dl = warpgroup_mma_wait(0, deps=(d0, d1, dl))
         elif L_HID == 2:
-            d0, d1, d2, dl, dx = warpgroup_mma_wait(0, deps=(d0, d1, d2, dl, dx))
+            d0, d1, d2, dl = warpgroup_mma_wait(0, deps=(d0, d1, d2, dl))
         elif L_HID == 3:
-            d0, d1, d2, d3, dl, dx = warpgroup_mma_wait(0, deps=(d0, d1, d2, d3, dl, dx))
+            d0, d1, d2, d3, dl = warpgroup_mma_wait(0, deps=(d0, d1, d2, d3, dl))
         else:
-            d0, d1, d2, d3, d4, dl, dx = warpgroup_mma_wait(
-                0, deps=(d0, d1, d2, d3, d4, dl, dx))
-        return d0, d1, d2, d3, d4, dl, dx
+            d0, d1, d2, d3, d4, dl = warpgroup_mma_wait(0, deps=(d0, d1, d2, d3, d4, dl))
+        return d0, d1, d2, d3, d4, dl
 
     @gluon.jit
-    def _bwd_kernel(x_desc, gy_desc, gx_desc, w0_desc, wh_desc, wl_desc, acc_ptr, M,
-                    h_layout: gl.constexpr, L_HID: gl.constexpr, ACT: gl.constexpr,
-                    OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
-                    X_STAGES: gl.constexpr, T_P: gl.constexpr, SLOT: gl.constexpr,
-                    num_warps: gl.constexpr):
+    def _ws_chain(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
+                  gx_desc, M, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
+                  NEED_X: gl.constexpr, NEED_W: gl.constexpr, X_STAGES: gl.constexpr):
+        """Chain c (one warpgroup) of this program: its row blocks are the program's 2j + c
+        (64 rows each). Per block: the forward again, every activation into its hs tiles
+        (the sums' operands), then g back through the layers, each layer's g handed to
+        the sums warpgroup through go[c] (the last layer's) and its two gh tiles in turn
+        (mbarriers both ways), and grad_x out by TMA."""
+        x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free = bars
         BM: gl.constexpr = x_desc.block_type.shape[0]
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
-        H_P: gl.constexpr = w0_desc.block_type.shape[0]
+        H_P: gl.constexpr = w0_s.shape[0]
         OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
-        WG: gl.constexpr = num_warps // 4
         Z_SMEM: gl.constexpr = ACT != 0 and ACT != 1 and ACT != 2
         dt: gl.constexpr = x_desc.dtype
-        # the chain's accumulators: [BM, N], each warpgroup 64 rows
         mma_h: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, H_P, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H_P, 16])
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, OUT_P, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, OUT_P, 16])
         mma_i: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, IN_P, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, IN_P, 16])
         op_h: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_h, k_width=2)
         op_o: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         op_i: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_i, k_width=2)
-        # the weight-gradient sums: [H_P, N], the warpgroups split N
-        sum_i: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, IN_P // WG, 16])
-        sum_h: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, H_P // WG, 16])
-        sum_o: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, OUT_P // WG, 16])
-
-        w0_s = gl.allocate_shared_memory(dt, [H_P, IN_P], w0_desc.layout)
-        wh_s = gl.allocate_shared_memory(dt, [max(L_HID, 1), H_P, H_P], wh_desc.layout)
-        wl_s = gl.allocate_shared_memory(dt, [OUT_P, H_P], wl_desc.layout)
-        x_s = gl.allocate_shared_memory(dt, [X_STAGES, BM, IN_P], x_desc.layout)
-        gy_s = gl.allocate_shared_memory(dt, [BM, OUT_P], gy_desc.layout)
-        hs = gl.allocate_shared_memory(dt, [L_HID + 1, BM, H_P], h_layout)
-        zs = gl.allocate_shared_memory(dt, [L_HID + 1 if Z_SMEM else 1, BM, H_P], h_layout)
-        go_s = gl.allocate_shared_memory(dt, [BM, OUT_P], gy_desc.layout)
-        gh_s = gl.allocate_shared_memory(dt, [2, BM, H_P], h_layout)
-        gx_s = gl.allocate_shared_memory(dt, [BM, IN_P], gx_desc.layout)
-        wbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        gbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        xbar = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(wbar, count=1)
-        mbarrier.init(gbar, count=1)
-        for j in gl.static_range(X_STAGES):
-            mbarrier.init(xbar.index(j), count=1)
-
+        hb: gl.constexpr = c * (L_HID + 1)  # this chain's tiles in hs (and zs)
+        gy_s = gys.index(c)
+        go_s = go.index(c)
+        gx_s = gxs.index(c)
         pid = gl.program_id(0)
         n_prog = gl.num_programs(0)
-        n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)  # row blocks pid, pid + n_prog, ..
-
-        mbarrier.expect(wbar, w0_desc.block_type.nbytes + L_HID * wh_desc.block_type.nbytes
-                        + wl_desc.block_type.nbytes)
-        _tma_load(w0_desc, [0, 0], wbar, w0_s)
-        for j in gl.static_range(L_HID):
-            _tma_load(wh_desc, [j * H_P, 0], wbar, wh_s.index(j))
-        _tma_load(wl_desc, [0, 0], wbar, wl_s)
-        for j in gl.static_range(X_STAGES):
-            mbarrier.expect(xbar.index(j), x_desc.block_type.nbytes, pred=j < n_my)
-            _tma_load(x_desc, [(pid + j * n_prog) * BM, 0], xbar.index(j), x_s.index(j),
-                      pred=j < n_my)
-        mbarrier.expect(gbar, gy_desc.block_type.nbytes, pred=n_my > 0)
-        _tma_load(gy_desc, [pid * BM, 0], gbar, gy_s, pred=n_my > 0)
-        mbarrier.wait(wbar, 0)
-
+        n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
+        n_c = (n_my - c + 1) // 2
         zero_h = gl.zeros([BM, H_P], gl.float32, mma_h)
         zero_o = gl.zeros([BM, OUT_P], gl.float32, mma_o)
-        dx = gl.zeros([BM, IN_P], gl.float32, mma_i)
-        d0 = gl.zeros([H_P, IN_P], gl.float32, sum_i)
-        d1 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        d2 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        d3 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        d4 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        dl = gl.zeros([H_P, OUT_P], gl.float32, sum_o)  # the last layer's, transposed
-        for i in range(n_my):
-            s = i % X_STAGES
-            row = (pid + i * n_prog) * BM
-            mbarrier.wait(xbar.index(s), (i // X_STAGES) & 1)
-            # the forward again: every layer's activation kept in shared memory
-            acc = warpgroup_mma(x_s.index(s), w0_s.permute((1, 0)), zero_h, use_acc=False)
-            h = _keep(acc, hs, zs, 0, ACT, Z_SMEM)
-            for j in gl.static_range(L_HID):
-                acc = warpgroup_mma(gl.convert_layout(h, op_h), wh_s.index(j).permute((1, 0)),
+        zero_i = gl.zeros([BM, IN_P], gl.float32, mma_i)
+        mbarrier.expect(gy_ready.index(c), gy_desc.block_type.nbytes, pred=n_c > 0)
+        _tma_load(gy_desc, [(pid + c * n_prog) * BM, 0], gy_ready.index(c), gy_s, pred=n_c > 0)
+        for j in range(n_c):
+            s = j % X_STAGES
+            row = (pid + (2 * j + c) * n_prog) * BM
+            mbarrier.wait(x_ready.index(c * X_STAGES + s), (j // X_STAGES) & 1)
+            if NEED_W:  # the sums are done with hs (and with x's stage)
+                mbarrier.wait(hs_free.index(c), (j & 1) ^ 1)
+            acc = warpgroup_mma(xs.index(c * X_STAGES + s), w0_s.permute((1, 0)), zero_h,
+                                use_acc=False)
+            if not NEED_W:  # x's stage is read by nothing more: the loader may refill it
+                mbarrier.arrive(hs_free.index(c), count=1)
+            h = _keep(acc, hs, zs, hb, ACT, Z_SMEM)
+            for k in gl.static_range(L_HID):
+                acc = warpgroup_mma(gl.convert_layout(h, op_h), wh_s.index(k).permute((1, 0)),
                                     zero_h, use_acc=False)
-                h = _keep(acc, hs, zs, j + 1, ACT, Z_SMEM)
+                h = _keep(acc, hs, zs, hb + k + 1, ACT, Z_SMEM)
             dgo = zero_o
             if OUT_ACT != 0:
                 zo = warpgroup_mma(gl.convert_layout(h, op_o), wl_s.permute((1, 0)), zero_o,
                                    use_acc=False)
                 dgo = act_grad(zo, OUT_ACT)
-            fence_async_shared()  # the stored activations, before MMAs read them
-
-            # the last layer: g = grad_y (* out_act'), then grad_y's tile refilled
-            mbarrier.wait(gbar, i & 1)
+            mbarrier.wait(gy_ready.index(c), j & 1)
             g = gy_s.load(mma_o).to(gl.float32)
             _thread_barrier()
-            mbarrier.expect(gbar, gy_desc.block_type.nbytes, pred=i + 1 < n_my)
-            _tma_load(gy_desc, [row + n_prog * BM, 0], gbar, gy_s, pred=i + 1 < n_my)
+            nxt = j + 1 < n_c
+            mbarrier.expect(gy_ready.index(c), gy_desc.block_type.nbytes, pred=nxt)
+            _tma_load(gy_desc, [row + 2 * n_prog * BM, 0], gy_ready.index(c), gy_s, pred=nxt)
             if OUT_ACT != 0:
                 g = g * dgo
             gd = g.to(dt)
             if NEED_W:
+                mbarrier.wait(go_free.index(c), (j & 1) ^ 1)
                 go_s.store(gd)
-                fence_async_shared()
-            gop = gl.convert_layout(gd, op_h)
-            # the chain's MMA first, then the sum's: waiting for all but one in flight
-            # then means the chain's is done
-            acc = warpgroup_mma(gop, wl_s, zero_h, use_acc=False, is_async=True)
-            if NEED_W:
-                dl = warpgroup_mma(hs.index(L_HID).permute((1, 0)), go_s, dl, is_async=True)
-            acc, gop = warpgroup_mma_wait(1, deps=(acc, gop))
-            g = _dact(acc, hs, zs, L_HID, ACT, Z_SMEM)
-            for j in gl.static_range(L_HID):
-                # hidden weight L_HID - 1 - j maps h_{L_HID-1-j} to z_{L_HID-j}
+                fence_async_shared()  # hs and go, before the sums' MMAs read them
+                mbarrier.arrive(go_ready.index(c), count=1)
+            acc = warpgroup_mma(gl.convert_layout(gd, op_h), wl_s, zero_h, use_acc=False)
+            g = _dact(acc, hs, zs, hb + L_HID, ACT, Z_SMEM)
+            for t in gl.static_range(L_HID + 1):  # g of hidden layer L_HID - t
                 gd = g.to(dt)
                 if NEED_W:
-                    gh_s.index(j % 2).store(gd)
+                    u = j * (L_HID + 1) + t
+                    b = c * 2 + u % 2
+                    mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
+                    gh.index(b).store(gd)
                     fence_async_shared()
-                gop = gl.convert_layout(gd, op_h)
-                acc = warpgroup_mma(gop, wh_s.index(L_HID - 1 - j), zero_h, use_acc=False, is_async=True)
-                if NEED_W:
-                    d1, d2, d3, d4 = _hidden_sum(L_HID - 1 - j, gh_s.index(j % 2), hs, d1, d2, d3, d4)
-                acc, gop = warpgroup_mma_wait(1, deps=(acc, gop))
-                g = _dact(acc, hs, zs, L_HID - 1 - j, ACT, Z_SMEM)
-            gd = g.to(dt)
-            if NEED_W:
-                gh_s.index(L_HID % 2).store(gd)
-                fence_async_shared()
-            if NEED_X:
-                gop = gl.convert_layout(gd, op_i)
-                dx = warpgroup_mma(gop, w0_s, dx, use_acc=False, is_async=True)
-            if NEED_W:
-                d0 = warpgroup_mma(gh_s.index(L_HID % 2).permute((1, 0)), x_s.index(s), d0,
-                                   is_async=True)
-            d0, d1, d2, d3, d4, dl, dx = _wait_sums(d0, d1, d2, d3, d4, dl, dx, L_HID)
-            # x's stage is read by every MMA: refill it
-            _thread_barrier()
-            nxt = i + X_STAGES < n_my
-            mbarrier.expect(xbar.index(s), x_desc.block_type.nbytes, pred=nxt)
-            _tma_load(x_desc, [row + X_STAGES * n_prog * BM, 0], xbar.index(s), x_s.index(s),
-                      pred=nxt)
-            if NEED_X:
-                tma.store_wait(pendings=0)
-                gx_s.store(dx.to(dt))
-                fence_async_shared()
-                _tma_store(gx_desc, [row, 0], gx_s)
+                    mbarrier.arrive(gh_ready.index(b), count=1)
+                if t < L_HID:
+                    acc = warpgroup_mma(gl.convert_layout(gd, op_h),
+                                        wh_s.index(L_HID - 1 - t), zero_h, use_acc=False)
+                    g = _dact(acc, hs, zs, hb + L_HID - 1 - t, ACT, Z_SMEM)
+                elif NEED_X:
+                    dx = warpgroup_mma(gl.convert_layout(gd, op_i), w0_s, zero_i,
+                                       use_acc=False)
+                    tma.store_wait(pendings=0)
+                    gx_s.store(dx.to(dt))
+                    fence_async_shared()
+                    _tma_store(gx_desc, [row, 0], gx_s)
         tma.store_wait(pendings=0)
-        mbarrier.invalidate(wbar)
-        mbarrier.invalidate(gbar)
-        for j in gl.static_range(X_STAGES):
-            mbarrier.invalidate(xbar.index(j))
+
+    @gluon.jit
+    def _ws_sums(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
+                 gx_desc, M, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
+                 NEED_X: gl.constexpr, NEED_W: gl.constexpr, X_STAGES: gl.constexpr,
+                 acc_ptr, T_P: gl.constexpr, SLOT: gl.constexpr):
+        """The weight-gradient warpgroup: loads x for both chains and, block by block in
+        the program's order, adds each layer's g^T h to its sum as the chains hand g over
+        (asynchronous MMAs; a g tile is freed as soon as its MMA is done); at the end,
+        writes the sums as this program's partials."""
+        x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free = bars
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        IN_P: gl.constexpr = x_desc.block_type.shape[1]
+        H_P: gl.constexpr = w0_s.shape[0]
+        OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
+        sum_i: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, IN_P, 16])
+        sum_h: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H_P, 16])
+        sum_o: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, OUT_P, 16])
+        pid = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
+        for i in gl.static_range(2 * X_STAGES):  # x of each chain's first blocks
+            ok = i < n_my
+            mbarrier.expect(x_ready.index((i % 2) * X_STAGES + i // 2),
+                            x_desc.block_type.nbytes, pred=ok)
+            _tma_load(x_desc, [(pid + i * n_prog) * BM, 0],
+                      x_ready.index((i % 2) * X_STAGES + i // 2),
+                      xs.index((i % 2) * X_STAGES + i // 2), pred=ok)
+        d0 = gl.zeros([H_P, IN_P], gl.float32, sum_i)
+        d1 = gl.zeros([H_P, H_P], gl.float32, sum_h)
+        d2 = gl.zeros([H_P, H_P], gl.float32, sum_h)
+        d3 = gl.zeros([H_P, H_P], gl.float32, sum_h)
+        d4 = gl.zeros([H_P, H_P], gl.float32, sum_h)
+        dl = gl.zeros([H_P, OUT_P], gl.float32, sum_o)
+        if NEED_W:
+            for i in range(n_my):
+                cc = i % 2
+                j = i // 2
+                s = j % X_STAGES
+                hb = cc * (L_HID + 1)
+                mbarrier.wait(go_ready.index(cc), j & 1)
+                dl = warpgroup_mma(hs.index(hb + L_HID).permute((1, 0)), go.index(cc), dl,
+                                   is_async=True)
+                for t in gl.static_range(L_HID + 1):
+                    u = j * (L_HID + 1) + t
+                    b = cc * 2 + u % 2
+                    mbarrier.wait(gh_ready.index(b), (u // 2) & 1)
+                    if t < L_HID:
+                        d1, d2, d3, d4 = _hidden_sum(L_HID - 1 - t, gh.index(b), hs, hb, d1,
+                                                     d2, d3, d4)
+                    else:
+                        d0 = warpgroup_mma(gh.index(b).permute((1, 0)),
+                                           xs.index(cc * X_STAGES + s), d0, is_async=True)
+                    # the previous MMA (the tile before this one) is done: free its tile
+                    dl = warpgroup_mma_wait(1, deps=(dl,))
+                    if t == 0:
+                        mbarrier.arrive(go_free.index(cc), count=1)
+                    else:
+                        mbarrier.arrive(gh_free.index(cc * 2 + (u - 1) % 2), count=1)
+                d0, d1, d2, d3, d4, dl = _wait_sums(d0, d1, d2, d3, d4, dl, L_HID)
+                mbarrier.arrive(gh_free.index(cc * 2 + (j * (L_HID + 1) + L_HID) % 2), count=1)
+                mbarrier.arrive(hs_free.index(cc), count=1)
+                # x's stage is read by nothing more: its next block
+                nj = j + X_STAGES
+                ok = 2 * nj + cc < n_my
+                mbarrier.expect(x_ready.index(cc * X_STAGES + s), x_desc.block_type.nbytes,
+                                pred=ok)
+                _tma_load(x_desc, [(pid + (2 * nj + cc) * n_prog) * BM, 0],
+                          x_ready.index(cc * X_STAGES + s), xs.index(cc * X_STAGES + s),
+                          pred=ok)
+        else:
+            for i in range(n_my):  # x alone: each stage refilled once the chain's forward
+                cc = i % 2         # has read it (the chain arrives at hs_free then)
+                j = i // 2
+                s = j % X_STAGES
+                mbarrier.wait(hs_free.index(cc), j & 1)
+                nj = j + X_STAGES
+                ok = 2 * nj + cc < n_my
+                mbarrier.expect(x_ready.index(cc * X_STAGES + s), x_desc.block_type.nbytes,
+                                pred=ok)
+                _tma_load(x_desc, [(pid + (2 * nj + cc) * n_prog) * BM, 0],
+                          x_ready.index(cc * X_STAGES + s), xs.index(cc * X_STAGES + s),
+                          pred=ok)
         if NEED_W:
             base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
             _store_sum(base, d0, T_P, False)
@@ -283,6 +312,88 @@ if gluon is not None:
             if L_HID > 3:
                 _store_sum(base + 4 * SLOT, d4, T_P, False)
             _store_sum(base + (L_HID + 1) * SLOT, dl, T_P, True)
+
+    @gluon.jit
+    def _ws_worker(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
+                   gx_desc, M, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
+                   NEED_X: gl.constexpr, NEED_W: gl.constexpr, X_STAGES: gl.constexpr,
+                   acc_ptr, T_P: gl.constexpr, SLOT: gl.constexpr):
+        """Worker c: 1 the second chain, 2 the sums (the workers share one signature)."""
+        if c == 1:
+            _ws_chain(1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                      gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES)
+        else:
+            _ws_sums(0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
+                     gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES, acc_ptr, T_P,
+                     SLOT)
+
+    @gluon.jit
+    def _bwd_kernel(x_desc, gy_desc, gx_desc, w0_desc, wh_desc, wl_desc, acc_ptr, M,
+                       h_layout: gl.constexpr, L_HID: gl.constexpr, ACT: gl.constexpr,
+                       OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
+                       X_STAGES: gl.constexpr, T_P: gl.constexpr, SLOT: gl.constexpr,
+                       CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr,
+                       num_warps: gl.constexpr):
+        """The default warpgroup and worker 1 each run a chain over half the program's
+        64-row blocks (_ws_chain); worker 2 sums the weight gradients and loads x
+        (_ws_sums)."""
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        IN_P: gl.constexpr = x_desc.block_type.shape[1]
+        H_P: gl.constexpr = w0_desc.block_type.shape[0]
+        OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
+        Z_SMEM: gl.constexpr = ACT != 0 and ACT != 1 and ACT != 2
+        dt: gl.constexpr = x_desc.dtype
+        w0_s = gl.allocate_shared_memory(dt, [H_P, IN_P], w0_desc.layout)
+        wh_s = gl.allocate_shared_memory(dt, [max(L_HID, 1), H_P, H_P], wh_desc.layout)
+        wl_s = gl.allocate_shared_memory(dt, [OUT_P, H_P], wl_desc.layout)
+        # per chain c: x's stages c * X_STAGES.., hs (zs) c * (L_HID + 1).., gh c * 2..
+        xs = gl.allocate_shared_memory(dt, [2 * X_STAGES, BM, IN_P], x_desc.layout)
+        gys = gl.allocate_shared_memory(dt, [2, BM, OUT_P], gy_desc.layout)
+        hs = gl.allocate_shared_memory(dt, [2 * (L_HID + 1), BM, H_P], h_layout)
+        zs = gl.allocate_shared_memory(dt, [2 * (L_HID + 1) if Z_SMEM else 1, BM, H_P],
+                                       h_layout)
+        go = gl.allocate_shared_memory(dt, [2, BM, OUT_P], gy_desc.layout)
+        gh = gl.allocate_shared_memory(dt, [4, BM, H_P], h_layout)
+        gxs = gl.allocate_shared_memory(dt, [2, BM, IN_P], gx_desc.layout)
+        lay: gl.constexpr = mbarrier.MBarrierLayout()
+        wbar = gl.allocate_shared_memory(gl.int64, [1], lay)
+        x_ready = gl.allocate_shared_memory(gl.int64, [2 * X_STAGES, 1], lay)
+        gy_ready = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
+        hs_free = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
+        go_ready = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
+        go_free = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
+        gh_ready = gl.allocate_shared_memory(gl.int64, [4, 1], lay)
+        gh_free = gl.allocate_shared_memory(gl.int64, [4, 1], lay)
+        mbarrier.init(wbar, count=1)
+        for j in gl.static_range(2 * X_STAGES):
+            mbarrier.init(x_ready.index(j), count=1)
+        for j in gl.static_range(2):
+            mbarrier.init(gy_ready.index(j), count=1)
+            mbarrier.init(hs_free.index(j), count=1)
+            mbarrier.init(go_ready.index(j), count=1)
+            mbarrier.init(go_free.index(j), count=1)
+        for j in gl.static_range(4):
+            mbarrier.init(gh_ready.index(j), count=1)
+            mbarrier.init(gh_free.index(j), count=1)
+        mbarrier.expect(wbar, w0_desc.block_type.nbytes + L_HID * wh_desc.block_type.nbytes
+                        + wl_desc.block_type.nbytes)
+        _tma_load(w0_desc, [0, 0], wbar, w0_s)
+        for j in gl.static_range(L_HID):
+            _tma_load(wh_desc, [j * H_P, 0], wbar, wh_s.index(j))
+        _tma_load(wl_desc, [0, 0], wbar, wl_s)
+        mbarrier.wait(wbar, 0)
+        bars = (x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free)
+        # (the constants inline: a tuple built here would turn them into tensors)
+        gl.warp_specialize([
+            (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                         gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES)),
+            (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                          gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES,
+                          acc_ptr, T_P, SLOT)),
+            (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                          gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES,
+                          acc_ptr, T_P, SLOT))],
+            [4, 4], [CHAIN_REGS, SUM_REGS])
 
     _LAUNCHER = launch.Launcher(_bwd_kernel)
 
@@ -302,8 +413,8 @@ def smem_bytes(spec, x_stages: int) -> int:
     L_HID = spec.n_layers - 2
     tiles = (L_HID + 1) * (2 if _keeps_z(spec) else 1) + 2  # h (z), g's two tiles
     return spec.dtype.itemsize * (
-        H_P * IN_P + max(L_HID, 1) * H_P * H_P + OUT_P * H_P
-        + BLOCK_M * (x_stages * IN_P + 2 * OUT_P + tiles * H_P + IN_P)) + 64
+        H_P * IN_P + L_HID * H_P * H_P + OUT_P * H_P  # (no hidden weights: none kept)
+        + 2 * BLOCK_M * (x_stages * IN_P + 2 * OUT_P + tiles * H_P + IN_P)) + 128
 
 
 def tuning(spec) -> int | None:
@@ -350,12 +461,13 @@ class Plan:
             device = torch.device(device.type, torch.cuda.current_device())
         self.spec, self.device = spec, device
         self.need_x, self.need_w = need_x, need_w
+        bm = BLOCK_M
         self.IN, self.H, self.OUT = spec.in_features, spec.widths[1], spec.out_features
         self.L_HID = spec.n_layers - 2
         IN_P, H_P, OUT_P = _pads(spec)
         gdt = gl.float16 if spec.dtype == torch.float16 else gl.bfloat16
         lay = gl.NVMMASharedLayout.get_default_for
-        self.x_block, self.y_block = [BLOCK_M, IN_P], [BLOCK_M, OUT_P]
+        self.x_block, self.y_block = [bm, IN_P], [bm, OUT_P]
         self.x_layout, self.y_layout = lay(self.x_block, gdt), lay(self.y_block, gdt)
         self.w_blocks = ([H_P, IN_P], [H_P, H_P], [OUT_P, H_P])
         self.w_layouts = tuple(lay(b, gdt) for b in self.w_blocks)
@@ -363,10 +475,15 @@ class Plan:
         T_P = _launch_meta(spec, "cuda")["H_P"]  # the reduction's slots
         self.SLOT = T_P * T_P + T_P
         self.reduce = _reduce_layout(spec, T_P, T_P * T_P, self.SLOT, need_w, False, "cuda")
-        self.consts = dict(h_layout=lay([BLOCK_M, H_P], gdt), L_HID=self.L_HID,
+        self.consts = dict(h_layout=lay([bm, H_P], gdt), L_HID=self.L_HID,
                            ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
                            NEED_X=need_x, NEED_W=need_w, X_STAGES=tuning(spec), T_P=T_P,
                            SLOT=self.SLOT)
+        # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at
+        # 3 hidden-to-hidden weights, 192 at 4; the chains share what is left (sm_90
+        # compile: no spills at these)
+        sums = 232 if self.L_HID <= 3 else 240
+        self.consts.update(CHAIN_REGS=(3 * MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums)
         self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
         self.lean = launch.enabled(device)
         self._wdesc: dict = {}
@@ -402,10 +519,10 @@ class Plan:
         if entry is not None and launch.direct_ok(self.device.index):
             _LAUNCHER.launch_entry(entry, (P,), args, self.device.index)
         else:
-            ck = _bwd_kernel[(P,)](*args, **self.consts, num_warps=WARPS)
+            ck = _bwd_kernel[(P,)](*args, **self.consts, num_warps=4, maxnreg=MAXNREG)
             if self.lean:
                 e = launch._entry(ck, launch._constexpr_names(_bwd_kernel),
-                                  dict(self.consts, num_warps=WARPS))
+                                  dict(self.consts, num_warps=4))
                 if e is not None:
                     self._kernels[key] = e
         if self.need_w:
