@@ -161,11 +161,11 @@ if gluon is not None:
             s = j % X_STAGES
             row = (pid + (2 * j + c) * n_prog) * BM
             mbarrier.wait(x_ready.index(c * X_STAGES + s), (j // X_STAGES) & 1)
-            if NEED_W:  # the sums are done with hs (and with x's stage)
-                mbarrier.wait(hs_free.index(c), (j & 1) ^ 1)
             acc = warpgroup_mma(xs.index(c * X_STAGES + s), w0_s.permute((1, 0)), zero_h,
                                 use_acc=False)
-            if not NEED_W:  # x's stage is read by nothing more: the loader may refill it
+            if NEED_W:  # the sums are done with hs (its first write is next)
+                mbarrier.wait(hs_free.index(c), (j & 1) ^ 1)
+            else:  # x's stage is read by nothing more: the loader may refill it
                 mbarrier.arrive(hs_free.index(c), count=1)
             h = _keep(acc, hs, zs, hb, ACT, Z_SMEM)
             for k in gl.static_range(L_HID):
