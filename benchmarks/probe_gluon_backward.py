@@ -2,7 +2,7 @@
 against the Triton one-kernel backward (FUSEDMLP_GLUON_BACKWARD=0), same process, passes
 in turn: the backward call alone (TritonBackend.backward, nothing saved) and FusedMLP's
 train step (forward + backward). A net 64 -> 64 x hidden_layers -> 64, fp16, no biases
-(the narrow bench's narrow-w64). The first runs (NOTES.md, narrow history 33) also
+unless --bias (the narrow bench's narrow-w64). The first runs (NOTES.md, narrow history 33) also
 timed the Gluon kernel without warp specialization ("gluon-step", commit 94a244d has
 it). Before timing, each variant's gradients are compared
 with the Triton kernels' (both are checked against float64 by the test suite).
@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[20, 22])
     ap.add_argument("--hidden-layers", type=int, default=4)
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--bias", action="store_true", help="a net with biases")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--variants", default="triton,gluon",
                     help="triton, gluon, gluon-s1, gluon-s2 (x stages forced)")
@@ -50,7 +51,7 @@ def main():
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    m = fm.FusedMLP(64, 64, 64, args.hidden_layers, bias=False, device=dev, dtype=dt,
+    m = fm.FusedMLP(64, 64, 64, args.hidden_layers, bias=args.bias, device=dev, dtype=dt,
                     backend="triton")
     spec = m.spec(dt)
     be = tb.TritonBackend()
@@ -60,16 +61,18 @@ def main():
         x = torch.randn(2 ** lg, 64, device=dev, dtype=dt)
         gy = torch.randn(2 ** lg, 64, device=dev, dtype=dt)
         ws = [w.detach() for w in m.weights()]
+        bs = [b.detach() for b in m.biases()] if args.bias else None
+        needs = (True, True, args.bias)
         variants = args.variants.split(",")
         _use("triton")
-        gx, gws, _ = be.backward(gy, x, ws, None, None, spec, (True, True, False))
-        want = [gx.double()] + [g.double() for g in gws]
+        gx, gws, gbs = be.backward(gy, x, ws, bs, None, spec, needs)
+        want = [gx.double()] + [g.double() for g in gws + gbs]
         errs = {}
         for v in variants:
             _use(v)
-            gx, gws, _ = be.backward(gy, x, ws, None, None, spec, (True, True, False))
+            gx, gws, gbs = be.backward(gy, x, ws, bs, None, spec, needs)
             errs[v] = max(((a.double() - b).norm() / b.norm()).item()
-                          for a, b in zip([gx] + gws, want))
+                          for a, b in zip([gx] + gws + gbs, want))
             print(f"2^{lg} {v}: largest rel diff from the Triton kernels' gradients "
                   f"{errs[v]:.1e}", flush=True)
         xg = x.clone().requires_grad_()
@@ -77,7 +80,7 @@ def main():
             for v in variants:
                 _use(v)
                 bwd = triton.testing.do_bench(
-                    lambda: be.backward(gy, x, ws, None, None, spec, (True, True, False)),
+                    lambda: be.backward(gy, x, ws, bs, None, spec, needs),
                     warmup=50, rep=300, return_mode="median")
 
                 def step():
@@ -85,7 +88,8 @@ def main():
                     m(xg).backward(gy)
 
                 st = triton.testing.do_bench(step, warmup=20, rep=300, return_mode="median")
-                rows.append(dict(rows=x.shape[0], case=v, p=p, backward_ms=bwd, step_ms=st,
+                rows.append(dict(rows=x.shape[0], bias=args.bias, case=v, p=p, backward_ms=bwd,
+                                 step_ms=st,
                                  max_rel_diff=errs[v]))
                 print(f"2^{lg} pass {p} {v}: backward {bwd:.4f} ms, train step {st:.4f} ms",
                       flush=True)

@@ -257,14 +257,16 @@ def compile_gluon_backward(args) -> int:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.experimental.gluon import language as gl
 
-    nets = [((64,) + (64,) * 4 + (64,), "relu", "none")]
+    nets = [((64,) + (64,) * 4 + (64,), "relu", "none", False),
+            ((64,) + (64,) * 4 + (64,), "relu", "none", True)]
     if not args.quick:
-        nets += [((64,) + (64,) * 5 + (64,), "relu", "none"), ((64, 64, 64), "relu", "none"),
-                 ((24,) + (64,) * 3 + (40,), "relu", "sigmoid"),
-                 ((64, 64, 64, 32), "gelu", "none")]
+        nets += [((64,) + (64,) * 5 + (64,), "relu", "none", False),
+                 ((64, 64, 64), "relu", "none", False),
+                 ((24,) + (64,) * 3 + (40,), "relu", "sigmoid", True),
+                 ((64, 64, 64, 32), "gelu", "none", False)]
     failed = 0
-    for widths, act, out_act in nets:
-        spec = MLPSpec(widths, act, out_act, False, torch.float16)
+    for widths, act, out_act, bias in nets:
+        spec = MLPSpec(widths, act, out_act, bias, torch.float16)
         IN_P, H_P, OUT_P = g._pads(spec)
         bm = g.BLOCK_M
 
@@ -276,15 +278,17 @@ def compile_gluon_backward(args) -> int:
 
         sig = dict(x_desc=desc([bm, IN_P]), gy_desc=desc([bm, OUT_P]), gx_desc=desc([bm, IN_P]),
                    w0_desc=desc([H_P, IN_P]), wh_desc=desc([H_P, H_P]),
-                   wl_desc=desc([OUT_P, H_P]), acc_ptr="*fp32", M="i32")
+                   wl_desc=desc([OUT_P, H_P]), acc_ptr="*fp32", b0_ptr="*fp16",
+                   bh_ptr="*fp16", bl_ptr="*fp16", M="i32")
         L_HID = spec.n_layers - 2
-        sums = 232 if L_HID <= 3 else 240
-        cx = dict(h_layout=lay([bm, H_P]), L_HID=L_HID, ACT=spec.activation_id,
-                  OUT_ACT=spec.output_activation_id, NEED_X=True, NEED_W=True,
+        sums = 232 if L_HID <= 3 and not bias else 240
+        cx = dict(h_layout=lay([bm, H_P]), ones_layout=lay([bm, 16]), L_HID=L_HID,
+                  ACT=spec.activation_id, OUT_ACT=spec.output_activation_id, NEED_X=True,
+                  NEED_W=True, NEED_B=bias, HAS_BIAS=bias,
                   X_STAGES=g.tuning(spec), T_P=64, SLOT=64 * 64 + 64,
                   CHAIN_REGS=(3 * g.MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums, num_warps=4)
         sig.update({k: "constexpr" for k in cx})
-        name = "gluon-bwd " + "-".join(map(str, widths))
+        name = "gluon-bwd " + "-".join(map(str, widths)) + (" bias" if bias else "")
         try:
             k = triton.compile(GluonASTSource(g._bwd_kernel, sig, cx, {}),
                                target=GPUTarget("cuda", args.arch, 32),

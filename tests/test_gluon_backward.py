@@ -12,7 +12,8 @@ from fusedmlp_xpu.backends import triton as tb
 from fusedmlp_xpu.backends.triton import gluon_backward, gluon_narrow
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import assert_close, make_params, reference, saved_z, tolerance
+from conftest import (assert_close, chance_sum_size, make_params, reference, saved_z,
+                      tolerance)
 
 
 def _sm90() -> bool:
@@ -26,6 +27,8 @@ sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's G
 # in/out padded by TMA (24 -> 32, 40 -> 64, 8 -> 16)
 NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (64, 64, 64, 2), (64, 64, 64, 5), (24, 64, 40, 3),
         (16, 64, 8, 2)]
+# with biases: up to 3 hidden-to-hidden weights, out widths 33..64
+BIAS_NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (24, 64, 40, 3), (16, 64, 48, 2)]
 # tails, one program's single block, and several blocks a program (132 SMs x 128 rows)
 ROWS = [1, 127, 129, 1000, 2 ** 17 + 37]
 
@@ -37,28 +40,29 @@ def _fresh_plans():
     tb._gluon_backward_plan.cache_clear()
 
 
-def _spec(net, act="relu", out_act="none", dtype=torch.float16):
+def _spec(net, act="relu", out_act="none", dtype=torch.float16, bias=False):
     IN, H, OUT, L = net
-    return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, False, dtype)
+    return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, bias, dtype)
 
 
-def _check(spec, rows, dev, gen, x=None, need=(True, True)):
-    """The kernel's gradients (need: grad_x, grad_weights) of fresh random data against
-    the float64 reference, the derivatives taken at the kernel's pre-activations."""
+def _check(spec, rows, dev, gen, x=None, need=(True, True, True)):
+    """The kernel's gradients (need: grad_x, grad_weights, grad_biases where the net has
+    them) of fresh random data against the float64 reference, the derivatives taken at
+    the kernel's pre-activations."""
+    need = (need[0], need[1], need[2] and spec.bias)
     plan = tb._gluon_backward_plan(spec, dev, *need)
     assert plan is not None, gluon_backward.eligible(spec, dev)
-    ws, _ = make_params(spec.widths, False, spec.dtype, dev, gen=gen)
+    ws, bs = make_params(spec.widths, spec.bias, spec.dtype, dev, gen=gen)
     if x is None:
         x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
     gy = torch.randn(x.shape[0], spec.out_features, generator=gen).to(dev, spec.dtype)
-    out = tb._gluon_backward(plan, gy, x, ws)
+    out = tb._gluon_backward(plan, gy, x, ws, bs)
     assert out is not None
     gx, gws, gbs = out
-    kinks = saved_z(x, ws, None, spec.activation, spec.output_activation, "triton")
-    _, rgx, rgw, _ = reference(x, ws, None, spec.activation, spec.output_activation,
-                               grad_y=gy, kinks_at=kinks)
+    kinks = saved_z(x, ws, bs, spec.activation, spec.output_activation, "triton")
+    _, rgx, rgw, rgb = reference(x, ws, bs, spec.activation, spec.output_activation,
+                                 grad_y=gy, kinks_at=kinks)
     tol = tolerance("triton", spec.dtype)
-    assert gbs == []
     if need[0]:
         assert_close(gx, rgx, tol, "grad x")
     else:
@@ -69,6 +73,15 @@ def _check(spec, rows, dev, gen, x=None, need=(True, True)):
             assert_close(g, r, tol, f"grad weights[{i}]")
     else:
         assert gws == []
+    if need[2]:
+        assert len(gbs) == len(bs)
+        for i, (g, r) in enumerate(zip(gbs, rgb)):
+            # the output bias's gradient is grad_y summed over the rows: it can cancel
+            floor = (chance_sum_size(gy) if i == len(bs) - 1 and spec.output_activation ==
+                     "none" else 0.0)
+            assert_close(g, r, tol, f"grad biases[{i}]", floor)
+    else:
+        assert gbs == []
 
 
 @sm90
@@ -84,6 +97,18 @@ def test_gluon_backward_matches_reference(net, dtype, poison):
 
 @sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("net", BIAS_NETS, ids=["x".join(map(str, n)) for n in BIAS_NETS])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gluon_backward_with_biases(net, dtype, poison):
+    """Biases: the forward again with them, their gradients summed on the tensor cores."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(hash(net) % 2 ** 31 + 1)
+    for rows in ROWS:
+        _check(_spec(net, dtype=dtype, bias=True), rows, dev, gen)
+
+
+@sm90
+@pytest.mark.gpu
 @pytest.mark.parametrize("act", sorted(activations.ACTIVATIONS))
 def test_gluon_backward_every_activation(act, poison):
     """Each registry activation as the hidden one (those that keep the pre-activation fit
@@ -93,6 +118,7 @@ def test_gluon_backward_every_activation(act, poison):
     for out_act in ("none", act):
         _check(_spec((64, 64, 32, 2), act, out_act), 3001, dev, gen)
         _check(_spec((64, 64, 64, 4), "relu", out_act), 3001, dev, gen)
+        _check(_spec((64, 64, 64, 2), act, out_act, bias=True), 3001, dev, gen)
 
 
 @sm90
@@ -103,8 +129,11 @@ def test_gluon_backward_partial_needs_and_strided_x(poison):
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(5)
     spec = _spec((64, 64, 64, 4))
-    _check(spec, 5000, dev, gen, need=(True, False))
-    _check(spec, 5000, dev, gen, need=(False, True))
+    _check(spec, 5000, dev, gen, need=(True, False, False))
+    _check(spec, 5000, dev, gen, need=(False, True, False))
+    biased = _spec((64, 64, 64, 4), bias=True)
+    _check(biased, 5000, dev, gen, need=(False, False, True))
+    _check(biased, 5000, dev, gen, need=(True, True, False))
     wide = torch.randn(3001, 128, generator=gen).to(dev, spec.dtype)
     _check(spec, None, dev, gen, x=wide[:, 32:96])
     odd = torch.randn(500, 65, device=dev, dtype=spec.dtype)[:, :64]
@@ -167,7 +196,7 @@ def test_eligibility_rule_and_reasons(monkeypatch):
         assert "no Gluon" in gluon_backward.eligible(ok, cuda)[1]
         return
     assert gluon_backward.eligible(ok, cuda) == (True, "")
-    biased = MLPSpec((64,) * 6, "relu", "none", True, torch.float16)
+    assert gluon_backward.eligible(_spec((64, 64, 64, 4), bias=True), cuda) == (True, "")
     for spec, why in [
             (_spec((64, 64, 64, 4), dtype=torch.float32), "fp16 and bf16"),
             (_spec((64, 32, 64, 4)), "hidden width 32"),
@@ -176,7 +205,8 @@ def test_eligibility_rule_and_reasons(monkeypatch):
             (_spec((128, 64, 64, 4)), "up to 64"),
             (_spec((64, 64, 64, 6)), "hidden-to-hidden"),
             (_spec((64, 64, 64, 4), "gelu"), "do not fit"),
-            (biased, "biases")]:
+            (_spec((64, 64, 64, 5), bias=True), "biases with more than 3"),
+            (_spec((64, 64, 32, 4), bias=True), "out width <= 32")]:
         assert why in gluon_backward.eligible(spec, cuda)[1], spec
     monkeypatch.setenv(gluon_narrow.ENV, "0")
     assert gluon_backward.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
@@ -197,3 +227,4 @@ def test_tuning_fits_shared_memory():
     assert gluon_backward.tuning(_spec((64, 64, 64, 2), "gelu")) == 2
     assert gluon_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == 1
     assert gluon_backward.tuning(_spec((64, 64, 64, 4), "gelu")) is None
+    assert gluon_backward.tuning(_spec((64, 64, 64, 4), bias=True)) == 2

@@ -562,9 +562,9 @@ class TritonBackend(Backend):
         need_x, need_w, need_b = needs
         weights, biases = _dense(weights), _dense(biases)
         M = x.shape[0]
-        if saved is None and M >= GLUON_MIN_ROWS and not need_b:
-            plan = _gluon_backward_plan(spec, x.device, need_x, need_w)
-            out = None if plan is None else _gluon_backward(plan, grad_y, x, weights)
+        if saved is None and M >= GLUON_MIN_ROWS:
+            plan = _gluon_backward_plan(spec, x.device, need_x, need_w, need_b)
+            out = None if plan is None else _gluon_backward(plan, grad_y, x, weights, biases)
             if out is not None:
                 return out
         need_wb = need_w or need_b
@@ -1020,18 +1020,19 @@ def _gluon_plan(spec, device: torch.device):
 
 
 @functools.lru_cache(maxsize=256)
-def _gluon_backward_plan(spec, device: torch.device, need_x: bool, need_w: bool):
+def _gluon_backward_plan(spec, device: torch.device, need_x: bool, need_w: bool,
+                         need_b: bool = False):
     """gluon_backward's Plan for spec's recomputing backward on device, or None."""
     from . import gluon_backward
 
     ok, _ = gluon_backward.eligible(spec, device) if _narrow(spec) else (False, "")
-    return gluon_backward.Plan(spec, device, need_x, need_w) if ok else None
+    return gluon_backward.Plan(spec, device, need_x, need_w, need_b) if ok else None
 
 
-def _gluon_backward(plan, grad_y, x, weights):
-    """(grad_x or None, weight gradients, []) from the Gluon backward, or None where it
-    cannot read an operand by TMA (strides or addresses not 16-byte aligned): the caller
-    takes the Triton kernels."""
+def _gluon_backward(plan, grad_y, x, weights, biases=None):
+    """(grad_x or None, weight gradients, bias gradients) from the Gluon backward, or
+    None where it cannot read an operand by TMA (strides or addresses not 16-byte
+    aligned): the caller takes the Triton kernels."""
     if grad_y.stride(-1) != 1:  # a broadcast gradient (a sum's): TMA needs rows
         grad_y = grad_y.contiguous()
     if not plan.accepts(x, grad_y):
@@ -1040,15 +1041,21 @@ def _gluon_backward(plan, grad_y, x, weights):
     ws = (weights[0], _stacked(weights[1:-1]) if L_HID else weights[0], weights[-1])
     if (ws[0].data_ptr() | ws[1].data_ptr() | ws[2].data_ptr()) & _ALIGN:
         return None
+    bs = None
+    if biases is not None:
+        bs = (biases[0], _stacked(biases[1:-1]) if L_HID else biases[0], biases[-1])
+        if (bs[0].data_ptr() | bs[1].data_ptr() | bs[2].data_ptr()) & _ALIGN:
+            return None  # the kept launch was compiled for 16-byte aligned pointers
     M = x.shape[0]
     gx = memory.new_empty(M, plan.IN, like=x) if plan.need_x else x
-    out = memory.new_empty(plan.reduce.numel, like=x) if plan.need_w else None
+    out = (memory.new_empty(plan.reduce.numel, like=x) if plan.need_w or plan.need_b
+           else None)
     if (gx.data_ptr() | (0 if out is None else out.data_ptr())) & _ALIGN:
         return None  # never from PyTorch's allocators; a test's wrapper
     with device_guard(x):
-        plan(grad_y, x, ws, gx, out)
-    gws = plan.reduce.views(out)[0] if out is not None else []
-    return (gx if plan.need_x else None), gws, []
+        plan(grad_y, x, ws, bs, gx, out)
+    gws, gbs = plan.reduce.views(out) if out is not None else ([], [])
+    return (gx if plan.need_x else None), gws, gbs
 
 
 def _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b, W_SLOT, SLOT):

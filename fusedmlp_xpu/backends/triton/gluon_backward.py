@@ -36,8 +36,10 @@ from .launch import int_key
 #: set to 0 to keep every narrow backward on the Triton kernels (FUSEDMLP_GLUON=0 turns
 #: off this kernel and the Gluon forward)
 ENV = "FUSEDMLP_GLUON_BACKWARD"
-#: the largest hidden-to-hidden weight count (as the one-kernel backward's)
+#: the largest hidden-to-hidden weight count (as the one-kernel backward's); with biases
+#: (their sums take registers of the summing warpgroup too)
 MAX_HIDDEN_WEIGHTS = 4
+MAX_HIDDEN_WEIGHTS_BIAS = 3
 BLOCK_M = 64  # rows of a chain's block
 MAXNREG = 168  # registers a thread at launch: 12 warps in one SM's 64K
 # activations whose derivative is a function of act(z) (relu, leaky relu, identity):
@@ -78,6 +80,23 @@ if gluon is not None:
         return g
 
     @gluon.jit
+    def _add_bias(acc, b_ptr, N, HAS_BIAS: gl.constexpr):
+        """acc + b (N values, read per call: from L1) when HAS_BIAS."""
+        if HAS_BIAS:
+            cols = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+            b = gl.load(b_ptr + cols, mask=cols < N, other=0.0)
+            acc = acc + b.to(gl.float32)[None, :]
+        return acc
+
+    @gluon.jit
+    def _store_bias_sum(slot, e):
+        """A bias gradient's partial sum from g^T @ ones [.., 16] (equal columns): the
+        first column into the slot."""
+        c = gl.arange(0, e.shape[1], layout=gl.SliceLayout(0, e.type.layout))
+        r = gl.arange(0, e.shape[0], layout=gl.SliceLayout(1, e.type.layout))
+        gl.store(slot + r, gl.sum(gl.where(c[None, :] == 0, e, 0.0), axis=1))
+
+    @gluon.jit
     def _store_sum(slot, d, T_P: gl.constexpr, TRANS: gl.constexpr):
         """A weight gradient's partial sum into its [T_P, T_P] slot, row-major [out, in]
         (TRANS: d is [in, out])."""
@@ -89,20 +108,35 @@ if gluon is not None:
             gl.store(slot + r[:, None] * T_P + c[None, :], d)
 
     @gluon.jit
-    def _hidden_sum(l: gl.constexpr, g_s, hs, hb, d1, d2, d3, d4):
-        """d_{l+1} += g^T h_l (h_l: hs[hb + l]), issued and not waited for; all four
-        back."""
+    def _tile_sums(k: gl.constexpr, g_s, h_s, ones_s, d0, d1, d2, d3, d4, e0, e1, e2, e3, e4,
+                   NEED_W: gl.constexpr, NEED_B: gl.constexpr):
+        """Weight layer k's sums from its output gradient g_s (the input layer's k = 0,
+        hidden weight k - 1's k >= 1): d_k += g^T h (h_s: its input), e_k += g^T @ ones;
+        issued, not waited for. Every sum back."""
         gt = g_s.permute((1, 0))
-        h = hs.index(hb + l)
-        if l == 0:
-            d1 = warpgroup_mma(gt, h, d1, is_async=True)
-        elif l == 1:
-            d2 = warpgroup_mma(gt, h, d2, is_async=True)
-        elif l == 2:
-            d3 = warpgroup_mma(gt, h, d3, is_async=True)
-        else:
-            d4 = warpgroup_mma(gt, h, d4, is_async=True)
-        return d1, d2, d3, d4
+        if NEED_W:
+            if k == 0:
+                d0 = warpgroup_mma(gt, h_s, d0, is_async=True)
+            elif k == 1:
+                d1 = warpgroup_mma(gt, h_s, d1, is_async=True)
+            elif k == 2:
+                d2 = warpgroup_mma(gt, h_s, d2, is_async=True)
+            elif k == 3:
+                d3 = warpgroup_mma(gt, h_s, d3, is_async=True)
+            else:
+                d4 = warpgroup_mma(gt, h_s, d4, is_async=True)
+        if NEED_B:
+            if k == 0:
+                e0 = warpgroup_mma(gt, ones_s, e0, is_async=True)
+            elif k == 1:
+                e1 = warpgroup_mma(gt, ones_s, e1, is_async=True)
+            elif k == 2:
+                e2 = warpgroup_mma(gt, ones_s, e2, is_async=True)
+            elif k == 3:
+                e3 = warpgroup_mma(gt, ones_s, e3, is_async=True)
+            else:
+                e4 = warpgroup_mma(gt, ones_s, e4, is_async=True)
+        return d0, d1, d2, d3, d4, e0, e1, e2, e3, e4
 
     @gluon.jit
     def _wait_sums(d0, d1, d2, d3, d4, dl, L_HID: gl.constexpr):
@@ -121,13 +155,15 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_chain(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                  gx_desc, M, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
-                  NEED_X: gl.constexpr, NEED_W: gl.constexpr, X_STAGES: gl.constexpr):
+                  gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
+                  OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
+                  NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr):
         """Chain c (one warpgroup) of this program: its row blocks are the program's 2j + c
         (64 rows each). Per block: the forward again, every activation into its hs tiles
         (the sums' operands), then g back through the layers, each layer's g handed to
         the sums warpgroup through go[c] (the last layer's) and its two gh tiles in turn
         (mbarriers both ways), and grad_x out by TMA."""
+        SUMS: gl.constexpr = NEED_W or NEED_B
         x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free = bars
         BM: gl.constexpr = x_desc.block_type.shape[0]
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
@@ -163,7 +199,8 @@ if gluon is not None:
             mbarrier.wait(x_ready.index(c * X_STAGES + s), (j // X_STAGES) & 1)
             acc = warpgroup_mma(xs.index(c * X_STAGES + s), w0_s.permute((1, 0)), zero_h,
                                 use_acc=False)
-            if NEED_W:  # the sums are done with hs (its first write is next)
+            acc = _add_bias(acc, b0_ptr, H_P, HAS_BIAS)
+            if SUMS:  # the sums are done with hs (its first write is next)
                 mbarrier.wait(hs_free.index(c), (j & 1) ^ 1)
             else:  # x's stage is read by nothing more: the loader may refill it
                 mbarrier.arrive(hs_free.index(c), count=1)
@@ -171,12 +208,13 @@ if gluon is not None:
             for k in gl.static_range(L_HID):
                 acc = warpgroup_mma(gl.convert_layout(h, op_h), wh_s.index(k).permute((1, 0)),
                                     zero_h, use_acc=False)
+                acc = _add_bias(acc, bh_ptr + k * H_P, H_P, HAS_BIAS)
                 h = _keep(acc, hs, zs, hb + k + 1, ACT, Z_SMEM)
             dgo = zero_o
             if OUT_ACT != 0:
                 zo = warpgroup_mma(gl.convert_layout(h, op_o), wl_s.permute((1, 0)), zero_o,
                                    use_acc=False)
-                dgo = act_grad(zo, OUT_ACT)
+                dgo = act_grad(_add_bias(zo, bl_ptr, gy_desc.shape[1], HAS_BIAS), OUT_ACT)
             mbarrier.wait(gy_ready.index(c), j & 1)
             g = gy_s.load(mma_o).to(gl.float32)
             _thread_barrier()
@@ -186,7 +224,7 @@ if gluon is not None:
             if OUT_ACT != 0:
                 g = g * dgo
             gd = g.to(dt)
-            if NEED_W:
+            if SUMS:
                 mbarrier.wait(go_free.index(c), (j & 1) ^ 1)
                 go_s.store(gd)
                 fence_async_shared()  # hs and go, before the sums' MMAs read them
@@ -195,7 +233,7 @@ if gluon is not None:
             g = _dact(acc, hs, zs, hb + L_HID, ACT, Z_SMEM)
             for t in gl.static_range(L_HID + 1):  # g of hidden layer L_HID - t
                 gd = g.to(dt)
-                if NEED_W:
+                if SUMS:
                     u = j * (L_HID + 1) + t
                     b = c * 2 + u % 2
                     mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
@@ -217,13 +255,15 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_sums(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                 gx_desc, M, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
-                 NEED_X: gl.constexpr, NEED_W: gl.constexpr, X_STAGES: gl.constexpr,
-                 acc_ptr, T_P: gl.constexpr, SLOT: gl.constexpr):
+                 gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
+                 OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
+                 NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
+                 acc_ptr, ones_s, T_P: gl.constexpr, SLOT: gl.constexpr):
         """The weight-gradient warpgroup: loads x for both chains and, block by block in
         the program's order, adds each layer's g^T h to its sum as the chains hand g over
-        (asynchronous MMAs; a g tile is freed as soon as its MMA is done); at the end,
-        writes the sums as this program's partials."""
+        (asynchronous MMAs; a g tile is freed as soon as its MMA is done), and each
+        layer's bias gradient as g^T @ ones (ones_s: [64, 16] of ones, filled here); at
+        the end, writes the sums as this program's partials."""
         x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free = bars
         BM: gl.constexpr = x_desc.block_type.shape[0]
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
@@ -235,6 +275,12 @@ if gluon is not None:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H_P, 16])
         sum_o: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, OUT_P, 16])
+        sum_b: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+        N_MMA: gl.constexpr = NEED_W + NEED_B  # MMAs a g tile
+        if NEED_B:
+            ones_s.store(gl.full(ones_s.shape, 1.0, ones_s.dtype, sum_b))
+            fence_async_shared()
         pid = gl.program_id(0)
         n_prog = gl.num_programs(0)
         n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
@@ -251,32 +297,45 @@ if gluon is not None:
         d3 = gl.zeros([H_P, H_P], gl.float32, sum_h)
         d4 = gl.zeros([H_P, H_P], gl.float32, sum_h)
         dl = gl.zeros([H_P, OUT_P], gl.float32, sum_o)
-        if NEED_W:
+        e0 = gl.zeros([H_P, 16], gl.float32, sum_b)
+        e1 = gl.zeros([H_P, 16], gl.float32, sum_b)
+        e2 = gl.zeros([H_P, 16], gl.float32, sum_b)
+        e3 = gl.zeros([H_P, 16], gl.float32, sum_b)
+        e4 = gl.zeros([H_P, 16], gl.float32, sum_b)
+        el = gl.zeros([OUT_P, 16], gl.float32, sum_b)  # the last layer's (OUT_P == 64)
+        if NEED_W or NEED_B:
             for i in range(n_my):
                 cc = i % 2
                 j = i // 2
                 s = j % X_STAGES
                 hb = cc * (L_HID + 1)
                 mbarrier.wait(go_ready.index(cc), j & 1)
-                dl = warpgroup_mma(hs.index(hb + L_HID).permute((1, 0)), go.index(cc), dl,
-                                   is_async=True)
+                if NEED_W:
+                    dl = warpgroup_mma(hs.index(hb + L_HID).permute((1, 0)), go.index(cc), dl,
+                                       is_async=True)
+                if NEED_B:
+                    el = warpgroup_mma(go.index(cc).permute((1, 0)), ones_s, el, is_async=True)
                 for t in gl.static_range(L_HID + 1):
                     u = j * (L_HID + 1) + t
                     b = cc * 2 + u % 2
                     mbarrier.wait(gh_ready.index(b), (u // 2) & 1)
+                    # weight layer L_HID - t's sums; its input: x for the first layer
                     if t < L_HID:
-                        d1, d2, d3, d4 = _hidden_sum(L_HID - 1 - t, gh.index(b), hs, hb, d1,
-                                                     d2, d3, d4)
+                        h_s = hs.index(hb + L_HID - 1 - t)
                     else:
-                        d0 = warpgroup_mma(gh.index(b).permute((1, 0)),
-                                           xs.index(cc * X_STAGES + s), d0, is_async=True)
+                        h_s = xs.index(cc * X_STAGES + s)
+                    d0, d1, d2, d3, d4, e0, e1, e2, e3, e4 = _tile_sums(
+                        L_HID - t, gh.index(b), h_s, ones_s, d0, d1, d2, d3, d4, e0, e1, e2, e3,
+                        e4, NEED_W, NEED_B)
                     # the previous MMA (the tile before this one) is done: free its tile
-                    dl = warpgroup_mma_wait(1, deps=(dl,))
+                    dl, el = warpgroup_mma_wait(N_MMA, deps=(dl, el))
                     if t == 0:
                         mbarrier.arrive(go_free.index(cc), count=1)
                     else:
                         mbarrier.arrive(gh_free.index(cc * 2 + (u - 1) % 2), count=1)
                 d0, d1, d2, d3, d4, dl = _wait_sums(d0, d1, d2, d3, d4, dl, L_HID)
+                if NEED_B:
+                    e0, e1, e2, e3, e4, el = _wait_sums(e0, e1, e2, e3, e4, el, L_HID)
                 mbarrier.arrive(gh_free.index(cc * 2 + (j * (L_HID + 1) + L_HID) % 2), count=1)
                 mbarrier.arrive(hs_free.index(cc), count=1)
                 # x's stage is read by nothing more: its next block
@@ -300,8 +359,20 @@ if gluon is not None:
                 _tma_load(x_desc, [(pid + (2 * nj + cc) * n_prog) * BM, 0],
                           x_ready.index(cc * X_STAGES + s), xs.index(cc * X_STAGES + s),
                           pred=ok)
+        base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
+        if NEED_B:
+            W_SLOT: gl.constexpr = T_P * T_P
+            _store_bias_sum(base + W_SLOT, e0)
+            if L_HID > 0:
+                _store_bias_sum(base + SLOT + W_SLOT, e1)
+            if L_HID > 1:
+                _store_bias_sum(base + 2 * SLOT + W_SLOT, e2)
+            if L_HID > 2:
+                _store_bias_sum(base + 3 * SLOT + W_SLOT, e3)
+            if L_HID > 3:
+                _store_bias_sum(base + 4 * SLOT + W_SLOT, e4)
+            _store_bias_sum(base + (L_HID + 1) * SLOT + W_SLOT, el)
         if NEED_W:
-            base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
             _store_sum(base, d0, T_P, False)
             if L_HID > 0:
                 _store_sum(base + SLOT, d1, T_P, False)
@@ -315,25 +386,28 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_worker(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                   gx_desc, M, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
-                   NEED_X: gl.constexpr, NEED_W: gl.constexpr, X_STAGES: gl.constexpr,
-                   acc_ptr, T_P: gl.constexpr, SLOT: gl.constexpr):
+                   gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
+                   OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
+                   NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
+                   acc_ptr, ones_s, T_P: gl.constexpr, SLOT: gl.constexpr):
         """Worker c: 1 the second chain, 2 the sums (the workers share one signature)."""
         if c == 1:
             _ws_chain(1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                      gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES)
+                      gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT, NEED_X,
+                      NEED_W, NEED_B, HAS_BIAS, X_STAGES)
         else:
             _ws_sums(0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                     gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES, acc_ptr, T_P,
-                     SLOT)
+                     gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT, NEED_X, NEED_W,
+                     NEED_B, HAS_BIAS, X_STAGES, acc_ptr, ones_s, T_P, SLOT)
 
     @gluon.jit
-    def _bwd_kernel(x_desc, gy_desc, gx_desc, w0_desc, wh_desc, wl_desc, acc_ptr, M,
-                       h_layout: gl.constexpr, L_HID: gl.constexpr, ACT: gl.constexpr,
-                       OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
-                       X_STAGES: gl.constexpr, T_P: gl.constexpr, SLOT: gl.constexpr,
-                       CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr,
-                       num_warps: gl.constexpr):
+    def _bwd_kernel(x_desc, gy_desc, gx_desc, w0_desc, wh_desc, wl_desc, acc_ptr, b0_ptr,
+                    bh_ptr, bl_ptr, M, h_layout: gl.constexpr, ones_layout: gl.constexpr,
+                    L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
+                    NEED_X: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr, T_P: gl.constexpr,
+                    SLOT: gl.constexpr, CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr,
+                    num_warps: gl.constexpr):
         """The default warpgroup and worker 1 each run a chain over half the program's
         64-row blocks (_ws_chain); worker 2 sums the weight gradients and loads x
         (_ws_sums)."""
@@ -355,6 +429,7 @@ if gluon is not None:
         go = gl.allocate_shared_memory(dt, [2, BM, OUT_P], gy_desc.layout)
         gh = gl.allocate_shared_memory(dt, [4, BM, H_P], h_layout)
         gxs = gl.allocate_shared_memory(dt, [2, BM, IN_P], gx_desc.layout)
+        ones_s = gl.allocate_shared_memory(dt, [BM, 16], ones_layout)  # bias sums' operand
         lay: gl.constexpr = mbarrier.MBarrierLayout()
         wbar = gl.allocate_shared_memory(gl.int64, [1], lay)
         x_ready = gl.allocate_shared_memory(gl.int64, [2 * X_STAGES, 1], lay)
@@ -386,13 +461,16 @@ if gluon is not None:
         # (the constants inline: a tuple built here would turn them into tensors)
         gl.warp_specialize([
             (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                         gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES)),
+                         gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
+                         NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)),
             (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                          gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES,
-                          acc_ptr, T_P, SLOT)),
+                          gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
+                          NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr, ones_s, T_P,
+                          SLOT)),
             (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                          gy_desc, gx_desc, M, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, X_STAGES,
-                          acc_ptr, T_P, SLOT))],
+                          gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
+                          NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr, ones_s, T_P,
+                          SLOT))],
             [4, 4], [CHAIN_REGS, SUM_REGS])
 
     _LAUNCHER = launch.Launcher(_bwd_kernel)
@@ -414,7 +492,8 @@ def smem_bytes(spec, x_stages: int) -> int:
     tiles = (L_HID + 1) * (2 if _keeps_z(spec) else 1) + 2  # h (z), g's two tiles
     return spec.dtype.itemsize * (
         H_P * IN_P + L_HID * H_P * H_P + OUT_P * H_P  # (no hidden weights: none kept)
-        + 2 * BLOCK_M * (x_stages * IN_P + 2 * OUT_P + tiles * H_P + IN_P)) + 128
+        + 2 * BLOCK_M * (x_stages * IN_P + 2 * OUT_P + tiles * H_P + IN_P)
+        + (BLOCK_M * 16 if spec.bias else 0)) + 128  # the bias sums' tile of ones
 
 
 def tuning(spec) -> int | None:
@@ -442,25 +521,27 @@ def eligible(spec, device: torch.device) -> tuple[bool, str]:
         return False, "in/out widths not multiples of 8 up to 64"
     if spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS:
         return False, f"more than {MAX_HIDDEN_WEIGHTS} hidden-to-hidden weights"
-    if spec.bias:
-        return False, "biases (their gradients are not in this kernel)"
+    if spec.bias and (spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS_BIAS or OUT <= 32):
+        return False, (f"biases with more than {MAX_HIDDEN_WEIGHTS_BIAS} hidden-to-hidden "
+                       "weights or out width <= 32 (the bias sums' registers, their MMA's M)")
     if tuning(spec) is None:
         return False, "the weights and tiles do not fit one program's shared memory"
     return True, ""
 
 
 class Plan:
-    """The Gluon backward of one (spec, device, needs): ``accepts(x, grad_y)``, then
-    ``(grad_y, x, weights) -> (grad_x or None, weight gradients, [])``."""
+    """The Gluon backward of one (spec, device, needs): ``accepts(x, grad_y)``, then the
+    call writes grad_x and the gradients' buffer."""
 
-    def __init__(self, spec, device: torch.device, need_x: bool, need_w: bool):
+    def __init__(self, spec, device: torch.device, need_x: bool, need_w: bool,
+                 need_b: bool = False):
         from . import _launch_meta, _reduce_layout  # the Triton backward's reduction
         from .gluon_narrow import weight_descs
 
         if device.index is None:  # launches name the device by its index
             device = torch.device(device.type, torch.cuda.current_device())
         self.spec, self.device = spec, device
-        self.need_x, self.need_w = need_x, need_w
+        self.need_x, self.need_w, self.need_b = need_x, need_w, need_b and spec.bias
         bm = BLOCK_M
         self.IN, self.H, self.OUT = spec.in_features, spec.widths[1], spec.out_features
         self.L_HID = spec.n_layers - 2
@@ -474,15 +555,17 @@ class Plan:
         self.weight_descs = weight_descs
         T_P = _launch_meta(spec, "cuda")["H_P"]  # the reduction's slots
         self.SLOT = T_P * T_P + T_P
-        self.reduce = _reduce_layout(spec, T_P, T_P * T_P, self.SLOT, need_w, False, "cuda")
-        self.consts = dict(h_layout=lay([bm, H_P], gdt), L_HID=self.L_HID,
-                           ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
-                           NEED_X=need_x, NEED_W=need_w, X_STAGES=tuning(spec), T_P=T_P,
-                           SLOT=self.SLOT)
+        self.reduce = _reduce_layout(spec, T_P, T_P * T_P, self.SLOT, need_w, self.need_b,
+                                     "cuda")
+        self.consts = dict(h_layout=lay([bm, H_P], gdt), ones_layout=lay([bm, 16], gdt),
+                           L_HID=self.L_HID, ACT=spec.activation_id,
+                           OUT_ACT=spec.output_activation_id, NEED_X=need_x, NEED_W=need_w,
+                           NEED_B=self.need_b, HAS_BIAS=spec.bias, X_STAGES=tuning(spec),
+                           T_P=T_P, SLOT=self.SLOT)
         # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at
-        # 3 hidden-to-hidden weights, 192 at 4; the chains share what is left (sm_90
-        # compile: no spills at these)
-        sums = 232 if self.L_HID <= 3 else 240
+        # 3 hidden-to-hidden weights, 192 at 4, and 8 a layer for the biases; the chains
+        # share what is left (sm_90 compile: no spills at these)
+        sums = 232 if self.L_HID <= 3 and not self.need_b else 240
         self.consts.update(CHAIN_REGS=(3 * MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums)
         self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
         self.lean = launch.enabled(device)
@@ -497,10 +580,11 @@ class Plan:
                 return False
         return 0 < x.shape[0] <= MAX_ROWS
 
-    def __call__(self, grad_y, x, weights, gx, out):
+    def __call__(self, grad_y, x, weights, biases, gx, out):
         """Writes grad_x into ``gx`` ([M, IN], contiguous, 16-byte aligned; ignored unless
-        need_x) and the reduction's buffer ``out`` (unless not need_w); weights: w0, the
-        hidden weights back to back, wl (16-byte aligned, dense)."""
+        need_x) and the reduction's buffer ``out`` (unless neither need_w nor need_b);
+        weights: w0, the hidden weights back to back, wl; biases likewise or None (all
+        16-byte aligned, dense)."""
         from . import _reduce_launch
 
         M = x.shape[0]
@@ -513,7 +597,8 @@ class Plan:
         gxd = TensorDescriptor(gx, [M, self.IN], [self.IN, 1], self.x_block, self.x_layout)
         w0d, whd, wld = self.weight_descs(self._wdesc, weights, self.IN, self.H, self.OUT,
                                           self.L_HID, self.w_blocks, self.w_layouts)
-        args = (xd, gyd, gxd, w0d, whd, wld, acc, M)
+        b0, bh, bl = biases if biases is not None else (acc, acc, acc)
+        args = (xd, gyd, gxd, w0d, whd, wld, acc, b0, bh, bl, M)
         key = int_key(M)
         entry = self._kernels.get(key) if self.lean else None
         if entry is not None and launch.direct_ok(self.device.index):
@@ -525,6 +610,6 @@ class Plan:
                                   dict(self.consts, num_warps=4))
                 if e is not None:
                     self._kernels[key] = e
-        if self.need_w:
+        if self.need_w or self.need_b:
             _reduce_launch(acc, out, self.reduce, self.IN, self.H, self.OUT, self.L_HID,
                            self.device)
