@@ -17,13 +17,15 @@ program (one per SM):
   one chain waits on its MMA or runs an epilogue, the other's run;
 - one warpgroup that holds every layer's weight-gradient sum (a [64, 64] fp32 tile each)
   and adds g^T h as soon as a chain hands g over (asynchronous MMAs; a g tile is handed
-  back as soon as its MMA is done); it also loads x by TMA for both chains.
+  back as soon as its MMA is done), and the bias gradients as g^T @ ones the same way; it
+  also loads x by TMA for both chains.
 mbarriers carry the hand-overs both ways; every weight stays in shared memory.
 
 What it takes (``eligible``): fp16/bf16, hidden width 64 (the sums' MMAs take it as
-their M), in and out widths multiples of 8 up to 64, 0..4 hidden-to-hidden weights, no
-biases, activations and depth whose tiles fit shared memory, and a forward that saved
-nothing (the default where the one-kernel backward applies)."""
+their M), in and out widths multiples of 8 up to 64, 0..4 hidden-to-hidden weights (with
+biases: up to 3, and out widths 33..64, the last bias sum's M), activations and depth
+whose tiles fit shared memory, and a forward that saved nothing (the default where the
+one-kernel backward applies)."""
 from __future__ import annotations
 
 import torch
