@@ -225,24 +225,32 @@ def compile_gluon(args) -> int:
                   STAGES=stages, num_warps=warps)
         sig.update({k: "constexpr" for k in cx})
         name = "gluon " + "-".join(map(str, widths))
-        try:
-            k = triton.compile(GluonASTSource(g._fwd_kernel, sig, cx, {}),
-                               target=GPUTarget("cuda", args.arch, 32),
-                               options=dict(num_warps=warps))
-            ptx = k.asm["ptx"]
-            mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
-            # the shared memory the tuning counted against what the compiler allocated
-            est = g.smem_bytes(spec, bm, stages)
-            print(f"{name:<28} act {act}/{out_act} BLOCK_M {bm} w{warps} stages {stages} x{per_sm}/SM "
-                  f"{k.metadata.shared // 1024:>4} KB smem (counted {est // 1024}) {mma} "
-                  f"{_ptxas_info(ptx)}")
-            if abs(k.metadata.shared - est) > 1024:
-                failed += 1
-                print(f"{name}: FAILED the counted shared memory is off")
-        except Exception as e:  # report every failure, then fail the run
-            failed += 1
-            print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        failed += _compile_gluon(
+            name, GluonASTSource(g._fwd_kernel, sig, cx, {}), args.arch,
+            dict(num_warps=warps), g.smem_bytes(spec, bm, stages),
+            f"act {act}/{out_act} BLOCK_M {bm} w{warps} stages {stages} x{per_sm}/SM")
     return failed
+
+
+def _compile_gluon(name, src, arch, options, est, label) -> int:
+    """Compile one Gluon kernel for sm_<arch>, print a line (the shared memory its tuning
+    counted, ``est``, against what the compiler allocated; wgmma; registers); 1 where it
+    failed or the counts differ by more than 1 KB, else 0."""
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        ptx = k.asm["ptx"]
+        mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
+        parts = ptx.count("setmaxnreg")
+        print(f"{name:<28} {label} {k.metadata.shared // 1024:>4} KB smem (counted "
+              f"{est // 1024}) {mma}{f' setmaxnreg x{parts}' if parts else ''} "
+              f"{_ptxas_info(ptx)}")
+        if abs(k.metadata.shared - est) > 1024:
+            print(f"{name}: FAILED the counted shared memory is off")
+            return 1
+        return 0
+    except Exception as e:  # report every failure, then fail the run
+        print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return 1
 
 
 def compile_gluon_backward(args) -> int:
@@ -289,23 +297,10 @@ def compile_gluon_backward(args) -> int:
                   CHAIN_REGS=(3 * g.MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums, num_warps=4)
         sig.update({k: "constexpr" for k in cx})
         name = "gluon-bwd " + "-".join(map(str, widths)) + (" bias" if bias else "")
-        try:
-            k = triton.compile(GluonASTSource(g._bwd_kernel, sig, cx, {}),
-                               target=GPUTarget("cuda", args.arch, 32),
-                               options=dict(num_warps=4, maxnreg=g.MAXNREG))
-            ptx = k.asm["ptx"]
-            mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
-            parts = ptx.count("setmaxnreg")
-            est = g.smem_bytes(spec, cx["X_STAGES"])
-            print(f"{name:<28} {act}/{out_act} x stages {cx['X_STAGES']} "
-                  f"{k.metadata.shared // 1024:>4} KB smem (counted {est // 1024}) {mma} "
-                  f"setmaxnreg x{parts} {_ptxas_info(ptx)}")
-            if abs(k.metadata.shared - est) > 1024:
-                failed += 1
-                print(f"{name}: FAILED the counted shared memory is off")
-        except Exception as e:  # report every failure, then fail the run
-            failed += 1
-            print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        failed += _compile_gluon(
+            name, GluonASTSource(g._bwd_kernel, sig, cx, {}), args.arch,
+            dict(num_warps=4, maxnreg=g.MAXNREG), g.smem_bytes(spec, cx["X_STAGES"]),
+            f"{act}/{out_act} x stages {cx['X_STAGES']}")
     return failed
 
 

@@ -55,7 +55,7 @@ if gluon is not None:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .act import act, act_grad
-    from .gluon_narrow import _thread_barrier, _tma_load, _tma_store
+    from .gluon_narrow import _load_weights, _thread_barrier, _tma_load, _tma_store
 
     @gluon.jit
     def _keep(acc, hs, zs, l: gl.constexpr, ACT: gl.constexpr, Z_SMEM: gl.constexpr):
@@ -110,6 +110,21 @@ if gluon is not None:
             gl.store(slot + r[:, None] * T_P + c[None, :], d)
 
     @gluon.jit
+    def _mma_into(k: gl.constexpr, a, b, s0, s1, s2, s3, s4):
+        """s_k += a @ b, issued and not waited for; all five back."""
+        if k == 0:
+            s0 = warpgroup_mma(a, b, s0, is_async=True)
+        elif k == 1:
+            s1 = warpgroup_mma(a, b, s1, is_async=True)
+        elif k == 2:
+            s2 = warpgroup_mma(a, b, s2, is_async=True)
+        elif k == 3:
+            s3 = warpgroup_mma(a, b, s3, is_async=True)
+        else:
+            s4 = warpgroup_mma(a, b, s4, is_async=True)
+        return s0, s1, s2, s3, s4
+
+    @gluon.jit
     def _tile_sums(k: gl.constexpr, g_s, h_s, ones_s, d0, d1, d2, d3, d4, e0, e1, e2, e3, e4,
                    NEED_W: gl.constexpr, NEED_B: gl.constexpr):
         """Weight layer k's sums from its output gradient g_s (the input layer's k = 0,
@@ -117,27 +132,9 @@ if gluon is not None:
         issued, not waited for. Every sum back."""
         gt = g_s.permute((1, 0))
         if NEED_W:
-            if k == 0:
-                d0 = warpgroup_mma(gt, h_s, d0, is_async=True)
-            elif k == 1:
-                d1 = warpgroup_mma(gt, h_s, d1, is_async=True)
-            elif k == 2:
-                d2 = warpgroup_mma(gt, h_s, d2, is_async=True)
-            elif k == 3:
-                d3 = warpgroup_mma(gt, h_s, d3, is_async=True)
-            else:
-                d4 = warpgroup_mma(gt, h_s, d4, is_async=True)
+            d0, d1, d2, d3, d4 = _mma_into(k, gt, h_s, d0, d1, d2, d3, d4)
         if NEED_B:
-            if k == 0:
-                e0 = warpgroup_mma(gt, ones_s, e0, is_async=True)
-            elif k == 1:
-                e1 = warpgroup_mma(gt, ones_s, e1, is_async=True)
-            elif k == 2:
-                e2 = warpgroup_mma(gt, ones_s, e2, is_async=True)
-            elif k == 3:
-                e3 = warpgroup_mma(gt, ones_s, e3, is_async=True)
-            else:
-                e4 = warpgroup_mma(gt, ones_s, e4, is_async=True)
+            e0, e1, e2, e3, e4 = _mma_into(k, gt, ones_s, e0, e1, e2, e3, e4)
         return d0, d1, d2, d3, d4, e0, e1, e2, e3, e4
 
     @gluon.jit
@@ -452,12 +449,7 @@ if gluon is not None:
         for j in gl.static_range(4):
             mbarrier.init(gh_ready.index(j), count=1)
             mbarrier.init(gh_free.index(j), count=1)
-        mbarrier.expect(wbar, w0_desc.block_type.nbytes + L_HID * wh_desc.block_type.nbytes
-                        + wl_desc.block_type.nbytes)
-        _tma_load(w0_desc, [0, 0], wbar, w0_s)
-        for j in gl.static_range(L_HID):
-            _tma_load(wh_desc, [j * H_P, 0], wbar, wh_s.index(j))
-        _tma_load(wl_desc, [0, 0], wbar, wl_s)
+        _load_weights(w0_desc, wh_desc, wl_desc, wbar, w0_s, wh_s, wl_s, L_HID)
         mbarrier.wait(wbar, 0)
         bars = (x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free)
         # (the constants inline: a tuple built here would turn them into tensors)

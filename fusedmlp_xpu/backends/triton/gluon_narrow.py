@@ -101,6 +101,17 @@ if gluon is not None:
         _tma_store(y_desc, [row, 0], y_smem)
 
     @gluon.jit
+    def _load_weights(w0_desc, wh_desc, wl_desc, bar, w0_s, wh_s, wl_s, L_HID: gl.constexpr):
+        """Every weight into shared memory by TMA, all on ``bar``: w0, the L_HID hidden
+        ones (back to back in wh_desc's tensor), wl."""
+        mbarrier.expect(bar, w0_desc.block_type.nbytes + L_HID * wh_desc.block_type.nbytes
+                        + wl_desc.block_type.nbytes)
+        _tma_load(w0_desc, [0, 0], bar, w0_s)
+        for j in gl.static_range(L_HID):
+            _tma_load(wh_desc, [j * wh_desc.block_type.shape[0], 0], bar, wh_s.index(j))
+        _tma_load(wl_desc, [0, 0], bar, wl_s)
+
+    @gluon.jit
     def _load_pair(x_desc, bar, x_smem, s, q, BM: gl.constexpr, ok):
         """Row blocks 2q and 2q + 1 into stage s (both on the stage's one barrier)."""
         mbarrier.expect(bar.index(s), 2 * x_desc.block_type.nbytes, pred=ok)
@@ -144,12 +155,7 @@ if gluon is not None:
         n_pairs = gl.cdiv(gl.cdiv(M, BM), 2)
         n_my = gl.cdiv(n_pairs - pid, n_prog)  # this program's pairs: pid, pid + n_prog..
 
-        mbarrier.expect(wbar, w0_desc.block_type.nbytes + L_HID * wh_desc.block_type.nbytes
-                        + wl_desc.block_type.nbytes)
-        _tma_load(w0_desc, [0, 0], wbar, w0_smem)
-        for j in gl.static_range(L_HID):
-            _tma_load(wh_desc, [j * H_P, 0], wbar, wh_smem.index(j))
-        _tma_load(wl_desc, [0, 0], wbar, wl_smem)
+        _load_weights(w0_desc, wh_desc, wl_desc, wbar, w0_smem, wh_smem, wl_smem, L_HID)
         for j in gl.static_range(STAGES):
             _load_pair(x_desc, xbar, x_smem, j, pid + j * n_prog, BM, j < n_my)
         mbarrier.wait(wbar, 0)
