@@ -110,6 +110,14 @@ if gluon is not None:
             gl.store(slot + r[:, None] * T_P + c[None, :], d)
 
     @gluon.jit
+    def _load_x(x_desc, x_ready, xs, slot, i, n_my):
+        """x of this program's block i (pid + i * programs) into tile ``slot``, on its
+        barrier; nothing where the program has no block i."""
+        row = (gl.program_id(0) + i * gl.num_programs(0)) * x_desc.block_type.shape[0]
+        mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes, pred=i < n_my)
+        _tma_load(x_desc, [row, 0], x_ready.index(slot), xs.index(slot), pred=i < n_my)
+
+    @gluon.jit
     def _mma_into(k: gl.constexpr, a, b, s0, s1, s2, s3, s4):
         """s_k += a @ b, issued and not waited for; all five back."""
         if k == 0:
@@ -284,12 +292,7 @@ if gluon is not None:
         n_prog = gl.num_programs(0)
         n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
         for i in gl.static_range(2 * X_STAGES):  # x of each chain's first blocks
-            ok = i < n_my
-            mbarrier.expect(x_ready.index((i % 2) * X_STAGES + i // 2),
-                            x_desc.block_type.nbytes, pred=ok)
-            _tma_load(x_desc, [(pid + i * n_prog) * BM, 0],
-                      x_ready.index((i % 2) * X_STAGES + i // 2),
-                      xs.index((i % 2) * X_STAGES + i // 2), pred=ok)
+            _load_x(x_desc, x_ready, xs, (i % 2) * X_STAGES + i // 2, i, n_my)
         d0 = gl.zeros([H_P, IN_P], gl.float32, sum_i)
         d1 = gl.zeros([H_P, H_P], gl.float32, sum_h)
         d2 = gl.zeros([H_P, H_P], gl.float32, sum_h)
@@ -338,26 +341,14 @@ if gluon is not None:
                 mbarrier.arrive(gh_free.index(cc * 2 + (j * (L_HID + 1) + L_HID) % 2), count=1)
                 mbarrier.arrive(hs_free.index(cc), count=1)
                 # x's stage is read by nothing more: its next block
-                nj = j + X_STAGES
-                ok = 2 * nj + cc < n_my
-                mbarrier.expect(x_ready.index(cc * X_STAGES + s), x_desc.block_type.nbytes,
-                                pred=ok)
-                _tma_load(x_desc, [(pid + (2 * nj + cc) * n_prog) * BM, 0],
-                          x_ready.index(cc * X_STAGES + s), xs.index(cc * X_STAGES + s),
-                          pred=ok)
+                _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, 2 * (j + X_STAGES) + cc, n_my)
         else:
             for i in range(n_my):  # x alone: each stage refilled once the chain's forward
                 cc = i % 2         # has read it (the chain arrives at hs_free then)
                 j = i // 2
                 s = j % X_STAGES
                 mbarrier.wait(hs_free.index(cc), j & 1)
-                nj = j + X_STAGES
-                ok = 2 * nj + cc < n_my
-                mbarrier.expect(x_ready.index(cc * X_STAGES + s), x_desc.block_type.nbytes,
-                                pred=ok)
-                _tma_load(x_desc, [(pid + (2 * nj + cc) * n_prog) * BM, 0],
-                          x_ready.index(cc * X_STAGES + s), xs.index(cc * X_STAGES + s),
-                          pred=ok)
+                _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, 2 * (j + X_STAGES) + cc, n_my)
         base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
         if NEED_B:
             W_SLOT: gl.constexpr = T_P * T_P
