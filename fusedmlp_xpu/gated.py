@@ -119,7 +119,8 @@ def _torch_autograd(x, backend: str | None) -> bool:
     automatically, up to _torch_train_rows rows. (Those ops save eager's four [rows,
     hidden] tensors where the op's node keeps g and u.) The cheap tests first: most
     calls leave before the choice is looked up."""
-    return (op.rows_within(x, _torch_train_rows(x.device)) and not backend and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
+    return (op.rows_within(x, _torch_train_rows(x.device)) and not backend
+            and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
             and choose(x.device) is not _Reference)
 
 

@@ -174,14 +174,16 @@ def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
             assert_close(w.grad, rw, tol, "grad w")
     assert calls == [big]
     x = torch.randn(big, 64, device=dev, dtype=torch.float16)
-    m.zero_grad()
-    m(x).sum().backward()
     gy = torch.ones(big, 64, dtype=torch.float16, device=dev)
     kinks = saved_z(x, m.weights(), None, "relu", "none", "triton")
     ref = reference(x, m.weights(), None, "relu", "none", grad_y=gy, kinks_at=kinks)
-    for w, rw in zip(m.weights(), ref[2]):
-        assert_close(w.grad, rw, tol, "grad w (sum)")
-    assert calls == [big, big]
+    # grad_y strides (0, 0) from a sum, (0, 1) from a column sum's sum
+    for loss in (lambda y: y.sum(), lambda y: y.sum(0).sum()):
+        m.zero_grad()
+        loss(m(x)).backward()
+        for w, rw in zip(m.weights(), ref[2]):
+            assert_close(w.grad, rw, tol, "grad w (sum)")
+    assert calls == [big, big, big]
 
 
 def test_eligibility_rule_and_reasons(monkeypatch):
@@ -210,6 +212,22 @@ def test_eligibility_rule_and_reasons(monkeypatch):
         assert why in gluon_backward.eligible(spec, cuda)[1], spec
     monkeypatch.setenv(gluon_narrow.ENV, "0")
     assert gluon_backward.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
+
+
+def test_tma_refuses_broadcast_and_misaligned_rows():
+    """Both Gluon kernels read x (and grad_y) by TMA only where its rows are real rows:
+    a broadcast (zero row stride, a column sum's gradient), a transposed or a misaligned
+    tensor takes the Triton kernels (or is made dense first)."""
+    t = torch.zeros(300, 64, dtype=torch.float16)
+    assert gluon_narrow.tma_rows(t) and gluon_backward.Plan.accepts(t, t)
+    assert gluon_narrow.Plan.accepts(t)
+    row = torch.zeros(64, dtype=torch.float16).expand(300, 64)  # strides (0, 1)
+    for bad in (row, t.t(), torch.zeros(300, 65, dtype=torch.float16)[:, :64],
+                torch.zeros(300 * 64 + 1, dtype=torch.float16)[1:].view(300, 64)):
+        assert not gluon_narrow.tma_rows(bad)
+        assert not gluon_backward.Plan.accepts(t, bad)
+        assert not gluon_backward.Plan.accepts(bad, t)
+        assert not gluon_narrow.Plan.accepts(bad)
 
 
 def test_tuning_fits_shared_memory():

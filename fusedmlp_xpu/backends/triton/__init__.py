@@ -887,16 +887,9 @@ class _NarrowForward:
         (strides or addresses not 16-byte aligned): the caller takes the Triton kernel."""
         if not self.gluon.accepts(x):
             return None
-        wh = _stacked(weights[1:-1]) if self.L_HID else weights[0]
-        ws = (weights[0], wh, weights[-1])
-        if (ws[0].data_ptr() | wh.data_ptr() | ws[2].data_ptr()) & _ALIGN:
-            return None
-        if biases is not None:
-            biases = (biases[0], _stacked(biases[1:-1]) if self.L_HID else x, biases[-1])
-            # the kept launch was compiled for 16-byte aligned bias pointers
-            if (biases[0].data_ptr() | biases[1].data_ptr() | biases[2].data_ptr()) & _ALIGN:
-                return None
-        return self._gluon_run(x, ws, biases)
+        ws = _gluon_operands(weights, self.L_HID)
+        bs = _gluon_operands(biases, self.L_HID)
+        return self._gluon_run(x, ws, bs) if _aligned(ws, bs) else None
 
     def _gluon_run(self, x, ws, bs):
         y = memory.new_empty(x.shape[0], self.OUT, like=x)
@@ -1019,6 +1012,24 @@ def _gluon_plan(spec, device: torch.device):
     return gluon_narrow.Plan(spec, device) if ok else None
 
 
+def _gluon_operands(ts, L_HID: int):
+    """Weights or biases (or None) as the Gluon kernels take them: (first, the hidden ones
+    back to back, last), the first standing in for the hidden ones without hidden
+    layers."""
+    return None if ts is None else (ts[0], _stacked(ts[1:-1]) if L_HID else ts[0], ts[-1])
+
+
+def _aligned(*groups) -> bool:
+    """Whether every tensor of the groups (tuples, or None) is 16-byte aligned: TMA needs
+    it, and a kept launch was compiled for aligned pointers."""
+    bits = 0
+    for g in groups:
+        if g is not None:
+            for t in g:
+                bits |= t.data_ptr()
+    return not bits & _ALIGN
+
+
 @functools.lru_cache(maxsize=256)
 def _gluon_backward_plan(spec, device: torch.device, need_x: bool, need_w: bool,
                          need_b: bool = False):
@@ -1033,19 +1044,14 @@ def _gluon_backward(plan, grad_y, x, weights, biases=None):
     """(grad_x or None, weight gradients, bias gradients) from the Gluon backward, or
     None where it cannot read an operand by TMA (strides or addresses not 16-byte
     aligned): the caller takes the Triton kernels."""
-    if grad_y.stride(-1) != 1:  # a broadcast gradient (a sum's): TMA needs rows
-        grad_y = grad_y.contiguous()
+    if grad_y.stride(-1) != 1 or grad_y.stride(0) < grad_y.shape[1]:
+        grad_y = grad_y.contiguous()  # a broadcast gradient (a sum's): TMA needs rows
     if not plan.accepts(x, grad_y):
         return None
-    L_HID = plan.L_HID
-    ws = (weights[0], _stacked(weights[1:-1]) if L_HID else weights[0], weights[-1])
-    if (ws[0].data_ptr() | ws[1].data_ptr() | ws[2].data_ptr()) & _ALIGN:
+    ws = _gluon_operands(weights, plan.L_HID)
+    bs = _gluon_operands(biases, plan.L_HID)
+    if not _aligned(ws, bs):
         return None
-    bs = None
-    if biases is not None:
-        bs = (biases[0], _stacked(biases[1:-1]) if L_HID else biases[0], biases[-1])
-        if (bs[0].data_ptr() | bs[1].data_ptr() | bs[2].data_ptr()) & _ALIGN:
-            return None  # the kept launch was compiled for 16-byte aligned pointers
     M = x.shape[0]
     gx = memory.new_empty(M, plan.IN, like=x) if plan.need_x else x
     out = (memory.new_empty(plan.reduce.numel, like=x) if plan.need_w or plan.need_b

@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from ... import envvars
-from . import _pow2, launch
-from .gluon_narrow import MAX_ROWS, SMEM_BYTES, gluon
+from . import _launch_meta, _pow2, _reduce_launch, _reduce_layout, gluon_narrow, launch
+from .gluon_narrow import MAX_ROWS, SMEM_BYTES, gluon, weight_descs
 from .launch import int_key
 
 #: set to 0 to keep every narrow backward on the Triton kernels (FUSEDMLP_GLUON=0 turns
@@ -44,9 +44,12 @@ MAX_HIDDEN_WEIGHTS = 4
 MAX_HIDDEN_WEIGHTS_BIAS = 3
 BLOCK_M = 64  # rows of a chain's block
 MAXNREG = 168  # registers a thread at launch: 12 warps in one SM's 64K
-# activations whose derivative is a function of act(z) (relu, leaky relu, identity):
-# no pre-activation is kept for them
-_FROM_H = (0, 1, 2)
+
+
+def keeps_z(act: int) -> bool:
+    """Whether activation ``act`` (a registry id) keeps its pre-activations: all but those
+    whose derivative is a function of act(z) (identity, relu, leaky relu)."""
+    return act not in (0, 1, 2)
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
@@ -56,6 +59,15 @@ if gluon is not None:
 
     from .act import act, act_grad
     from .gluon_narrow import _load_weights, _thread_barrier, _tma_load, _tma_store
+
+    _keeps_z = gluon.constexpr_function(keeps_z)
+
+    @gluon.constexpr_function
+    def _acc(n):
+        """The layout of a one-warpgroup MMA's accumulator with n columns (64 rows a
+        warpgroup)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                         instr_shape=[16, n, 16])
 
     @gluon.jit
     def _keep(acc, hs, zs, l: gl.constexpr, ACT: gl.constexpr, Z_SMEM: gl.constexpr):
@@ -176,14 +188,11 @@ if gluon is not None:
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
         H_P: gl.constexpr = w0_s.shape[0]
         OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
-        Z_SMEM: gl.constexpr = ACT != 0 and ACT != 1 and ACT != 2
+        Z_SMEM: gl.constexpr = _keeps_z(ACT)
         dt: gl.constexpr = x_desc.dtype
-        mma_h: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H_P, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, OUT_P, 16])
-        mma_i: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, IN_P, 16])
+        mma_h: gl.constexpr = _acc(H_P)
+        mma_o: gl.constexpr = _acc(OUT_P)
+        mma_i: gl.constexpr = _acc(IN_P)
         op_h: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_h, k_width=2)
         op_o: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         op_i: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_i, k_width=2)
@@ -276,14 +285,10 @@ if gluon is not None:
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
         H_P: gl.constexpr = w0_s.shape[0]
         OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
-        sum_i: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, IN_P, 16])
-        sum_h: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, H_P, 16])
-        sum_o: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, OUT_P, 16])
-        sum_b: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+        sum_i: gl.constexpr = _acc(IN_P)
+        sum_h: gl.constexpr = _acc(H_P)
+        sum_o: gl.constexpr = _acc(OUT_P)
+        sum_b: gl.constexpr = _acc(16)
         N_MMA: gl.constexpr = NEED_W + NEED_B  # MMAs a g tile
         if NEED_B:
             ones_s.store(gl.full(ones_s.shape, 1.0, ones_s.dtype, sum_b))
@@ -405,7 +410,7 @@ if gluon is not None:
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
         H_P: gl.constexpr = w0_desc.block_type.shape[0]
         OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
-        Z_SMEM: gl.constexpr = ACT != 0 and ACT != 1 and ACT != 2
+        Z_SMEM: gl.constexpr = _keeps_z(ACT)
         dt: gl.constexpr = x_desc.dtype
         w0_s = gl.allocate_shared_memory(dt, [H_P, IN_P], w0_desc.layout)
         wh_s = gl.allocate_shared_memory(dt, [max(L_HID, 1), H_P, H_P], wh_desc.layout)
@@ -465,16 +470,12 @@ def _pads(spec) -> tuple[int, int, int]:
     return _pow2(spec.in_features), _pow2(spec.widths[1]), _pow2(spec.out_features)
 
 
-def _keeps_z(spec) -> bool:
-    return spec.activation_id not in _FROM_H
-
-
 def smem_bytes(spec, x_stages: int) -> int:
     """Shared memory of one program: the weights, x's stages, grad_y's tile, every hidden
     layer's activation (and pre-activation where kept), g's tiles, grad_x's tile."""
     IN_P, H_P, OUT_P = _pads(spec)
     L_HID = spec.n_layers - 2
-    tiles = (L_HID + 1) * (2 if _keeps_z(spec) else 1) + 2  # h (z), g's two tiles
+    tiles = (L_HID + 1) * (2 if keeps_z(spec.activation_id) else 1) + 2  # h (z), g's two tiles
     return spec.dtype.itemsize * (
         H_P * IN_P + L_HID * H_P * H_P + OUT_P * H_P  # (no hidden weights: none kept)
         + 2 * BLOCK_M * (x_stages * IN_P + 2 * OUT_P + tiles * H_P + IN_P)
@@ -492,8 +493,6 @@ def tuning(spec) -> int | None:
 def eligible(spec, device: torch.device) -> tuple[bool, str]:
     """Whether the recomputing backward of ``spec`` on ``device`` runs this kernel, and why
     not (shown by explain())."""
-    from . import gluon_narrow
-
     ok, why = gluon_narrow.device_ok(spec, device)
     if not ok:
         return ok, why
@@ -520,9 +519,6 @@ class Plan:
 
     def __init__(self, spec, device: torch.device, need_x: bool, need_w: bool,
                  need_b: bool = False):
-        from . import _launch_meta, _reduce_layout  # the Triton backward's reduction
-        from .gluon_narrow import weight_descs
-
         if device.index is None:  # launches name the device by its index
             device = torch.device(device.type, torch.cuda.current_device())
         self.spec, self.device = spec, device
@@ -537,8 +533,7 @@ class Plan:
         self.x_layout, self.y_layout = lay(self.x_block, gdt), lay(self.y_block, gdt)
         self.w_blocks = ([H_P, IN_P], [H_P, H_P], [OUT_P, H_P])
         self.w_layouts = tuple(lay(b, gdt) for b in self.w_blocks)
-        self.weight_descs = weight_descs
-        T_P = _launch_meta(spec, "cuda")["H_P"]  # the reduction's slots
+        T_P = _launch_meta(spec, "cuda")["H_P"]  # the Triton backward's reduction's slots
         self.SLOT = T_P * T_P + T_P
         self.reduce = _reduce_layout(spec, T_P, T_P * T_P, self.SLOT, need_w, self.need_b,
                                      "cuda")
@@ -559,19 +554,14 @@ class Plan:
 
     @staticmethod
     def accepts(x: torch.Tensor, grad_y: torch.Tensor) -> bool:
-        for t in (x, grad_y):
-            s0, s1 = t.stride()
-            if s1 != 1 or (s0 * t.element_size()) % 16 or t.data_ptr() % 16:
-                return False
-        return 0 < x.shape[0] <= MAX_ROWS
+        return (gluon_narrow.tma_rows(x) and gluon_narrow.tma_rows(grad_y)
+                and 0 < x.shape[0] <= MAX_ROWS)
 
     def __call__(self, grad_y, x, weights, biases, gx, out):
         """Writes grad_x into ``gx`` ([M, IN], contiguous, 16-byte aligned; ignored unless
         need_x) and the reduction's buffer ``out`` (unless neither need_w nor need_b);
         weights: w0, the hidden weights back to back, wl; biases likewise or None (all
         16-byte aligned, dense)."""
-        from . import _reduce_launch
-
         M = x.shape[0]
         P = min(self.max_programs, (M + BLOCK_M - 1) // BLOCK_M)
         acc = torch.empty(P, self.spec.n_layers, self.SLOT, device=x.device,
@@ -580,8 +570,8 @@ class Plan:
         gyd = TensorDescriptor(grad_y, list(grad_y.shape), list(grad_y.stride()), self.y_block,
                                self.y_layout)
         gxd = TensorDescriptor(gx, [M, self.IN], [self.IN, 1], self.x_block, self.x_layout)
-        w0d, whd, wld = self.weight_descs(self._wdesc, weights, self.IN, self.H, self.OUT,
-                                          self.L_HID, self.w_blocks, self.w_layouts)
+        w0d, whd, wld = weight_descs(self._wdesc, weights, self.IN, self.H, self.OUT,
+                                     self.L_HID, self.w_blocks, self.w_layouts)
         b0, bh, bl = biases if biases is not None else (acc, acc, acc)
         args = (xd, gyd, gxd, w0d, whd, wld, acc, b0, bh, bl, M)
         key = int_key(M)

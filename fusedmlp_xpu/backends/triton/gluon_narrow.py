@@ -286,6 +286,15 @@ def eligible(spec, device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
+def tma_rows(t: torch.Tensor) -> bool:
+    """Whether TMA can read the 2-D ``t`` row by row: unit column stride, a row stride of
+    whole 16-byte units and at least one row (not a broadcast: TMA takes no zero or
+    overlapping strides), a 16-byte aligned address."""
+    s0, s1 = t.stride()
+    return (s1 == 1 and not (s0 * t.element_size()) % 16 and s0 >= t.shape[1]
+            and not t.data_ptr() % 16)
+
+
 def weight_descs(cache: dict, weights, IN: int, H: int, OUT: int, L_HID: int, blocks,
                  layouts) -> tuple:
     """TMA descriptors of (w0, the hidden weights back to back, wl), kept in ``cache`` per
@@ -333,10 +342,9 @@ class Plan:
         self._wdesc: dict = {}
         self._kernels: dict = {}  # int_key(M) -> launch.py entry
 
-    def accepts(self, x: torch.Tensor) -> bool:
-        s0, s1 = x.stride()
-        return (s1 == 1 and not (s0 * x.element_size()) % 16 and not x.data_ptr() % 16
-                and 0 < x.shape[0] <= MAX_ROWS)
+    @staticmethod
+    def accepts(x: torch.Tensor) -> bool:
+        return tma_rows(x) and 0 < x.shape[0] <= MAX_ROWS
 
     def __call__(self, x, weights, biases, y):
         """y = the MLP of x, written into ``y`` ([M, OUT], contiguous, 16-byte aligned).
