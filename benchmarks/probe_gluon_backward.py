@@ -1,11 +1,12 @@
 """Probe: the Gluon recomputing backward (fusedmlp_xpu/backends/triton/gluon_backward.py)
 against the Triton one-kernel backward (FUSEDMLP_GLUON_BACKWARD=0), same process, passes
 in turn: the backward call alone (TritonBackend.backward, nothing saved) and FusedMLP's
-train step (forward + backward). A net 64 -> 64 x hidden_layers -> 64, fp16, no biases
-unless --bias (the narrow bench's narrow-w64). The first runs (NOTES.md, narrow history 33) also
-timed the Gluon kernel without warp specialization ("gluon-step", commit 94a244d has
-it). Before timing, each variant's gradients are compared
-with the Triton kernels' (both are checked against float64 by the test suite).
+train step (forward + backward). A net 64 -> hidden x hidden_layers -> 64, fp16, no
+biases unless --bias (the narrow bench's narrow-w64; --hidden 32 its narrow-w32). The
+first runs (NOTES.md, narrow history 33) also timed the Gluon kernel without warp
+specialization ("gluon-step", commit 94a244d has it). Before timing, each variant's
+gradients are compared with the Triton kernels' (both are checked against float64 by the
+test suite).
 
     python benchmarks/probe_gluon_backward.py --out F.json [--rows 20 22] [--passes 2]
 """
@@ -42,6 +43,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--rows", type=int, nargs="+", default=[20, 22])
     ap.add_argument("--hidden-layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=64, help="hidden width")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--bias", action="store_true", help="a net with biases")
     ap.add_argument("--passes", type=int, default=2)
@@ -51,8 +53,8 @@ def main():
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    m = fm.FusedMLP(64, 64, 64, args.hidden_layers, bias=args.bias, device=dev, dtype=dt,
-                    backend="triton")
+    m = fm.FusedMLP(64, args.hidden, 64, args.hidden_layers, bias=args.bias, device=dev,
+                    dtype=dt, backend="triton")
     spec = m.spec(dt)
     be = tb.TritonBackend()
     print(be.supports(spec, dev)[1], flush=True)
@@ -88,9 +90,8 @@ def main():
                     m(xg).backward(gy)
 
                 st = triton.testing.do_bench(step, warmup=20, rep=300, return_mode="median")
-                rows.append(dict(rows=x.shape[0], bias=args.bias, case=v, p=p, backward_ms=bwd,
-                                 step_ms=st,
-                                 max_rel_diff=errs[v]))
+                rows.append(dict(rows=x.shape[0], hidden=args.hidden, bias=args.bias, case=v,
+                                 p=p, backward_ms=bwd, step_ms=st, max_rel_diff=errs[v]))
                 print(f"2^{lg} pass {p} {v}: backward {bwd:.4f} ms, train step {st:.4f} ms",
                       flush=True)
     _use("gluon")

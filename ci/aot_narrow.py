@@ -266,12 +266,15 @@ def compile_gluon_backward(args) -> int:
     from triton.experimental.gluon import language as gl
 
     nets = [((64,) + (64,) * 4 + (64,), "relu", "none", False),
-            ((64,) + (64,) * 4 + (64,), "relu", "none", True)]
+            ((64,) + (64,) * 4 + (64,), "relu", "none", True),
+            ((64,) + (32,) * 4 + (64,), "relu", "none", False)]
     if not args.quick:
         nets += [((64,) + (64,) * 5 + (64,), "relu", "none", False),
                  ((64, 64, 64), "relu", "none", False),
                  ((24,) + (64,) * 3 + (40,), "relu", "sigmoid", True),
-                 ((64, 64, 64, 32), "gelu", "none", False)]
+                 ((64, 64, 64, 32), "gelu", "none", False),
+                 ((32,) + (16,) * 3 + (8,), "tanh", "none", True),
+                 ((64,) + (32,) * 4 + (64,), "silu", "none", True)]
     failed = 0
     for widths, act, out_act, bias in nets:
         spec = MLPSpec(widths, act, out_act, bias, torch.float16)
@@ -288,13 +291,7 @@ def compile_gluon_backward(args) -> int:
                    w0_desc=desc([H_P, IN_P]), wh_desc=desc([H_P, H_P]),
                    wl_desc=desc([OUT_P, H_P]), acc_ptr="*fp32", b0_ptr="*fp16",
                    bh_ptr="*fp16", bl_ptr="*fp16", M="i32")
-        L_HID = spec.n_layers - 2
-        sums = 232 if L_HID <= 3 and not bias else 240
-        cx = dict(h_layout=lay([bm, H_P]), ones_layout=lay([bm, 16]), L_HID=L_HID,
-                  ACT=spec.activation_id, OUT_ACT=spec.output_activation_id, NEED_X=True,
-                  NEED_W=True, NEED_B=bias, HAS_BIAS=bias,
-                  X_STAGES=g.tuning(spec), T_P=64, SLOT=64 * 64 + 64,
-                  CHAIN_REGS=(3 * g.MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums, num_warps=4)
+        cx = dict(g.kernel_consts(spec, True, True, bias), num_warps=4)
         sig.update({k: "constexpr" for k in cx})
         name = "gluon-bwd " + "-".join(map(str, widths)) + (" bias" if bias else "")
         failed += _compile_gluon(

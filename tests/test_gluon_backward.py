@@ -23,12 +23,14 @@ def _sm90() -> bool:
 
 sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's Gluon")
 
-# (in, hidden, out, hidden layers): the bench's w64 shape, 0..4 hidden-to-hidden weights,
-# in/out padded by TMA (24 -> 32, 40 -> 64, 8 -> 16)
+# (in, hidden, out, hidden layers): the bench's w64 and w32 shapes, 0..4 hidden-to-hidden
+# weights, in/out padded by TMA (24 -> 32, 40 -> 64, 8 -> 16), hidden 16 and 32 (their g
+# and out widths below 64 padded to the sums' 64 rows)
 NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (64, 64, 64, 2), (64, 64, 64, 5), (24, 64, 40, 3),
-        (16, 64, 8, 2)]
-# with biases: up to 3 hidden-to-hidden weights, out widths 33..64
-BIAS_NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (24, 64, 40, 3), (16, 64, 48, 2)]
+        (16, 64, 8, 2), (64, 32, 64, 4), (24, 32, 40, 2), (32, 16, 8, 3), (64, 16, 64, 5)]
+# with biases: up to 3 hidden-to-hidden weights
+BIAS_NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (24, 64, 40, 3), (16, 64, 48, 2),
+             (64, 64, 16, 2), (64, 32, 64, 4), (32, 16, 8, 3)]
 # tails, one program's single block, and several blocks a program (132 SMs x 128 rows)
 ROWS = [1, 127, 129, 1000, 2 ** 17 + 37]
 
@@ -112,13 +114,14 @@ def test_gluon_backward_with_biases(net, dtype, poison):
 @pytest.mark.parametrize("act", sorted(activations.ACTIVATIONS))
 def test_gluon_backward_every_activation(act, poison):
     """Each registry activation as the hidden one (those that keep the pre-activation fit
-    one hidden-to-hidden weight) and as the output one."""
+    one hidden-to-hidden weight at hidden 64, three at 32) and as the output one."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(11)
     for out_act in ("none", act):
         _check(_spec((64, 64, 32, 2), act, out_act), 3001, dev, gen)
         _check(_spec((64, 64, 64, 4), "relu", out_act), 3001, dev, gen)
         _check(_spec((64, 64, 64, 2), act, out_act, bias=True), 3001, dev, gen)
+        _check(_spec((64, 32, 64, 4), act, out_act, bias=True), 3001, dev, gen)
 
 
 @sm90
@@ -198,17 +201,18 @@ def test_eligibility_rule_and_reasons(monkeypatch):
         assert "no Gluon" in gluon_backward.eligible(ok, cuda)[1]
         return
     assert gluon_backward.eligible(ok, cuda) == (True, "")
+    for net in [(64, 32, 64, 4), (32, 16, 8, 3), (64, 64, 16, 4)]:
+        assert gluon_backward.eligible(_spec(net, bias=net[3] < 4), cuda) == (True, ""), net
     assert gluon_backward.eligible(_spec((64, 64, 64, 4), bias=True), cuda) == (True, "")
     for spec, why in [
             (_spec((64, 64, 64, 4), dtype=torch.float32), "fp16 and bf16"),
-            (_spec((64, 32, 64, 4)), "hidden width 32"),
+            (_spec((64, 48, 64, 4)), "hidden width 48"),
             (_spec((64, 128, 64, 4)), "hidden width 128"),
             (_spec((60, 64, 64, 4)), "multiples of 8"),
             (_spec((128, 64, 64, 4)), "up to 64"),
             (_spec((64, 64, 64, 6)), "hidden-to-hidden"),
             (_spec((64, 64, 64, 4), "gelu"), "do not fit"),
-            (_spec((64, 64, 64, 5), bias=True), "biases with more than 3"),
-            (_spec((64, 64, 32, 4), bias=True), "out width <= 32")]:
+            (_spec((64, 64, 64, 5), bias=True), "biases with more than 3")]:
         assert why in gluon_backward.eligible(spec, cuda)[1], spec
     monkeypatch.setenv(gluon_narrow.ENV, "0")
     assert gluon_backward.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
@@ -246,3 +250,4 @@ def test_tuning_fits_shared_memory():
     assert gluon_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == 1
     assert gluon_backward.tuning(_spec((64, 64, 64, 4), "gelu")) is None
     assert gluon_backward.tuning(_spec((64, 64, 64, 4), bias=True)) == 2
+    assert gluon_backward.tuning(_spec((64, 32, 64, 4), "gelu", bias=True)) == 2

@@ -15,17 +15,18 @@ program (one per SM):
   TMA. The derivative comes back from the stored activation (relu, leaky relu,
   identity) or from the pre-activation kept beside it (the other activations). While
   one chain waits on its MMA or runs an epilogue, the other's run;
-- one warpgroup that holds every layer's weight-gradient sum (a [64, 64] fp32 tile each)
+- one warpgroup that holds every layer's weight-gradient sum (a [64, in] fp32 tile each)
   and adds g^T h as soon as a chain hands g over (asynchronous MMAs; a g tile is handed
   back as soon as its MMA is done), and the bias gradients as g^T @ ones the same way; it
-  also loads x by TMA for both chains.
+  also loads x by TMA for both chains. The sums' MMAs take g's width as their M, which
+  a warpgroup's MMA needs to be 64: the g tiles are 64 wide, a narrower layer's g (hidden
+  16 or 32, out widths below 64) is stored into their left part and the rest stays zero.
 mbarriers carry the hand-overs both ways; every weight stays in shared memory.
 
-What it takes (``eligible``): fp16/bf16, hidden width 64 (the sums' MMAs take it as
-their M), in and out widths multiples of 8 up to 64, 0..4 hidden-to-hidden weights (with
-biases: up to 3, and out widths 33..64, the last bias sum's M), activations and depth
-whose tiles fit shared memory, and a forward that saved nothing (the default where the
-one-kernel backward applies)."""
+What it takes (``eligible``): fp16/bf16, hidden width 16, 32 or 64, in and out widths
+multiples of 8 up to 64, 0..4 hidden-to-hidden weights (with biases: up to 3),
+activations and depth whose tiles fit shared memory, and a forward that saved nothing (the
+default where the one-kernel backward applies)."""
 from __future__ import annotations
 
 import torch
@@ -42,7 +43,12 @@ ENV = "FUSEDMLP_GLUON_BACKWARD"
 #: (their sums take registers of the summing warpgroup too)
 MAX_HIDDEN_WEIGHTS = 4
 MAX_HIDDEN_WEIGHTS_BIAS = 3
+HIDDEN = (16, 32, 64)  # the hidden widths it takes
 BLOCK_M = 64  # rows of a chain's block
+#: the width of every g tile the sums read, their MMAs' M (a warpgroup's 64 rows): a
+#: narrower layer's g (hidden 16 or 32, out widths below 64) is stored into its left part
+#: and the rest stays zero
+G_P = 64
 MAXNREG = 168  # registers a thread at launch: 12 warps in one SM's 64K
 
 
@@ -103,23 +109,35 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _store_bias_sum(slot, e):
-        """A bias gradient's partial sum from g^T @ ones [.., 16] (equal columns): the
-        first column into the slot."""
+    def _store_bias_sum(slot, e, T_P: gl.constexpr):
+        """A bias gradient's partial sum from g^T @ ones [G_P, 16] (equal columns): the
+        first column's first T_P rows into the slot (the rest are the zero padding of g)."""
         c = gl.arange(0, e.shape[1], layout=gl.SliceLayout(0, e.type.layout))
         r = gl.arange(0, e.shape[0], layout=gl.SliceLayout(1, e.type.layout))
-        gl.store(slot + r, gl.sum(gl.where(c[None, :] == 0, e, 0.0), axis=1))
+        gl.store(slot + r, gl.sum(gl.where(c[None, :] == 0, e, 0.0), axis=1), mask=r < T_P)
 
     @gluon.jit
-    def _store_sum(slot, d, T_P: gl.constexpr, TRANS: gl.constexpr):
-        """A weight gradient's partial sum into its [T_P, T_P] slot, row-major [out, in]
-        (TRANS: d is [in, out])."""
+    def _store_sum(slot, d, T_P: gl.constexpr):
+        """A weight gradient's partial sum d = g^T h [G_P, in] into its [T_P, T_P] slot,
+        row-major [out, in] (rows from T_P on are the zero padding of g)."""
         r = gl.arange(0, d.shape[0], layout=gl.SliceLayout(1, d.type.layout))
         c = gl.arange(0, d.shape[1], layout=gl.SliceLayout(0, d.type.layout))
-        if TRANS:
-            gl.store(slot + c[None, :] * T_P + r[:, None], d)
+        gl.store(slot + r[:, None] * T_P + c[None, :], d, mask=r[:, None] < T_P)
+
+    @gluon.jit
+    def _g_view(tile, n: gl.constexpr):
+        """The first n columns of a [BM, G_P] g tile: where a layer's g is stored."""
+        if n == tile.shape[1]:
+            return tile
         else:
-            gl.store(slot + r[:, None] * T_P + c[None, :], d)
+            return tile.slice(0, n, dim=1)
+
+    @gluon.jit
+    def _zero_pads(tile, zeros, n: gl.constexpr):
+        """``zeros`` into a g tile where a layer's g (n columns) does not reach: the whole
+        tile, once before its first use (g is stored into its first n columns only)."""
+        if n < zeros.shape[1]:
+            tile.store(zeros)
 
     @gluon.jit
     def _load_x(x_desc, x_ready, xs, slot, i, n_my):
@@ -207,6 +225,12 @@ if gluon is not None:
         zero_h = gl.zeros([BM, H_P], gl.float32, mma_h)
         zero_o = gl.zeros([BM, OUT_P], gl.float32, mma_o)
         zero_i = gl.zeros([BM, IN_P], gl.float32, mma_i)
+        if SUMS:  # (its first g is stored after a fence)
+            G_P: gl.constexpr = gh.shape[2]
+            zero_g = gl.zeros([BM, G_P], dt, _acc(G_P))
+            _zero_pads(go_s, zero_g, OUT_P)
+            _zero_pads(gh.index(2 * c), zero_g, H_P)
+            _zero_pads(gh.index(2 * c + 1), zero_g, H_P)
         mbarrier.expect(gy_ready.index(c), gy_desc.block_type.nbytes, pred=n_c > 0)
         _tma_load(gy_desc, [(pid + c * n_prog) * BM, 0], gy_ready.index(c), gy_s, pred=n_c > 0)
         for j in range(n_c):
@@ -242,7 +266,7 @@ if gluon is not None:
             gd = g.to(dt)
             if SUMS:
                 mbarrier.wait(go_free.index(c), (j & 1) ^ 1)
-                go_s.store(gd)
+                _g_view(go_s, OUT_P).store(gd)
                 fence_async_shared()  # hs and go, before the sums' MMAs read them
                 mbarrier.arrive(go_ready.index(c), count=1)
             acc = warpgroup_mma(gl.convert_layout(gd, op_h), wl_s, zero_h, use_acc=False)
@@ -253,7 +277,7 @@ if gluon is not None:
                     u = j * (L_HID + 1) + t
                     b = c * 2 + u % 2
                     mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
-                    gh.index(b).store(gd)
+                    _g_view(gh.index(b), H_P).store(gd)
                     fence_async_shared()
                     mbarrier.arrive(gh_ready.index(b), count=1)
                 if t < L_HID:
@@ -284,10 +308,9 @@ if gluon is not None:
         BM: gl.constexpr = x_desc.block_type.shape[0]
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
         H_P: gl.constexpr = w0_s.shape[0]
-        OUT_P: gl.constexpr = gy_desc.block_type.shape[1]
+        G_P: gl.constexpr = gh.shape[2]
         sum_i: gl.constexpr = _acc(IN_P)
         sum_h: gl.constexpr = _acc(H_P)
-        sum_o: gl.constexpr = _acc(OUT_P)
         sum_b: gl.constexpr = _acc(16)
         N_MMA: gl.constexpr = NEED_W + NEED_B  # MMAs a g tile
         if NEED_B:
@@ -298,18 +321,19 @@ if gluon is not None:
         n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
         for i in gl.static_range(2 * X_STAGES):  # x of each chain's first blocks
             _load_x(x_desc, x_ready, xs, (i % 2) * X_STAGES + i // 2, i, n_my)
-        d0 = gl.zeros([H_P, IN_P], gl.float32, sum_i)
-        d1 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        d2 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        d3 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        d4 = gl.zeros([H_P, H_P], gl.float32, sum_h)
-        dl = gl.zeros([H_P, OUT_P], gl.float32, sum_o)
-        e0 = gl.zeros([H_P, 16], gl.float32, sum_b)
-        e1 = gl.zeros([H_P, 16], gl.float32, sum_b)
-        e2 = gl.zeros([H_P, 16], gl.float32, sum_b)
-        e3 = gl.zeros([H_P, 16], gl.float32, sum_b)
-        e4 = gl.zeros([H_P, 16], gl.float32, sum_b)
-        el = gl.zeros([OUT_P, 16], gl.float32, sum_b)  # the last layer's (OUT_P == 64)
+        # every sum is g^T h: G_P rows (a layer's outputs, zero past them), h's columns
+        d0 = gl.zeros([G_P, IN_P], gl.float32, sum_i)
+        d1 = gl.zeros([G_P, H_P], gl.float32, sum_h)
+        d2 = gl.zeros([G_P, H_P], gl.float32, sum_h)
+        d3 = gl.zeros([G_P, H_P], gl.float32, sum_h)
+        d4 = gl.zeros([G_P, H_P], gl.float32, sum_h)
+        dl = gl.zeros([G_P, H_P], gl.float32, sum_h)
+        e0 = gl.zeros([G_P, 16], gl.float32, sum_b)
+        e1 = gl.zeros([G_P, 16], gl.float32, sum_b)
+        e2 = gl.zeros([G_P, 16], gl.float32, sum_b)
+        e3 = gl.zeros([G_P, 16], gl.float32, sum_b)
+        e4 = gl.zeros([G_P, 16], gl.float32, sum_b)
+        el = gl.zeros([G_P, 16], gl.float32, sum_b)
         if NEED_W or NEED_B:
             for i in range(n_my):
                 cc = i % 2
@@ -318,7 +342,7 @@ if gluon is not None:
                 hb = cc * (L_HID + 1)
                 mbarrier.wait(go_ready.index(cc), j & 1)
                 if NEED_W:
-                    dl = warpgroup_mma(hs.index(hb + L_HID).permute((1, 0)), go.index(cc), dl,
+                    dl = warpgroup_mma(go.index(cc).permute((1, 0)), hs.index(hb + L_HID), dl,
                                        is_async=True)
                 if NEED_B:
                     el = warpgroup_mma(go.index(cc).permute((1, 0)), ones_s, el, is_async=True)
@@ -357,27 +381,27 @@ if gluon is not None:
         base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
         if NEED_B:
             W_SLOT: gl.constexpr = T_P * T_P
-            _store_bias_sum(base + W_SLOT, e0)
+            _store_bias_sum(base + W_SLOT, e0, T_P)
             if L_HID > 0:
-                _store_bias_sum(base + SLOT + W_SLOT, e1)
+                _store_bias_sum(base + SLOT + W_SLOT, e1, T_P)
             if L_HID > 1:
-                _store_bias_sum(base + 2 * SLOT + W_SLOT, e2)
+                _store_bias_sum(base + 2 * SLOT + W_SLOT, e2, T_P)
             if L_HID > 2:
-                _store_bias_sum(base + 3 * SLOT + W_SLOT, e3)
+                _store_bias_sum(base + 3 * SLOT + W_SLOT, e3, T_P)
             if L_HID > 3:
-                _store_bias_sum(base + 4 * SLOT + W_SLOT, e4)
-            _store_bias_sum(base + (L_HID + 1) * SLOT + W_SLOT, el)
+                _store_bias_sum(base + 4 * SLOT + W_SLOT, e4, T_P)
+            _store_bias_sum(base + (L_HID + 1) * SLOT + W_SLOT, el, T_P)
         if NEED_W:
-            _store_sum(base, d0, T_P, False)
+            _store_sum(base, d0, T_P)
             if L_HID > 0:
-                _store_sum(base + SLOT, d1, T_P, False)
+                _store_sum(base + SLOT, d1, T_P)
             if L_HID > 1:
-                _store_sum(base + 2 * SLOT, d2, T_P, False)
+                _store_sum(base + 2 * SLOT, d2, T_P)
             if L_HID > 2:
-                _store_sum(base + 3 * SLOT, d3, T_P, False)
+                _store_sum(base + 3 * SLOT, d3, T_P)
             if L_HID > 3:
-                _store_sum(base + 4 * SLOT, d4, T_P, False)
-            _store_sum(base + (L_HID + 1) * SLOT, dl, T_P, True)
+                _store_sum(base + 4 * SLOT, d4, T_P)
+            _store_sum(base + (L_HID + 1) * SLOT, dl, T_P)
 
     @gluon.jit
     def _ws_worker(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
@@ -397,12 +421,13 @@ if gluon is not None:
 
     @gluon.jit
     def _bwd_kernel(x_desc, gy_desc, gx_desc, w0_desc, wh_desc, wl_desc, acc_ptr, b0_ptr,
-                    bh_ptr, bl_ptr, M, h_layout: gl.constexpr, ones_layout: gl.constexpr,
+                    bh_ptr, bl_ptr, M, h_layout: gl.constexpr, g_layout: gl.constexpr,
+                    ones_layout: gl.constexpr,
                     L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
                     NEED_X: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
                     HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr, T_P: gl.constexpr,
-                    SLOT: gl.constexpr, CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    SLOT: gl.constexpr, G_P: gl.constexpr, CHAIN_REGS: gl.constexpr,
+                    SUM_REGS: gl.constexpr, num_warps: gl.constexpr):
         """The default warpgroup and worker 1 each run a chain over half the program's
         64-row blocks (_ws_chain); worker 2 sums the weight gradients and loads x
         (_ws_sums)."""
@@ -421,8 +446,8 @@ if gluon is not None:
         hs = gl.allocate_shared_memory(dt, [2 * (L_HID + 1), BM, H_P], h_layout)
         zs = gl.allocate_shared_memory(dt, [2 * (L_HID + 1) if Z_SMEM else 1, BM, H_P],
                                        h_layout)
-        go = gl.allocate_shared_memory(dt, [2, BM, OUT_P], gy_desc.layout)
-        gh = gl.allocate_shared_memory(dt, [4, BM, H_P], h_layout)
+        go = gl.allocate_shared_memory(dt, [2, BM, G_P], g_layout)
+        gh = gl.allocate_shared_memory(dt, [4, BM, G_P], g_layout)
         gxs = gl.allocate_shared_memory(dt, [2, BM, IN_P], gx_desc.layout)
         ones_s = gl.allocate_shared_memory(dt, [BM, 16], ones_layout)  # bias sums' operand
         lay: gl.constexpr = mbarrier.MBarrierLayout()
@@ -475,10 +500,11 @@ def smem_bytes(spec, x_stages: int) -> int:
     layer's activation (and pre-activation where kept), g's tiles, grad_x's tile."""
     IN_P, H_P, OUT_P = _pads(spec)
     L_HID = spec.n_layers - 2
-    tiles = (L_HID + 1) * (2 if keeps_z(spec.activation_id) else 1) + 2  # h (z), g's two tiles
+    hz = (L_HID + 1) * (2 if keeps_z(spec.activation_id) else 1)  # h (and z) tiles
     return spec.dtype.itemsize * (
         H_P * IN_P + L_HID * H_P * H_P + OUT_P * H_P  # (no hidden weights: none kept)
-        + 2 * BLOCK_M * (x_stages * IN_P + 2 * OUT_P + tiles * H_P + IN_P)
+        # a chain's: x's stages, grad_y, g's three (go, gh), h (z), grad_x
+        + 2 * BLOCK_M * (x_stages * IN_P + OUT_P + 3 * G_P + hz * H_P + IN_P)
         + (BLOCK_M * 16 if spec.bias else 0)) + 128  # the bias sums' tile of ones
 
 
@@ -499,18 +525,36 @@ def eligible(spec, device: torch.device) -> tuple[bool, str]:
     if envvars.get(ENV, "1") == "0":
         return False, f"{ENV}=0"
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
-    if H != 64:
-        return False, f"hidden width {H} (64 only: the sums' MMAs take it as their M)"
+    if H not in HIDDEN:
+        return False, f"hidden width {H} (16, 32 or 64)"
     if IN % 8 or OUT % 8 or IN > 64 or OUT > 64:
         return False, "in/out widths not multiples of 8 up to 64"
     if spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS:
         return False, f"more than {MAX_HIDDEN_WEIGHTS} hidden-to-hidden weights"
-    if spec.bias and (spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS_BIAS or OUT <= 32):
+    if spec.bias and spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS_BIAS:
         return False, (f"biases with more than {MAX_HIDDEN_WEIGHTS_BIAS} hidden-to-hidden "
-                       "weights or out width <= 32 (the bias sums' registers, their MMA's M)")
+                       "weights (the bias sums' registers)")
     if tuning(spec) is None:
         return False, "the weights and tiles do not fit one program's shared memory"
     return True, ""
+
+
+def kernel_consts(spec, need_x: bool, need_w: bool, need_b: bool) -> dict:
+    """The kernel's constexpr arguments for ``spec`` and the gradients asked for."""
+    gdt = gl.float16 if spec.dtype == torch.float16 else gl.bfloat16
+    lay = gl.NVMMASharedLayout.get_default_for
+    T_P = _launch_meta(spec, "cuda")["H_P"]  # the Triton backward's reduction's slots
+    L_HID = spec.n_layers - 2
+    # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at 3
+    # hidden-to-hidden weights, 192 at 4, and 8 a layer for the biases; the chains share
+    # what is left (sm_90 compile: no spills at these)
+    sums = 232 if L_HID <= 3 and not need_b else 240
+    return dict(h_layout=lay([BLOCK_M, _pads(spec)[1]], gdt), g_layout=lay([BLOCK_M, G_P], gdt),
+                ones_layout=lay([BLOCK_M, 16], gdt), L_HID=L_HID, ACT=spec.activation_id,
+                OUT_ACT=spec.output_activation_id, NEED_X=need_x, NEED_W=need_w,
+                NEED_B=need_b, HAS_BIAS=spec.bias, X_STAGES=tuning(spec), T_P=T_P,
+                SLOT=T_P * T_P + T_P, G_P=G_P,
+                CHAIN_REGS=(3 * MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums)
 
 
 class Plan:
@@ -533,20 +577,10 @@ class Plan:
         self.x_layout, self.y_layout = lay(self.x_block, gdt), lay(self.y_block, gdt)
         self.w_blocks = ([H_P, IN_P], [H_P, H_P], [OUT_P, H_P])
         self.w_layouts = tuple(lay(b, gdt) for b in self.w_blocks)
-        T_P = _launch_meta(spec, "cuda")["H_P"]  # the Triton backward's reduction's slots
-        self.SLOT = T_P * T_P + T_P
+        self.consts = kernel_consts(spec, need_x, need_w, self.need_b)
+        T_P, self.SLOT = self.consts["T_P"], self.consts["SLOT"]
         self.reduce = _reduce_layout(spec, T_P, T_P * T_P, self.SLOT, need_w, self.need_b,
                                      "cuda")
-        self.consts = dict(h_layout=lay([bm, H_P], gdt), ones_layout=lay([bm, 16], gdt),
-                           L_HID=self.L_HID, ACT=spec.activation_id,
-                           OUT_ACT=spec.output_activation_id, NEED_X=need_x, NEED_W=need_w,
-                           NEED_B=self.need_b, HAS_BIAS=spec.bias, X_STAGES=tuning(spec),
-                           T_P=T_P, SLOT=self.SLOT)
-        # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at
-        # 3 hidden-to-hidden weights, 192 at 4, and 8 a layer for the biases; the chains
-        # share what is left (sm_90 compile: no spills at these)
-        sums = 232 if self.L_HID <= 3 and not self.need_b else 240
-        self.consts.update(CHAIN_REGS=(3 * MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums)
         self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
         self.lean = launch.enabled(device)
         self._wdesc: dict = {}
