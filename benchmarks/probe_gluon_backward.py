@@ -26,12 +26,12 @@ from fusedmlp_xpu.bench import environment
 
 
 def _use(variant):
-    """"triton", "gluon" (the package's kernel and tuning) or "gluon-s<N>" (N x
-    stages)."""
+    """"triton", "gluon" (the package's kernel and tuning) or "gluon-c<C>s<S>" (C chains,
+    S x stages)."""
     os.environ["FUSEDMLP_GLUON_BACKWARD"] = "0" if variant == "triton" else "1"
-    stages = variant[7:] if variant.startswith("gluon-s") else ""
-    gluon_backward.tuning = (_own_tuning if not stages.isdigit()
-                             else (lambda spec, n=int(stages): n))
+    forced = variant[6:] if variant.startswith("gluon-c") else ""
+    gluon_backward.tuning = (_own_tuning if not forced else
+                             (lambda spec, t=tuple(map(int, forced[1:].split("s")))): t))
     tb._gluon_backward_plan.cache_clear()
 
 
@@ -48,12 +48,13 @@ def main():
     ap.add_argument("--bias", action="store_true", help="a net with biases")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--variants", default="triton,gluon",
-                    help="triton, gluon, gluon-s1, gluon-s2 (x stages forced)")
+                    help="triton, gluon, gluon-c2s1, gluon-c3s1, ... (chains and x stages "
+                         "forced)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    m = fm.FusedMLP(64, args.hidden, 64, args.hidden_layers, bias=args.bias, device=dev,
+    m = fm.FusedMLP(64, 64, args.hidden, args.hidden_layers, bias=args.bias, device=dev,
                     dtype=dt, backend="triton")
     spec = m.spec(dt)
     be = tb.TritonBackend()

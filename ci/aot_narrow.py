@@ -296,8 +296,10 @@ def compile_gluon_backward(args) -> int:
         name = "gluon-bwd " + "-".join(map(str, widths)) + (" bias" if bias else "")
         failed += _compile_gluon(
             name, GluonASTSource(g._bwd_kernel, sig, cx, {}), args.arch,
-            dict(num_warps=4, maxnreg=g.MAXNREG), g.smem_bytes(spec, cx["X_STAGES"]),
-            f"{act}/{out_act} x stages {cx['X_STAGES']}")
+            dict(num_warps=4, maxnreg=g.maxnreg(cx["CHAINS"])),
+            g.smem_bytes(spec, cx["CHAINS"], cx["X_STAGES"]),
+            f"{act}/{out_act} chains {cx['CHAINS']} x stages {cx['X_STAGES']} regs "
+            f"{cx['CHAIN_REGS']}/{cx['SUM_REGS']}")
     return failed
 
 

@@ -235,19 +235,34 @@ def test_tma_refuses_broadcast_and_misaligned_rows():
 
 
 def test_tuning_fits_shared_memory():
-    """Two x stages where they fit, else one; the count matches what the sm_90 compile
-    allocates (ci/aot_narrow.py checks it) and stays under the limit."""
-    for net in NETS:
-        spec = _spec(net)
-        stages = gluon_backward.tuning(spec)
-        assert stages in (1, 2), net
-        assert gluon_backward.smem_bytes(spec, stages) <= gluon_narrow.SMEM_BYTES
-        if stages == 1:
-            assert gluon_backward.smem_bytes(spec, 2) > gluon_narrow.SMEM_BYTES
-    assert gluon_backward.tuning(_spec((64, 64, 64, 4))) == 2
-    assert gluon_backward.tuning(_spec((64, 64, 64, 5))) == 1
-    assert gluon_backward.tuning(_spec((64, 64, 64, 2), "gelu")) == 2
-    assert gluon_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == 1
+    """Three chains at hidden <= 32 where they fit, else two; two x stages where they fit,
+    else one; the count matches what the sm_90 compile allocates (ci/aot_narrow.py checks
+    it) and stays under the limit; the warpgroups' registers fit the launch's."""
+    for net in NETS + BIAS_NETS:
+        for act in ("relu", "gelu"):
+            spec = _spec(net, act, bias=net in BIAS_NETS)
+            t = gluon_backward.tuning(spec)
+            if t is None:
+                assert gluon_backward.smem_bytes(spec, 2, 1) > gluon_narrow.SMEM_BYTES
+                continue
+            chains, stages = t
+            assert gluon_backward.smem_bytes(spec, chains, stages) <= gluon_narrow.SMEM_BYTES
+            if stages == 1:
+                assert gluon_backward.smem_bytes(spec, chains, 2) > gluon_narrow.SMEM_BYTES
+            if chains == 2 and net[1] <= 32:
+                assert gluon_backward.smem_bytes(spec, 3, 1) > gluon_narrow.SMEM_BYTES
+            if gluon_narrow.gluon is not None:
+                c = gluon_backward.kernel_consts(spec, True, True, spec.bias)
+                assert (c["CHAINS"], c["X_STAGES"]) == t
+                assert (chains * c["CHAIN_REGS"] + c["SUM_REGS"]
+                        <= (chains + 1) * gluon_backward.maxnreg(chains))
+    assert gluon_backward.tuning(_spec((64, 64, 64, 4))) == (2, 2)
+    assert gluon_backward.tuning(_spec((64, 64, 64, 5))) == (2, 1)
+    assert gluon_backward.tuning(_spec((64, 64, 64, 2), "gelu")) == (2, 2)
+    assert gluon_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == (2, 1)
     assert gluon_backward.tuning(_spec((64, 64, 64, 4), "gelu")) is None
-    assert gluon_backward.tuning(_spec((64, 64, 64, 4), bias=True)) == 2
-    assert gluon_backward.tuning(_spec((64, 32, 64, 4), "gelu", bias=True)) == 2
+    assert gluon_backward.tuning(_spec((64, 64, 64, 4), bias=True)) == (2, 2)
+    assert gluon_backward.tuning(_spec((64, 32, 64, 4))) == (3, 1)
+    assert gluon_backward.tuning(_spec((32, 16, 8, 3))) == (3, 2)
+    assert gluon_backward.tuning(_spec((64, 32, 64, 4), "gelu", bias=True)) == (2, 2)
+    assert gluon_backward.maxnreg(2) == 168 and gluon_backward.maxnreg(3) == 128

@@ -49,7 +49,6 @@ BLOCK_M = 64  # rows of a chain's block
 #: narrower layer's g (hidden 16 or 32, out widths below 64) is stored into its left part
 #: and the rest stays zero
 G_P = 64
-MAXNREG = 168  # registers a thread at launch: 12 warps in one SM's 64K
 
 
 def keeps_z(act: int) -> bool:
@@ -195,8 +194,8 @@ if gluon is not None:
                   gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
                   OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
                   NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr):
-        """Chain c (one warpgroup) of this program: its row blocks are the program's 2j + c
-        (64 rows each). Per block: the forward again, every activation into its hs tiles
+        """Chain c (one warpgroup) of this program: its row blocks are the program's
+        NC j + c (64 rows each; NC chains). Per block: the forward again, every activation into its hs tiles
         (the sums' operands), then g back through the layers, each layer's g handed to
         the sums warpgroup through go[c] (the last layer's) and its two gh tiles in turn
         (mbarriers both ways), and grad_x out by TMA."""
@@ -215,13 +214,14 @@ if gluon is not None:
         op_o: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         op_i: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_i, k_width=2)
         hb: gl.constexpr = c * (L_HID + 1)  # this chain's tiles in hs (and zs)
+        NC: gl.constexpr = gys.shape[0]  # chains
         gy_s = gys.index(c)
         go_s = go.index(c)
         gx_s = gxs.index(c)
         pid = gl.program_id(0)
         n_prog = gl.num_programs(0)
         n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
-        n_c = (n_my - c + 1) // 2
+        n_c = (n_my - c + NC - 1) // NC
         zero_h = gl.zeros([BM, H_P], gl.float32, mma_h)
         zero_o = gl.zeros([BM, OUT_P], gl.float32, mma_o)
         zero_i = gl.zeros([BM, IN_P], gl.float32, mma_i)
@@ -235,7 +235,7 @@ if gluon is not None:
         _tma_load(gy_desc, [(pid + c * n_prog) * BM, 0], gy_ready.index(c), gy_s, pred=n_c > 0)
         for j in range(n_c):
             s = j % X_STAGES
-            row = (pid + (2 * j + c) * n_prog) * BM
+            row = (pid + (NC * j + c) * n_prog) * BM
             mbarrier.wait(x_ready.index(c * X_STAGES + s), (j // X_STAGES) & 1)
             acc = warpgroup_mma(xs.index(c * X_STAGES + s), w0_s.permute((1, 0)), zero_h,
                                 use_acc=False)
@@ -260,7 +260,7 @@ if gluon is not None:
             _thread_barrier()
             nxt = j + 1 < n_c
             mbarrier.expect(gy_ready.index(c), gy_desc.block_type.nbytes, pred=nxt)
-            _tma_load(gy_desc, [row + 2 * n_prog * BM, 0], gy_ready.index(c), gy_s, pred=nxt)
+            _tma_load(gy_desc, [row + NC * n_prog * BM, 0], gy_ready.index(c), gy_s, pred=nxt)
             if OUT_ACT != 0:
                 g = g * dgo
             gd = g.to(dt)
@@ -299,7 +299,7 @@ if gluon is not None:
                  OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
                  NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
                  acc_ptr, ones_s, T_P: gl.constexpr, SLOT: gl.constexpr):
-        """The weight-gradient warpgroup: loads x for both chains and, block by block in
+        """The weight-gradient warpgroup: loads x for every chain and, block by block in
         the program's order, adds each layer's g^T h to its sum as the chains hand g over
         (asynchronous MMAs; a g tile is freed as soon as its MMA is done), and each
         layer's bias gradient as g^T @ ones (ones_s: [64, 16] of ones, filled here); at
@@ -309,6 +309,7 @@ if gluon is not None:
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
         H_P: gl.constexpr = w0_s.shape[0]
         G_P: gl.constexpr = gh.shape[2]
+        NC: gl.constexpr = gys.shape[0]  # chains
         sum_i: gl.constexpr = _acc(IN_P)
         sum_h: gl.constexpr = _acc(H_P)
         sum_b: gl.constexpr = _acc(16)
@@ -319,8 +320,8 @@ if gluon is not None:
         pid = gl.program_id(0)
         n_prog = gl.num_programs(0)
         n_my = gl.cdiv(gl.cdiv(M, BM) - pid, n_prog)
-        for i in gl.static_range(2 * X_STAGES):  # x of each chain's first blocks
-            _load_x(x_desc, x_ready, xs, (i % 2) * X_STAGES + i // 2, i, n_my)
+        for i in gl.static_range(NC * X_STAGES):  # x of each chain's first blocks
+            _load_x(x_desc, x_ready, xs, (i % NC) * X_STAGES + i // NC, i, n_my)
         # every sum is g^T h: G_P rows (a layer's outputs, zero past them), h's columns
         d0 = gl.zeros([G_P, IN_P], gl.float32, sum_i)
         d1 = gl.zeros([G_P, H_P], gl.float32, sum_h)
@@ -336,8 +337,8 @@ if gluon is not None:
         el = gl.zeros([G_P, 16], gl.float32, sum_b)
         if NEED_W or NEED_B:
             for i in range(n_my):
-                cc = i % 2
-                j = i // 2
+                cc = i % NC
+                j = i // NC
                 s = j % X_STAGES
                 hb = cc * (L_HID + 1)
                 mbarrier.wait(go_ready.index(cc), j & 1)
@@ -370,14 +371,14 @@ if gluon is not None:
                 mbarrier.arrive(gh_free.index(cc * 2 + (j * (L_HID + 1) + L_HID) % 2), count=1)
                 mbarrier.arrive(hs_free.index(cc), count=1)
                 # x's stage is read by nothing more: its next block
-                _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, 2 * (j + X_STAGES) + cc, n_my)
+                _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, NC * (j + X_STAGES) + cc, n_my)
         else:
             for i in range(n_my):  # x alone: each stage refilled once the chain's forward
-                cc = i % 2         # has read it (the chain arrives at hs_free then)
-                j = i // 2
+                cc = i % NC        # has read it (the chain arrives at hs_free then)
+                j = i // NC
                 s = j % X_STAGES
                 mbarrier.wait(hs_free.index(cc), j & 1)
-                _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, 2 * (j + X_STAGES) + cc, n_my)
+                _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, NC * (j + X_STAGES) + cc, n_my)
         base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
         if NEED_B:
             W_SLOT: gl.constexpr = T_P * T_P
@@ -404,14 +405,16 @@ if gluon is not None:
             _store_sum(base + (L_HID + 1) * SLOT, dl, T_P)
 
     @gluon.jit
-    def _ws_worker(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
+    def _ws_worker(c: gl.constexpr, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars,
+                   x_desc, gy_desc,
                    gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
                    OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
                    NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
                    acc_ptr, ones_s, T_P: gl.constexpr, SLOT: gl.constexpr):
-        """Worker c: 1 the second chain, 2 the sums (the workers share one signature)."""
-        if c == 1:
-            _ws_chain(1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+        """Worker c: chain c below NC (the chains), else the sums (the workers share one
+        signature)."""
+        if c < gys.shape[0]:
+            _ws_chain(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
                       gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT, NEED_X,
                       NEED_W, NEED_B, HAS_BIAS, X_STAGES)
         else:
@@ -426,11 +429,12 @@ if gluon is not None:
                     L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
                     NEED_X: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
                     HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr, T_P: gl.constexpr,
-                    SLOT: gl.constexpr, G_P: gl.constexpr, CHAIN_REGS: gl.constexpr,
-                    SUM_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """The default warpgroup and worker 1 each run a chain over half the program's
-        64-row blocks (_ws_chain); worker 2 sums the weight gradients and loads x
-        (_ws_sums)."""
+                    SLOT: gl.constexpr, G_P: gl.constexpr, CHAINS: gl.constexpr,
+                    CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr,
+                    num_warps: gl.constexpr):
+        """The default warpgroup and the first CHAINS - 1 workers each run a chain over
+        every CHAINS-th of the program's 64-row blocks (_ws_chain); the last worker sums
+        the weight gradients and loads x (_ws_sums)."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
         H_P: gl.constexpr = w0_desc.block_type.shape[0]
@@ -441,52 +445,71 @@ if gluon is not None:
         wh_s = gl.allocate_shared_memory(dt, [max(L_HID, 1), H_P, H_P], wh_desc.layout)
         wl_s = gl.allocate_shared_memory(dt, [OUT_P, H_P], wl_desc.layout)
         # per chain c: x's stages c * X_STAGES.., hs (zs) c * (L_HID + 1).., gh c * 2..
-        xs = gl.allocate_shared_memory(dt, [2 * X_STAGES, BM, IN_P], x_desc.layout)
-        gys = gl.allocate_shared_memory(dt, [2, BM, OUT_P], gy_desc.layout)
-        hs = gl.allocate_shared_memory(dt, [2 * (L_HID + 1), BM, H_P], h_layout)
-        zs = gl.allocate_shared_memory(dt, [2 * (L_HID + 1) if Z_SMEM else 1, BM, H_P],
+        xs = gl.allocate_shared_memory(dt, [CHAINS * X_STAGES, BM, IN_P], x_desc.layout)
+        gys = gl.allocate_shared_memory(dt, [CHAINS, BM, OUT_P], gy_desc.layout)
+        hs = gl.allocate_shared_memory(dt, [CHAINS * (L_HID + 1), BM, H_P], h_layout)
+        zs = gl.allocate_shared_memory(dt, [CHAINS * (L_HID + 1) if Z_SMEM else 1, BM, H_P],
                                        h_layout)
-        go = gl.allocate_shared_memory(dt, [2, BM, G_P], g_layout)
-        gh = gl.allocate_shared_memory(dt, [4, BM, G_P], g_layout)
-        gxs = gl.allocate_shared_memory(dt, [2, BM, IN_P], gx_desc.layout)
+        go = gl.allocate_shared_memory(dt, [CHAINS, BM, G_P], g_layout)
+        gh = gl.allocate_shared_memory(dt, [2 * CHAINS, BM, G_P], g_layout)
+        gxs = gl.allocate_shared_memory(dt, [CHAINS, BM, IN_P], gx_desc.layout)
         ones_s = gl.allocate_shared_memory(dt, [BM, 16], ones_layout)  # bias sums' operand
         lay: gl.constexpr = mbarrier.MBarrierLayout()
         wbar = gl.allocate_shared_memory(gl.int64, [1], lay)
-        x_ready = gl.allocate_shared_memory(gl.int64, [2 * X_STAGES, 1], lay)
-        gy_ready = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
-        hs_free = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
-        go_ready = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
-        go_free = gl.allocate_shared_memory(gl.int64, [2, 1], lay)
-        gh_ready = gl.allocate_shared_memory(gl.int64, [4, 1], lay)
-        gh_free = gl.allocate_shared_memory(gl.int64, [4, 1], lay)
+        x_ready = gl.allocate_shared_memory(gl.int64, [CHAINS * X_STAGES, 1], lay)
+        gy_ready = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
+        hs_free = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
+        go_ready = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
+        go_free = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
+        gh_ready = gl.allocate_shared_memory(gl.int64, [2 * CHAINS, 1], lay)
+        gh_free = gl.allocate_shared_memory(gl.int64, [2 * CHAINS, 1], lay)
         mbarrier.init(wbar, count=1)
-        for j in gl.static_range(2 * X_STAGES):
+        for j in gl.static_range(CHAINS * X_STAGES):
             mbarrier.init(x_ready.index(j), count=1)
-        for j in gl.static_range(2):
+        for j in gl.static_range(CHAINS):
             mbarrier.init(gy_ready.index(j), count=1)
             mbarrier.init(hs_free.index(j), count=1)
             mbarrier.init(go_ready.index(j), count=1)
             mbarrier.init(go_free.index(j), count=1)
-        for j in gl.static_range(4):
+        for j in gl.static_range(2 * CHAINS):
             mbarrier.init(gh_ready.index(j), count=1)
             mbarrier.init(gh_free.index(j), count=1)
         _load_weights(w0_desc, wh_desc, wl_desc, wbar, w0_s, wh_s, wl_s, L_HID)
         mbarrier.wait(wbar, 0)
         bars = (x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free)
         # (the constants inline: a tuple built here would turn them into tensors)
-        gl.warp_specialize([
-            (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                         gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
-                         NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)),
-            (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                          gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
-                          NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr, ones_s, T_P,
-                          SLOT)),
-            (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                          gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
-                          NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr, ones_s, T_P,
-                          SLOT))],
-            [4, 4], [CHAIN_REGS, SUM_REGS])
+        if CHAINS == 2:
+            gl.warp_specialize([
+                (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                             gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
+                             NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)),
+                (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
+                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
+                              ones_s, T_P, SLOT)),
+                (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
+                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
+                              ones_s, T_P, SLOT))],
+                [4, 4], [CHAIN_REGS, SUM_REGS])
+        else:
+            gl.warp_specialize([
+                (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                             gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
+                             NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)),
+                (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
+                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
+                              ones_s, T_P, SLOT)),
+                (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
+                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
+                              ones_s, T_P, SLOT)),
+                (_ws_worker, (3, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
+                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
+                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
+                              ones_s, T_P, SLOT))],
+                [4, 4, 4], [CHAIN_REGS, CHAIN_REGS, SUM_REGS])
 
     _LAUNCHER = launch.Launcher(_bwd_kernel)
 
@@ -495,24 +518,34 @@ def _pads(spec) -> tuple[int, int, int]:
     return _pow2(spec.in_features), _pow2(spec.widths[1]), _pow2(spec.out_features)
 
 
-def smem_bytes(spec, x_stages: int) -> int:
-    """Shared memory of one program: the weights, x's stages, grad_y's tile, every hidden
-    layer's activation (and pre-activation where kept), g's tiles, grad_x's tile."""
+def maxnreg(chains: int) -> int:
+    """Registers a thread at launch: (chains + 1) warpgroups in one SM's 64K (168 for
+    two chains, 128 for three)."""
+    return 65536 // ((chains + 1) * 128) // 8 * 8
+
+
+def smem_bytes(spec, chains: int, x_stages: int) -> int:
+    """Shared memory of one program: the weights and, per chain, x's stages, grad_y's
+    tile, every hidden layer's activation (and pre-activation where kept), g's tiles,
+    grad_x's tile."""
     IN_P, H_P, OUT_P = _pads(spec)
     L_HID = spec.n_layers - 2
     hz = (L_HID + 1) * (2 if keeps_z(spec.activation_id) else 1)  # h (and z) tiles
     return spec.dtype.itemsize * (
         H_P * IN_P + L_HID * H_P * H_P + OUT_P * H_P  # (no hidden weights: none kept)
         # a chain's: x's stages, grad_y, g's three (go, gh), h (z), grad_x
-        + 2 * BLOCK_M * (x_stages * IN_P + OUT_P + 3 * G_P + hz * H_P + IN_P)
+        + chains * BLOCK_M * (x_stages * IN_P + OUT_P + 3 * G_P + hz * H_P + IN_P)
         + (BLOCK_M * 16 if spec.bias else 0)) + 128  # the bias sums' tile of ones
 
 
-def tuning(spec) -> int | None:
-    """x's stages (two where they fit, else one), or None where one stage does not fit."""
-    for stages in (2, 1):
-        if smem_bytes(spec, stages) <= SMEM_BYTES:
-            return stages
+def tuning(spec) -> tuple[int, int] | None:
+    """(chains, x's stages), or None where nothing fits shared memory: three chains at
+    hidden widths up to 32 where their tiles fit, else two; two x stages where they fit,
+    else one."""
+    for chains in (3, 2) if _pads(spec)[1] <= 32 else (2,):
+        for stages in (2, 1):
+            if smem_bytes(spec, chains, stages) <= SMEM_BYTES:
+                return chains, stages
     return None
 
 
@@ -545,16 +578,23 @@ def kernel_consts(spec, need_x: bool, need_w: bool, need_b: bool) -> dict:
     lay = gl.NVMMASharedLayout.get_default_for
     T_P = _launch_meta(spec, "cuda")["H_P"]  # the Triton backward's reduction's slots
     L_HID = spec.n_layers - 2
-    # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at 3
-    # hidden-to-hidden weights, 192 at 4, and 8 a layer for the biases; the chains share
-    # what is left (sm_90 compile: no spills at these)
-    sums = 232 if L_HID <= 3 and not need_b else 240
-    return dict(h_layout=lay([BLOCK_M, _pads(spec)[1]], gdt), g_layout=lay([BLOCK_M, G_P], gdt),
+    chains, stages = tuning(spec)
+    IN_P, H_P, _ = _pads(spec)
+    if chains == 2:
+        # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at
+        # 3 hidden-to-hidden weights, 192 at 4, and 8 a layer for the biases; the chains
+        # share what is left (sm_90 compile: no spills at these)
+        sums = 232 if L_HID <= 3 and not need_b else 240
+    else:  # its [64, n] tiles (n / 2 registers each) and 56 more
+        tiles = (IN_P + (L_HID + 1) * H_P) // 2 + (8 * (L_HID + 2) if need_b else 0)
+        sums = (tiles + 56 + 7) // 8 * 8
+    return dict(h_layout=lay([BLOCK_M, H_P], gdt), g_layout=lay([BLOCK_M, G_P], gdt),
                 ones_layout=lay([BLOCK_M, 16], gdt), L_HID=L_HID, ACT=spec.activation_id,
                 OUT_ACT=spec.output_activation_id, NEED_X=need_x, NEED_W=need_w,
-                NEED_B=need_b, HAS_BIAS=spec.bias, X_STAGES=tuning(spec), T_P=T_P,
-                SLOT=T_P * T_P + T_P, G_P=G_P,
-                CHAIN_REGS=(3 * MAXNREG - sums) // 2 // 8 * 8, SUM_REGS=sums)
+                NEED_B=need_b, HAS_BIAS=spec.bias, X_STAGES=stages, T_P=T_P,
+                SLOT=T_P * T_P + T_P, G_P=G_P, CHAINS=chains,
+                CHAIN_REGS=((chains + 1) * maxnreg(chains) - sums) // chains // 8 * 8,
+                SUM_REGS=sums)
 
 
 class Plan:
@@ -613,7 +653,8 @@ class Plan:
         if entry is not None and launch.direct_ok(self.device.index):
             _LAUNCHER.launch_entry(entry, (P,), args, self.device.index)
         else:
-            ck = _bwd_kernel[(P,)](*args, **self.consts, num_warps=4, maxnreg=MAXNREG)
+            ck = _bwd_kernel[(P,)](*args, **self.consts, num_warps=4,
+                                   maxnreg=maxnreg(self.consts["CHAINS"]))
             if self.lean:
                 e = launch._entry(ck, launch._constexpr_names(_bwd_kernel),
                                   dict(self.consts, num_warps=4))
