@@ -30,8 +30,9 @@ def _use(variant):
     S x stages)."""
     os.environ["FUSEDMLP_GLUON_BACKWARD"] = "0" if variant == "triton" else "1"
     forced = variant[6:] if variant.startswith("gluon-c") else ""
+    chains_stages = tuple(map(int, forced[1:].split("s"))) if forced else None
     gluon_backward.tuning = (_own_tuning if not forced else
-                             (lambda spec, t=tuple(map(int, forced[1:].split("s")))): t))
+                             (lambda spec, t=chains_stages: t))
     tb._gluon_backward_plan.cache_clear()
 
 

@@ -7,18 +7,19 @@ the same per-program partials (the same reduction kernel then writes the gradien
 Why it is faster (benchmarks/NOTES.md, narrow history 33): the Triton kernel runs one
 chain of dependent layers per warp group, each layer's MMA waited for before its
 epilogue, with the weight-gradient sums and every pre-activation in registers (255, with
-spills). Here the work is split by warp specialization into three warpgroups per
-program (one per SM):
-- two chain warpgroups, each over half of the program's 64-row blocks: the forward again
+spills). Here the work is split by warp specialization into warpgroups per program (one
+per SM; narrow history 34 adds hidden 16/32 and the third chain):
+- two chain warpgroups (three at hidden widths up to 32 where their tiles fit: ``tuning``),
+  each over its share of the program's 64-row blocks: the forward again
   (each layer's activation into shared memory, where the sums read it), then g back
   through the layers, handing each layer's g over in shared memory, and grad_x out by
   TMA. The derivative comes back from the stored activation (relu, leaky relu,
   identity) or from the pre-activation kept beside it (the other activations). While
-  one chain waits on its MMA or runs an epilogue, the other's run;
+  one chain waits on its MMA or runs an epilogue, the others' run;
 - one warpgroup that holds every layer's weight-gradient sum (a [64, in] fp32 tile each)
   and adds g^T h as soon as a chain hands g over (asynchronous MMAs; a g tile is handed
   back as soon as its MMA is done), and the bias gradients as g^T @ ones the same way; it
-  also loads x by TMA for both chains. The sums' MMAs take g's width as their M, which
+  also loads x by TMA for the chains. The sums' MMAs take g's width as their M, which
   a warpgroup's MMA needs to be 64: the g tiles are 64 wide, a narrower layer's g (hidden
   16 or 32, out widths below 64) is stored into their left part and the rest stays zero.
 mbarriers carry the hand-overs both ways; every weight stays in shared memory.
