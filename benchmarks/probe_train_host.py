@@ -8,6 +8,7 @@ PyTorch's step and one F.linear as this host's yardsticks (interleaved rounds,
 fusedmlp_xpu.bench.interleaved_us), then profiles the step with cProfile.
 
     python benchmarks/probe_train_host.py --out F.json [--hidden 32 64] [--profile]
+        [--torch-profile]
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def main():
     ap.add_argument("--hidden", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--rows", type=int, default=tb.GLUON_MIN_ROWS)
     ap.add_argument("--profile", action="store_true", help="cProfile 1000 Gluon steps")
+    ap.add_argument("--torch-profile", action="store_true",
+                    help="torch.profiler's CPU table of 200 Gluon steps (the C++ side: "
+                         "autograd's nodes, the dispatcher, the gradients' accumulation)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = torch.float16
@@ -83,6 +87,20 @@ def main():
             text = "\n".join(s.getvalue().splitlines()[:48])
             print(f"--- cProfile, 1000 steps, hidden {hidden}, Gluon backward\n{text}")
             profiles.append(dict(hidden=hidden, cprofile_1000_steps=text))
+        if args.torch_profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            _backward("gluon")
+            for _ in range(50):
+                step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(200):
+                    step()
+                torch.cuda.synchronize()
+            text = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+            print(f"--- torch.profiler, 200 steps, hidden {hidden}, Gluon backward\n{text}")
+            profiles.append(dict(hidden=hidden, torch_profiler_200_steps=text))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(environment=environment(dev), rows=rows, profiles=profiles), f,
