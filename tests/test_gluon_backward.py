@@ -266,3 +266,39 @@ def test_tuning_fits_shared_memory():
     assert gluon_backward.tuning(_spec((32, 16, 8, 3))) == (3, 2)
     assert gluon_backward.tuning(_spec((64, 32, 64, 4), "gelu", bias=True)) == (2, 2)
     assert gluon_backward.maxnreg(2) == 168 and gluon_backward.maxnreg(3) == 128
+
+
+def test_row_descriptors_kept_per_address_without_the_tensor():
+    """Both Gluon plans keep x's, grad_y's and their outputs' TMA descriptors per (address,
+    rows, row stride) (host time: the caching allocator hands the same blocks back), at
+    most ROW_DESCS, and none keeps its tensor alive."""
+    if gluon_narrow.gluon is None:
+        pytest.skip(f"no Gluon: {gluon_narrow.IMPORT_ERROR}")
+    import gc
+    import weakref
+
+    from triton.experimental.gluon import language as gl
+
+    lay = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
+    cache = {}
+    t = torch.zeros(300, 64, dtype=torch.float16)
+    d = gluon_narrow.row_desc(cache, t, [64, 64], lay)
+    assert list(d.shape) == [300, 64] and list(d.strides) == [64, 1]
+    assert d.base.data_ptr() == t.data_ptr()
+    assert gluon_narrow.row_desc(cache, t, [64, 64], lay) is d
+    same = t.view(300, 64)  # another tensor at the same address: the same descriptor
+    assert gluon_narrow.row_desc(cache, same, [64, 64], lay) is d
+    fewer = gluon_narrow.row_desc(cache, t[:200], [64, 64], lay)
+    assert fewer is not d and list(fewer.shape) == [200, 64]
+    strided = torch.zeros(300, 128, dtype=torch.float16)[:, 64:]
+    sd = gluon_narrow.row_desc(cache, strided, [64, 64], lay)
+    assert list(sd.strides) == [128, 1] and sd.base.data_ptr() == strided.data_ptr()
+    for i in range(2 * gluon_narrow.ROW_DESCS):
+        gluon_narrow.row_desc(cache, t[: i + 1], [64, 64], lay)
+        assert len(cache) <= gluon_narrow.ROW_DESCS
+    u = torch.zeros(100, 64, dtype=torch.float16)
+    gluon_narrow.row_desc(cache, u, [64, 64], lay)
+    ref = weakref.ref(u)
+    del u
+    gc.collect()
+    assert ref() is None

@@ -34,7 +34,7 @@ import torch
 
 from ... import envvars
 from . import _launch_meta, _pow2, _reduce_launch, _reduce_layout, gluon_narrow, launch
-from .gluon_narrow import MAX_ROWS, SMEM_BYTES, gluon, weight_descs
+from .gluon_narrow import MAX_ROWS, SMEM_BYTES, gluon, row_desc, weight_descs
 from .launch import int_key
 
 #: set to 0 to keep every narrow backward on the Triton kernels (FUSEDMLP_GLUON=0 turns
@@ -61,7 +61,6 @@ if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .act import act, act_grad
     from .gluon_narrow import _load_weights, _thread_barrier, _tma_load, _tma_store
@@ -625,6 +624,8 @@ class Plan:
         self.max_programs = torch.cuda.get_device_properties(device).multi_processor_count
         self.lean = launch.enabled(device)
         self._wdesc: dict = {}
+        self._xdesc: dict = {}  # row_desc's: x and grad_x
+        self._ydesc: dict = {}  # grad_y
         self._kernels: dict = {}  # int_key(M) -> launch.py entry
 
     @staticmethod
@@ -639,12 +640,10 @@ class Plan:
         16-byte aligned, dense)."""
         M = x.shape[0]
         P = min(self.max_programs, (M + BLOCK_M - 1) // BLOCK_M)
-        acc = torch.empty(P, self.spec.n_layers, self.SLOT, device=x.device,
-                          dtype=torch.float32)
-        xd = TensorDescriptor(x, list(x.shape), list(x.stride()), self.x_block, self.x_layout)
-        gyd = TensorDescriptor(grad_y, list(grad_y.shape), list(grad_y.stride()), self.y_block,
-                               self.y_layout)
-        gxd = TensorDescriptor(gx, [M, self.IN], [self.IN, 1], self.x_block, self.x_layout)
+        acc = x.new_empty((P, self.spec.n_layers, self.SLOT), dtype=torch.float32)
+        xd = row_desc(self._xdesc, x, self.x_block, self.x_layout)
+        gyd = row_desc(self._ydesc, grad_y, self.y_block, self.y_layout)
+        gxd = row_desc(self._xdesc, gx, self.x_block, self.x_layout)
         w0d, whd, wld = weight_descs(self._wdesc, weights, self.IN, self.H, self.OUT,
                                      self.L_HID, self.w_blocks, self.w_layouts)
         b0, bh, bl = biases if biases is not None else (acc, acc, acc)

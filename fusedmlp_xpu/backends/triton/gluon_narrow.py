@@ -295,6 +295,26 @@ def tma_rows(t: torch.Tensor) -> bool:
             and not t.data_ptr() % 16)
 
 
+#: activation descriptors a plan keeps (row_desc)
+ROW_DESCS = 16
+
+
+def row_desc(cache: dict, t: torch.Tensor, block, layout):
+    """The TMA descriptor of the 2-D ``t`` (x, grad_y, or an output the caller made;
+    dtype and columns fixed per plan), kept in ``cache`` per (address, rows, row stride):
+    PyTorch's caching allocator hands the same blocks back call after call, so a training
+    loop mostly finds its descriptors made (one costs ~3-10 us of host time). Kept without
+    the tensor (Addr): a descriptor holds nothing alive; at most ROW_DESCS."""
+    key = (t.data_ptr(), t.shape[0], t.stride(0))
+    d = cache.get(key)
+    if d is None:
+        if len(cache) >= ROW_DESCS:
+            cache.clear()
+        d = cache[key] = TensorDescriptor(Addr(t), list(t.shape), list(t.stride()), block,
+                                          layout)
+    return d
+
+
 def weight_descs(cache: dict, weights, IN: int, H: int, OUT: int, L_HID: int, blocks,
                  layouts) -> tuple:
     """TMA descriptors of (w0, the hidden weights back to back, wl), kept in ``cache`` per
@@ -316,8 +336,7 @@ def weight_descs(cache: dict, weights, IN: int, H: int, OUT: int, L_HID: int, bl
 
 class Plan:
     """The Gluon forward of one (spec, device): ``accepts(x)``, then ``(x, weights,
-    biases) -> y``. TMA descriptors for the weights are kept per address; x's and y's are
-    made per call (a few microseconds: both addresses change)."""
+    biases) -> y``. TMA descriptors are kept per address (row_desc, weight_descs)."""
 
     def __init__(self, spec, device: torch.device):
         self.spec, self.device = spec, device
@@ -340,6 +359,8 @@ class Plan:
             device).multi_processor_count
         self.lean = launch.enabled(device)
         self._wdesc: dict = {}
+        self._xdesc: dict = {}  # row_desc's
+        self._ydesc: dict = {}
         self._kernels: dict = {}  # int_key(M) -> launch.py entry
 
     @staticmethod
@@ -352,8 +373,8 @@ class Plan:
         hidden ones back to back, bl; or None): tensors or Addr, dense, 16-byte aligned
         (the caller's _NarrowForward checks)."""
         M = x.shape[0]
-        xd = TensorDescriptor(x, list(x.shape), list(x.stride()), self.x_block, self.x_layout)
-        yd = TensorDescriptor(y, [M, self.OUT], [self.OUT, 1], self.y_block, self.y_layout)
+        xd = row_desc(self._xdesc, x, self.x_block, self.x_layout)
+        yd = row_desc(self._ydesc, y, self.y_block, self.y_layout)
         w0d, whd, wld = weight_descs(self._wdesc, weights, self.IN, self.H, self.OUT,
                                      self.L_HID, self.w_blocks, self.w_layouts)
         b0, bh, bl = biases if biases is not None else (x, x, x)
