@@ -35,6 +35,10 @@ for s in $steps; do
              echo "$c rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-$c.txt" | grep -v eager; done ;;
     # the wide GEMMs one by one: TMA vs pointer kernels vs cuBLAS (PROBE_PART forward|backward|all)
     probe-gated) timeout ${PROBE_S:-200} python3 benchmarks/probe_gated_tma.py --out "$OUT/probe-gated.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gated.txt" | tail -20 ;;
+    # the Gluon narrow backward against the Triton kernels (PROBE_ARGS: --hidden 32, --variants ...)
+    probe-gluon-bwd) timeout ${PROBE_S:-200} python3 benchmarks/probe_gluon_backward.py ${PROBE_ARGS:-} --out "$OUT/probe-gluon-bwd.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gluon-bwd.txt" | tail -12 ;;
+    # host time of a narrow train step (PROBE_ARGS: --profile, --torch-profile)
+    probe-train-host) timeout ${PROBE_S:-150} python3 benchmarks/probe_train_host.py ${PROBE_ARGS:-} --out "$OUT/probe-train-host.json" 2>&1 | grep -v Warn | tee "$OUT/probe-train-host.txt" | grep -E "^hidden" ;;
     probe-blas) timeout ${PROBE_S:-120} python3 benchmarks/probe_blas.py --out "$OUT/probe-blas.json" 2>&1 | grep -v Warn | tee "$OUT/probe-blas.txt" | tail -12 ;;
     probe) timeout ${PROBE_S:-200} python3 benchmarks/probe_tma_gemm.py --part ${PROBE_PART:-all} ${PROBE_ARGS:-} --out "$OUT/probe-tma.json" 2>&1 | grep -v Warn | tee "$OUT/probe-tma.txt" | tail -40 ;;
     # device time per kernel of the wide train steps: ours, eager, bare (KERNELS_ARGS: --inference)

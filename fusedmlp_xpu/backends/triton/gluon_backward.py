@@ -190,15 +190,17 @@ if gluon is not None:
         return d0, d1, d2, d3, d4, dl
 
     @gluon.jit
-    def _ws_chain(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                  gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
-                  OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
-                  NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr):
+    def _ws_chain(c, ops, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
+                  NEED_X: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr):
         """Chain c (one warpgroup) of this program: its row blocks are the program's
-        NC j + c (64 rows each; NC chains). Per block: the forward again, every activation into its hs tiles
-        (the sums' operands), then g back through the layers, each layer's g handed to
-        the sums warpgroup through go[c] (the last layer's) and its two gh tiles in turn
-        (mbarriers both ways), and grad_x out by TMA."""
+        NC j + c (64 rows each; NC chains). Per block: the forward again, every activation
+        into its hs tiles (the sums' operands), then g back through the layers, each
+        layer's g handed to the sums warpgroup through go[c] (the last layer's) and its two
+        gh tiles in turn (mbarriers both ways), and grad_x out by TMA. ``ops``:
+        _bwd_kernel's operands."""
+        (xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc, gx_desc, M,
+         b0_ptr, bh_ptr, bl_ptr, acc_ptr, ones_s) = ops
         SUMS: gl.constexpr = NEED_W or NEED_B
         x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free = bars
         BM: gl.constexpr = x_desc.block_type.shape[0]
@@ -294,16 +296,16 @@ if gluon is not None:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _ws_sums(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                 gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
-                 OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
-                 NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
-                 acc_ptr, ones_s, T_P: gl.constexpr, SLOT: gl.constexpr):
+    def _ws_sums(ops, L_HID: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
+                 X_STAGES: gl.constexpr, T_P: gl.constexpr, SLOT: gl.constexpr):
         """The weight-gradient warpgroup: loads x for every chain and, block by block in
         the program's order, adds each layer's g^T h to its sum as the chains hand g over
         (asynchronous MMAs; a g tile is freed as soon as its MMA is done), and each
         layer's bias gradient as g^T @ ones (ones_s: [64, 16] of ones, filled here); at
-        the end, writes the sums as this program's partials."""
+        the end, writes the sums as this program's partials. ``ops``: _bwd_kernel's
+        operands."""
+        (xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc, gx_desc, M,
+         b0_ptr, bh_ptr, bl_ptr, acc_ptr, ones_s) = ops
         x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free = bars
         BM: gl.constexpr = x_desc.block_type.shape[0]
         IN_P: gl.constexpr = x_desc.block_type.shape[1]
@@ -405,22 +407,16 @@ if gluon is not None:
             _store_sum(base + (L_HID + 1) * SLOT, dl, T_P)
 
     @gluon.jit
-    def _ws_worker(c: gl.constexpr, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars,
-                   x_desc, gy_desc,
-                   gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID: gl.constexpr, ACT: gl.constexpr,
+    def _ws_worker(c: gl.constexpr, ops, L_HID: gl.constexpr, ACT: gl.constexpr,
                    OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
                    NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
-                   acc_ptr, ones_s, T_P: gl.constexpr, SLOT: gl.constexpr):
-        """Worker c: chain c below NC (the chains), else the sums (the workers share one
+                   T_P: gl.constexpr, SLOT: gl.constexpr):
+        """Worker c: chain c below the chain count, else the sums (the workers share one
         signature)."""
-        if c < gys.shape[0]:
-            _ws_chain(c, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                      gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT, NEED_X,
-                      NEED_W, NEED_B, HAS_BIAS, X_STAGES)
+        if c < ops[1].shape[0]:  # gys: one tile a chain
+            _ws_chain(c, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)
         else:
-            _ws_sums(0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc,
-                     gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT, NEED_X, NEED_W,
-                     NEED_B, HAS_BIAS, X_STAGES, acc_ptr, ones_s, T_P, SLOT)
+            _ws_sums(ops, L_HID, NEED_W, NEED_B, X_STAGES, T_P, SLOT)
 
     @gluon.jit
     def _bwd_kernel(x_desc, gy_desc, gx_desc, w0_desc, wh_desc, wl_desc, acc_ptr, b0_ptr,
@@ -477,38 +473,28 @@ if gluon is not None:
         _load_weights(w0_desc, wh_desc, wl_desc, wbar, w0_s, wh_s, wl_s, L_HID)
         mbarrier.wait(wbar, 0)
         bars = (x_ready, gy_ready, hs_free, go_ready, go_free, gh_ready, gh_free)
+        ops = (xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc, gy_desc, gx_desc,
+               M, b0_ptr, bh_ptr, bl_ptr, acc_ptr, ones_s)
         # (the constants inline: a tuple built here would turn them into tensors)
         if CHAINS == 2:
             gl.warp_specialize([
-                (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                             gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
-                             NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)),
-                (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
-                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
-                              ones_s, T_P, SLOT)),
-                (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
-                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
-                              ones_s, T_P, SLOT))],
+                (_ws_chain, (0, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                             X_STAGES)),
+                (_ws_worker, (1, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                              X_STAGES, T_P, SLOT)),
+                (_ws_worker, (2, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                              X_STAGES, T_P, SLOT))],
                 [4, 4], [CHAIN_REGS, SUM_REGS])
         else:
             gl.warp_specialize([
-                (_ws_chain, (0, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                             gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT, OUT_ACT,
-                             NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)),
-                (_ws_worker, (1, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
-                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
-                              ones_s, T_P, SLOT)),
-                (_ws_worker, (2, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
-                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
-                              ones_s, T_P, SLOT)),
-                (_ws_worker, (3, xs, gys, hs, zs, go, gh, gxs, w0_s, wh_s, wl_s, bars, x_desc,
-                              gy_desc, gx_desc, M, b0_ptr, bh_ptr, bl_ptr, L_HID, ACT,
-                              OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES, acc_ptr,
-                              ones_s, T_P, SLOT))],
+                (_ws_chain, (0, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                             X_STAGES)),
+                (_ws_worker, (1, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                              X_STAGES, T_P, SLOT)),
+                (_ws_worker, (2, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                              X_STAGES, T_P, SLOT)),
+                (_ws_worker, (3, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
+                              X_STAGES, T_P, SLOT))],
                 [4, 4, 4], [CHAIN_REGS, CHAIN_REGS, SUM_REGS])
 
     _LAUNCHER = launch.Launcher(_bwd_kernel)
