@@ -5,15 +5,14 @@ steps, then a cProfile of the Gluon calls.
     python benchmarks/probe_gluon_host.py [--rows 16 18]
 """
 import argparse
-import cProfile
 import os
-import pstats
 import time
 
 import torch
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu.backends import triton as tb
+from fusedmlp_xpu.bench import profile_text
 
 
 def per_call_us(fn, n=200):
@@ -54,14 +53,8 @@ def main():
             print(f"2^{lg} FUSEDMLP_GLUON={env}: inference {per_call_us(inf):.1f} us, "
                   f"train step {per_call_us(train, 50):.1f} us", flush=True)
         for name, fn in (("inference", inf), ("train", train)):
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(50):
-                fn()
-            torch.cuda.synchronize()
-            pr.disable()
             print(f"--- cProfile 2^{lg} {name}, 50 calls")
-            pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+            print(profile_text(fn, 50, torch.device("cuda"), top=14))
 
 
 if __name__ == "__main__":

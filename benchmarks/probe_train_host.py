@@ -13,17 +13,14 @@ fusedmlp_xpu.bench.interleaved_us), then profiles the step with cProfile.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 
 import torch
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu.backends import triton as tb
-from fusedmlp_xpu.bench import environment, interleaved_us
+from fusedmlp_xpu.bench import environment, interleaved_us, profile_text
 
 
 def _backward(variant: str):
@@ -76,15 +73,7 @@ def main():
                 k.replace(" ", "_").replace(".", "") + "_us": v for k, v in us.items()}))
         if args.profile:
             _backward("gluon")
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(1000):
-                step()
-            torch.cuda.synchronize()
-            pr.disable()
-            s = io.StringIO()
-            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(28)
-            text = "\n".join(s.getvalue().splitlines()[:48])
+            text = profile_text(step, 1000, dev)
             print(f"--- cProfile, 1000 steps, hidden {hidden}, Gluon backward\n{text}")
             profiles.append(dict(hidden=hidden, cprofile_1000_steps=text))
         if args.torch_profile:

@@ -248,6 +248,25 @@ def _graph_ms(run, device, timer) -> float | None:
         return None
 
 
+def profile_text(fn, calls: int, device, top: int = 28) -> str:
+    """cProfile of ``calls`` calls of ``fn`` (the device synced inside the window): the
+    ``top`` functions by their own time, as the report's text (the probes' host-time
+    breakdowns)."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue().strip()
+
+
 def interleaved_us(fns: dict, device, n=2100, rounds=7, warm=50) -> dict:
     """Host us per call of each function: the median of ``rounds`` rounds of n / rounds
     calls, the functions' rounds taken in turn (a host's speed drifts by tens of us over

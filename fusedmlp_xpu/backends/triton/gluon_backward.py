@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 
 from ... import envvars
-from . import _launch_meta, _pow2, _reduce_launch, _reduce_layout, gluon_narrow, launch
-from .gluon_narrow import MAX_ROWS, SMEM_BYTES, gluon, row_desc, weight_descs
+from . import _launch_meta, _reduce_launch, _reduce_layout, gluon_narrow, launch
+from .gluon_narrow import MAX_ROWS, SMEM_BYTES, _pads, gluon, row_desc, weight_descs
 from .launch import int_key
 
 #: set to 0 to keep every narrow backward on the Triton kernels (FUSEDMLP_GLUON=0 turns
@@ -498,10 +498,6 @@ if gluon is not None:
                 [4, 4, 4], [CHAIN_REGS, CHAIN_REGS, SUM_REGS])
 
     _LAUNCHER = launch.Launcher(_bwd_kernel)
-
-
-def _pads(spec) -> tuple[int, int, int]:
-    return _pow2(spec.in_features), _pow2(spec.widths[1]), _pow2(spec.out_features)
 
 
 def maxnreg(chains: int) -> int:
