@@ -39,6 +39,8 @@ for s in $steps; do
     probe-gluon-bwd) timeout ${PROBE_S:-200} python3 benchmarks/probe_gluon_backward.py ${PROBE_ARGS:-} --out "$OUT/probe-gluon-bwd.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gluon-bwd.txt" | tail -12 ;;
     # host time of a narrow train step (PROBE_ARGS: --profile, --torch-profile)
     probe-train-host) timeout ${PROBE_S:-150} python3 benchmarks/probe_train_host.py ${PROBE_ARGS:-} --out "$OUT/probe-train-host.json" 2>&1 | grep -v Warn | tee "$OUT/probe-train-host.txt" | grep -E "^hidden" ;;
+    # the warp-specialized Gluon GEMMs of the wide backward against the Triton TMA kernels and torch.mm
+    probe-gluon-wide) timeout ${PROBE_S:-240} python3 benchmarks/probe_gluon_wide.py ${PROBE_ARGS:-} --out "$OUT/probe-gluon-wide.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gluon-wide.txt" | tail -40 ;;
     probe-blas) timeout ${PROBE_S:-120} python3 benchmarks/probe_blas.py --out "$OUT/probe-blas.json" 2>&1 | grep -v Warn | tee "$OUT/probe-blas.txt" | tail -12 ;;
     probe) timeout ${PROBE_S:-200} python3 benchmarks/probe_tma_gemm.py --part ${PROBE_PART:-all} ${PROBE_ARGS:-} --out "$OUT/probe-tma.json" 2>&1 | grep -v Warn | tee "$OUT/probe-tma.txt" | tail -40 ;;
     # device time per kernel of the wide train steps: ours, eager, bare (KERNELS_ARGS: --inference)
