@@ -200,7 +200,55 @@ def main(argv=None) -> int:
         except Exception as e:  # report every failure, then fail the run
             failed += 1
             print(f"sk_fixup FAILED {type(e).__name__}: {str(e)[:400]}")
+    failed += compile_gluon(args.arch)
     return 1 if failed else 0
+
+
+def compile_gluon(arch: int) -> int:
+    """gluon_wide's warp-specialized kernel: dx (gelu_tanh with the hardware tanh) and the
+    gated dh GEMM (silu), each with and without h; one line each (shared memory against
+    gluon_wide.smem_bytes, wgmma, setmaxnreg, registers and spills); returns failures."""
+    from fusedmlp_xpu.backends.triton import gluon_wide as g
+
+    if g.gluon is None:
+        print("gluon-ws: not compiled (no Gluon in this Triton)")
+        return 0
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(shape):
+        lay = gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
+        return f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay!r}>"
+
+    bm, bn, bk = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K
+    failed = 0
+    for epi, act, store_h in ((g.DX, "gelu_tanh", True), (g.DX, "gelu_tanh", False),
+                              (g.GATED, "silu", True), (g.GATED, "silu", False)):
+        stages = g.stages(epi, store_h)
+        aid = wide._ACT[act] + (wide.APPROX.value if act == "gelu_tanh" else 0)
+        sig = dict(a_desc=desc([bm, bk]), b_desc=desc([bk, bn]),
+                   **{n: desc([bm, bn]) for n in ("e0_desc", "e1_desc", "o0_desc", "o1_desc",
+                                                  "h_desc")}, M="i32", N="i32", K="i32")
+        cx = dict(EPI=epi, ACT=aid, STORE_H=store_h, STAGES=stages, GROUP=g.GROUP_M,
+                  C_REGS=g.CONSUMER_REGS, L_REGS=g.LOADER_REGS, num_warps=4)
+        sig.update({k: "constexpr" for k in cx})
+        name = f"gluon-ws {'dx' if epi == g.DX else 'gated'}{' +h' if store_h else ''}"
+        try:
+            k = triton.compile(GluonASTSource(g._ws_gemm_kernel, sig, cx, {}),
+                               target=GPUTarget("cuda", arch, 32),
+                               options=dict(num_warps=4, maxnreg=g.MAXNREG))
+            ptx = k.asm["ptx"]
+            est = g.smem_bytes(epi, store_h, stages)
+            off = abs(k.metadata.shared - est) > 1024
+            print(f"{name:<18}{bm}x{bn}x{bk} s{stages:<14}{k.metadata.shared // 1024:>4} KB smem "
+                  f"(counted {est // 1024})  {'wgmma' if 'wgmma.mma_async' in ptx else 'no wgmma'} "
+                  f"setmaxnreg x{ptx.count('setmaxnreg')} {_ptxas_info(ptx)}"
+                  f"{'  COUNT OFF' if off else ''}")
+            failed += off
+        except Exception as e:  # report every failure, then fail the run
+            failed += 1
+            print(f"{name} FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    return failed
 
 
 if __name__ == "__main__":

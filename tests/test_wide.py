@@ -208,6 +208,9 @@ def test_kernels_compile_for_hopper():
         # fwd, fwd + z, gated, + g, u, dx, gated dh; fwd, fwd + z and dx with the hardware tanh
         assert out.count("wgmma tma ") == 9, out
         assert "sk_fixup " in out and "FAILED" not in out, out  # the stream-K fixup
+    gluon = [ln for ln in out.splitlines() if ln.startswith("gluon-ws ")]
+    if gluon:  # the warp-specialized dx and gated dh (gluon_wide.py), with and without h
+        assert len(gluon) == 4 and all("wgmma setmaxnreg" in ln for ln in gluon), gluon
 
 
 @pytest.mark.gpu
@@ -377,6 +380,7 @@ def test_tma_train_step(device, monkeypatch, dtype):
     layer's forward would be torch.addmm)."""
     _needs_tma(device)
     monkeypatch.setenv(wide.BLAS_ENV, "0")
+    monkeypatch.setenv("FUSEDMLP_GLUON_WIDE", "0")  # sm_90's dx: test_gluon_wide.py
     ran = _tma_spy(monkeypatch)
     widths, m = ((40, 56, 48), 130) if device.type == "cpu" else ((1032, 2296, 2056), 2133)
     check(device, widths, dtype, "gelu_tanh", "none", m=m, strided=False)

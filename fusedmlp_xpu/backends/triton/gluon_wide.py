@@ -23,10 +23,13 @@ zero-fills the loads past M, N and K, and leaves the stores' rows and columns pa
 unwritten)."""
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 
 from ... import envvars
-from . import launch
+from . import gluon_narrow
 from .gluon_narrow import Addr, gluon
 
 #: FUSEDMLP_GLUON_WIDE=0 keeps the wide backward on wide.py's Triton kernels
@@ -241,7 +244,6 @@ if gluon is not None:
             (_ws_worker, (3, ops, EPI, ACT, STORE_H, GROUP))],
             [4, 1, 1], [C_REGS, L_REGS, L_REGS])
 
-    _LAUNCHER = launch.Launcher(_ws_gemm_kernel)
 
 
 def smem_bytes(epi: int, store_h: bool, stages: int, esize: int = 2) -> int:
@@ -264,23 +266,16 @@ def stages(epi: int, store_h: bool) -> int:
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether these kernels may run: Gluon's Hopper API, not turned off, an sm_90 CUDA
-    device, fp16/bf16 operands."""
-    from .gluon_narrow import device_ok
-    from ...spec import MLPSpec  # noqa: F401  (device_ok reads spec.dtype only)
-
-    if envvars.get(ENV, "1") == "0":
+    """Whether these kernels may run: Gluon's Hopper API, not turned off
+    (FUSEDMLP_GLUON_WIDE=0, FUSEDMLP_GLUON=0), an sm_90 CUDA device, fp16/bf16 operands."""
+    if envvars.get(ENV, "1") == "0" or envvars.get(gluon_narrow.ENV, "1") == "0":
         return False
-    return device_ok(_Dtype(dtype), device)[0]
+    return _device_ok(device, dtype)
 
 
-class _Dtype:
-    """What gluon_narrow.device_ok reads of a spec: its dtype."""
-
-    __slots__ = ("dtype",)
-
-    def __init__(self, dtype):
-        self.dtype = dtype
+@functools.lru_cache(maxsize=16)
+def _device_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    return gluon_narrow.device_ok(types.SimpleNamespace(dtype=dtype), device)[0]
 
 
 def _desc(t: torch.Tensor, block):
@@ -293,7 +288,9 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
               group: int = GROUP_M, regs: int = CONSUMER_REGS) -> None:
     """One launch: a [M, K] @ b [K, N] with the epilogue ``epi`` over e0 (e1) into o0 (o1)
     and h (None: not stored); every tensor 2-D with unit column stride and 16-byte aligned
-    rows and base (the caller checks: wide._tma_ok)."""
+    rows and base (the caller checks: wide._tma_ok), K > 0."""
+    from .wide import _programs
+
     M, K = a.shape
     N = b.shape[1]
     store_h = h is not None
@@ -301,9 +298,9 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
     ds = (_desc(a, [BLOCK_M, BLOCK_K]), _desc(b, [BLOCK_K, BLOCK_N]), _desc(e0, tile),
           _desc(e1 if e1 is not None else e0, tile), _desc(o0, tile),
           _desc(o1 if o1 is not None else o0, tile), _desc(h if store_h else o0, tile))
-    progs = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = -(-M // BLOCK_M) * -(-N // BLOCK_N)
+    progs = _programs(a.device)
     _ws_gemm_kernel[(min(progs, tiles),)](
-        *ds, M, N, K, EPI=epi, ACT=act_id, STORE_H=store_h, STAGES=n_stages or stages(epi, store_h),
-        GROUP=group, C_REGS=regs, L_REGS=LOADER_REGS, num_warps=4,
-        maxnreg=MAXNREG)
+        *ds, M, N, K, EPI=epi, ACT=act_id, STORE_H=store_h,
+        STAGES=n_stages or stages(epi, store_h), GROUP=group, C_REGS=regs,
+        L_REGS=LOADER_REGS, num_warps=4, maxnreg=MAXNREG)

@@ -1054,6 +1054,20 @@ def weight_pair(a: torch.Tensor, b: torch.Tensor):
     return b, (a.stride(0), (pa - pb) // es, 1), True
 
 
+def _warp_specialized(device: torch.device, dtype: torch.dtype):
+    """gluon_wide (the warp-specialized Gluon kernels of the dx and gated dh GEMMs) where
+    they run: sm_90 CUDA devices, fp16/bf16, not turned off (FUSEDMLP_GLUON_WIDE=0,
+    FUSEDMLP_GLUON=0); else None (wide.py's Triton TMA kernels). The callers have
+    checked the operands for TMA (_tma_ok). H200, bf16, M 8192: the gated dh GEMM 1.64-
+    1.67 ms against 1.99-2.01, dx 1.78-1.83 against 1.88-1.89 (NOTES.md, wide history
+    17)."""
+    if device.type != "cuda":
+        return None
+    from . import gluon_wide  # imports this module: not at the top
+
+    return gluon_wide if gluon_wide.available(device, dtype) else None
+
+
 def _dx_tma(g, w, z, out, h, act, cfg) -> bool:
     """out = (g @ w) * act'(z) (and h = act(z)) through _dx_tma_kernel; False when the
     device refuses every stage count of ``cfg``."""
@@ -1240,6 +1254,10 @@ def grad_input(g, w, z=None, act="none", g_z=None, g_act="none", g2=None, w2=Non
         cfg = _tma_config(g.device, "dx")
         if _tma_ok(g.device, M, N, cfg, g, w, z, out, *([h] if h is not None else [])):
             with _guard(g):
+                ws = _warp_specialized(g.device, g.dtype) if K else None
+                if ws is not None:
+                    ws.launch_ws(ws.DX, act_id(act, g), g, w, z, None, out, None, h)
+                    return out, h
                 if _dx_tma(g, w, z, out, h, act, cfg):
                     return out, h
     zg = g_z if g_z is not None else g
@@ -1585,14 +1603,18 @@ def _gated_bwd_chunks(grad_y, w_down, g, u, act, need_w, need_b):
                                                              w_down, g, u):
         return None
     chunks = _col_chunks(M, H, g.element_size(), GATED_H_CHUNK_BYTES) if need_w else [(0, H)]
+    ws = _warp_specialized(g.device, g.dtype) if w_down.shape[0] else None
     dg = memory.new_empty(M, H, like=g)
     du = memory.new_empty(M, H, like=g)
     dwd = memory.new_empty(w_down.shape[0], H, like=g) if need_w else None
     for c0, c1 in chunks:
         h = memory.new_empty(M, c1 - c0, like=g) if need_w else None
         with _guard(g):
-            if not _gated_bwd_tma(grad_y, w_down[:, c0:c1], g[:, c0:c1], u[:, c0:c1],
-                                  dg[:, c0:c1], du[:, c0:c1], act, cfg, h):
+            if ws is not None:
+                ws.launch_ws(ws.GATED, act_id(act, g), grad_y, w_down[:, c0:c1], g[:, c0:c1],
+                             u[:, c0:c1], dg[:, c0:c1], du[:, c0:c1], h)
+            elif not _gated_bwd_tma(grad_y, w_down[:, c0:c1], g[:, c0:c1], u[:, c0:c1],
+                                    dg[:, c0:c1], du[:, c0:c1], act, cfg, h):
                 return None  # the device refused every stage count: the pointer kernel
         if need_w:
             grad_weight(grad_y, h, out=dwd[:, c0:c1])
