@@ -285,7 +285,7 @@ def _desc(t: torch.Tensor, block):
 
 
 def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | None = None,
-              group: int = GROUP_M, regs: int = CONSUMER_REGS) -> None:
+              group: int = GROUP_M, regs: int = CONSUMER_REGS, block_k: int = BLOCK_K) -> None:
     """One launch: a [M, K] @ b [K, N] with the epilogue ``epi`` over e0 (e1) into o0 (o1)
     and h (None: not stored); every tensor 2-D with unit column stride and 16-byte aligned
     rows and base (the caller checks: wide._tma_ok), K > 0."""
@@ -295,7 +295,7 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
     N = b.shape[1]
     store_h = h is not None
     tile = [BLOCK_M, BLOCK_N]
-    ds = (_desc(a, [BLOCK_M, BLOCK_K]), _desc(b, [BLOCK_K, BLOCK_N]), _desc(e0, tile),
+    ds = (_desc(a, [BLOCK_M, block_k]), _desc(b, [block_k, BLOCK_N]), _desc(e0, tile),
           _desc(e1 if e1 is not None else e0, tile), _desc(o0, tile),
           _desc(o1 if o1 is not None else o0, tile), _desc(h if store_h else o0, tile))
     tiles = -(-M // BLOCK_M) * -(-N // BLOCK_N)
