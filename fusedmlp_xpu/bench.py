@@ -60,7 +60,10 @@ SUITES = {
     "quick": ["narrow-w64"],
 }
 CHECK_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3}  # tests/conftest.py
-GRAPH_MAX_N = 2 ** 18  # at or below this, also time CUDA-graph replay (launch-bound sizes)
+#: at or below this, also time CUDA-graph replay (launch-bound sizes): up to 2^20 rows a
+#: narrow train step's host work (autograd, the op's Python: 0.3-0.7 ms on the H200's
+#: hosts) is longer than its kernels (~0.23 ms at narrow-w32; NOTES.md narrow history 34)
+GRAPH_MAX_N = 2 ** 20
 #: what one timed train step is (in every JSON's notes)
 TRAIN_STEP = ("train step: x.grad = None, forward, backward of a given grad_y (x's gradient "
               "new each step; parameter gradients accumulate; no optimizer step)")
