@@ -11,13 +11,15 @@ has no warp specialization on Hopper to overlap the two. Here one program per SM
   runs its tile's epilogue, the other runs the next tile's main loop (its MMAs on the
   [BLOCK_M, BLOCK_N] accumulator, a warpgroup's own);
 - one loader warp that keeps the ring of A and B tiles (STAGES deep) full by TMA, in
-  tile order: the consumers' main loops take the ring in turn;
+  tile order: the consumers' main loops take the ring in turn (a consumer starts its
+  main loop once the other has waited for every stage of the tile before: an mbarrier
+  wait tells phases apart by parity only, so no wait may run two phases ahead);
 - one more loader warp that brings each tile's epilogue inputs (z, or g and u) into
   shared memory while that tile's main loop runs. The epilogues run in tile order, one at
   a time, so one set of those buffers serves both consumers: a consumer writes its
   outputs over its inputs in shared memory (the same register layout reads and writes
-  them: each thread only touches its own elements), h into one more tile, stores them by
-  TMA, and hands the buffers back when the stores have read them.
+  them: each thread only touches its own elements), stores them by TMA, then h over the
+  first once its store has read it, and hands the buffers back when the stores are done.
 mbarriers carry every hand-over. Tiles at the edges are clipped by the descriptors (TMA
 zero-fills the loads past M, N and K, and leaves the stores' rows and columns past them
 unwritten)."""
