@@ -46,7 +46,8 @@ def _err(out, ref):
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-def check(dev, dt) -> list[dict]:
+def check(dev, dt, launch=gw.launch_ws, name="gluon") -> list[dict]:
+    """``launch`` (launch_ws's contract) against float64 at edge shapes."""
     rows = []
     torch.manual_seed(1)
     # one tile a program or less, then several (both consumers, the ring wrapping; K of
@@ -60,28 +61,28 @@ def check(dev, dt) -> list[dict]:
             z = torch.randn(M, N, device=dev, dtype=dt)
             out = torch.full((M, N), float("nan"), device=dev, dtype=dt)
             h = torch.full((M, N), float("nan"), device=dev, dtype=dt)
-            gw.launch_ws(gw.DX, aid, g, w, z, None, out, None, h)
+            launch(gw.DX, aid, g, w, z, None, out, None, h)
             ro, rh = _ref_dx(g, w, z, act)
             e = max(_err(out, ro), _err(h, rh))
-            rows.append(dict(check="dx", M=M, N=N, K=K, act=act, err=e, ok=e < 2e-2))
+            rows.append(dict(kernel=name, check="dx", M=M, N=N, K=K, act=act, err=e, ok=e < 2e-2))
             u = torch.randn(M, N, device=dev, dtype=dt)
             # column chunk views, as the train step passes them
             c0 = 8 * ((N // 2) // 8)
             dg = torch.full((M, N), float("nan"), device=dev, dtype=dt)
             du, hh = torch.full_like(dg, float("nan")), torch.full_like(dg, float("nan"))
             for a, b in ((0, c0), (c0, N)):
-                gw.launch_ws(gw.GATED, aid, g, w[:, a:b], z[:, a:b], u[:, a:b], dg[:, a:b],
-                             du[:, a:b], hh[:, a:b])
+                launch(gw.GATED, aid, g, w[:, a:b], z[:, a:b], u[:, a:b], dg[:, a:b],
+                       du[:, a:b], hh[:, a:b])
             r = _ref_gated(g, w, z, u, act)
             e = max(_err(dg, r[0]), _err(du, r[1]), _err(hh, r[2]))
-            rows.append(dict(check="gated chunks", M=M, N=N, K=K, act=act, err=e, ok=e < 2e-2))
+            rows.append(dict(kernel=name, check="gated chunks", M=M, N=N, K=K, act=act, err=e, ok=e < 2e-2))
             dg.fill_(float("nan"))
             du.fill_(float("nan"))
-            gw.launch_ws(gw.GATED, aid, g, w, z, u, dg, du, None)
+            launch(gw.GATED, aid, g, w, z, u, dg, du, None)
             e = max(_err(dg, r[0]), _err(du, r[1]))
-            rows.append(dict(check="gated no h", M=M, N=N, K=K, act=act, err=e, ok=e < 2e-2))
+            rows.append(dict(kernel=name, check="gated no h", M=M, N=N, K=K, act=act, err=e, ok=e < 2e-2))
     for r in rows:
-        print(f"check {r['check']:<13} {r['M']}x{r['N']}x{r['K']} {r['act']:<9} err "
+        print(f"check {r['kernel']} {r['check']:<13} {r['M']}x{r['N']}x{r['K']} {r['act']:<9} err "
               f"{r['err']:.1e} {'ok' if r['ok'] else 'WRONG'}", flush=True)
     return rows
 
@@ -94,7 +95,12 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["gluon", "gluon-s4", "triton", "bare"])
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
+    coop = None
+    if any(v.startswith("coop") for v in args.variants):
+        import gluon_wide_coop as coop  # the experiment: both consumers on one 256x128 tile
     checks = [] if args.no_check else check(dev, dt)
+    if coop is not None and not args.no_check:
+        checks += check(dev, dt, coop.launch_coop, "coop")
     M, d = args.m, args.d
     torch.manual_seed(0)
     # wide-gelu's dx
@@ -135,6 +141,13 @@ def main():
         elif v.startswith("gluon-k"):  # gluon-k<BLOCK_K>s<stages>
             bk, st = v[7:].split("s")
             fns[v] = gluon_fns(block_k=int(bk), n_stages=int(st))
+        elif v == "coop":
+            fns[v] = {
+                "dx": lambda: coop.launch_coop(gw.DX, gelu, g2, w2, z1, None, out, None, h1),
+                "gated": lambda: coop.launch_coop(gw.GATED, silu, dy, wd, gg, uu, dg, du, None),
+                "gated+h chunks": lambda: [coop.launch_coop(
+                    gw.GATED, silu, dy, wd[:, a:b], gg[:, a:b], uu[:, a:b], dg[:, a:b],
+                    du[:, a:b], hs[:, a:b]) for a, b in ((0, half), (half, Hs))]}
         elif v == "triton":
             fns[v] = {
                 "dx": lambda: wide._dx_tma(g2, w2, z1, out, h1, "gelu_tanh", dx_cfg),
