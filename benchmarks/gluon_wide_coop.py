@@ -12,13 +12,14 @@ tiles, and its main loop runs at ~610-640 TFLOP/s against cuBLAS's ~670-690. Her
 - after the main loop each consumer rounds its accumulator to the operands' dtype into a
   256x128 staging tile (as eager's mm output is rounded before the elementwise pass) and
   goes on to the next tile's main loop;
-- the epilogue partition (2 warps) takes the staging tile in 16-row pieces with a
+- the epilogue partition (2 warps) takes the staging tile in 8-row pieces with a
   row-major layout: z (or g and u) by plain coalesced loads from global memory, the
   outputs by coalesced stores, no shared memory for them; it hands the staging tile back
   when it has read it;
 - one loader warp fills the ring by TMA.
 Register split (12 warps, 168 at launch): consumers 184 / 184, the epilogue and loader
-warpgroup 136 (sm_90 compile: 104 spilled 1.8-7.6 KB there).
+warpgroup 136 (sm_90 compile, Triton 3.6: no spills; at 104 with 16-row pieces the
+epilogue spilled 1.8-7.6 KB). Shared memory 208 KB.
 
     python benchmarks/probe_gluon_wide.py --variants gluon coop bare   (on an H200)
 """
