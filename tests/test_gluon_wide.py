@@ -194,3 +194,23 @@ def test_shared_memory_rule():
             assert gw.smem_bytes(epi, store_h, 5) > gw.smem_bytes(epi, store_h, 4)
     assert gw.smem_bytes(gw.GATED, True, 4) - gw.smem_bytes(gw.DX, True, 4) == \
         gw.BLOCK_M * gw.BLOCK_N * 2  # one more input tile (u); h goes out through g's
+
+
+def test_explain_says_so(monkeypatch):
+    """explain() of a wide net on an sm_90 device names the Gluon backward GEMM, and not
+    where it is turned off (the device check stubbed: no GPU needed)."""
+    import importlib
+
+    from fusedmlp_xpu.spec import MLPSpec
+
+    tb = importlib.import_module("fusedmlp_xpu.backends.triton")
+
+    if gw.gluon is None:
+        pytest.skip("no Gluon in this Triton")
+    monkeypatch.setattr(gw, "_device_ok", lambda d, t: True)
+    spec = MLPSpec((512, 2048, 512), "gelu_tanh", "none", True, torch.bfloat16)
+    cuda = torch.device("cuda", 0)
+    ok, why = tb.TritonBackend().supports(spec, cuda)
+    assert ok and "warp-specialized Gluon GEMM" in why, why
+    monkeypatch.setenv(gw.ENV, "0")
+    assert "Gluon" not in tb.TritonBackend().supports(spec, cuda)[1]

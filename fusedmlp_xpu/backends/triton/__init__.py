@@ -488,6 +488,13 @@ class TritonBackend(Backend):
             if rows:
                 why += (f"; plain eager training calls of <= {rows} rows run as torch ops "
                         "with torch's autograd (measured faster there)")
+            if device.type == "cuda":
+                from . import gluon_wide
+
+                if gluon_wide.available(device, spec.dtype):
+                    why += ("; backward on sm_90: the input gradient through an activation "
+                            "is a warp-specialized Gluon GEMM (its epilogue overlapped with "
+                            "the next tile's MMAs)")
             return True, why
         why = f"fully-fused narrow kernel (widths <= {MAX_WIDTH}, one kernel)"
         if device.type == "cuda":
