@@ -1058,9 +1058,9 @@ def _warp_specialized(device: torch.device, dtype: torch.dtype):
     """gluon_wide (the warp-specialized Gluon kernels of the dx and gated dh GEMMs) where
     they run: sm_90 CUDA devices, fp16/bf16, not turned off (FUSEDMLP_GLUON_WIDE=0,
     FUSEDMLP_GLUON=0); else None (wide.py's Triton TMA kernels). The callers have
-    checked the operands for TMA (_tma_ok). H200, bf16, M 8192: the gated dh GEMM 1.64-
-    1.67 ms against 1.99-2.01, dx 1.78-1.83 against 1.88-1.89 (NOTES.md, wide history
-    17)."""
+    checked the operands for TMA (_tma_ok). H200, bf16, M 8192 (two probe runs): the
+    gated dh GEMM 1.64-1.83 ms against the Triton kernel's 1.99-2.01, dx 1.71-1.83
+    against 1.88-1.89 (NOTES.md, wide history 17)."""
     if device.type != "cuda":
         return None
     from . import gluon_wide  # imports this module: not at the top
