@@ -42,28 +42,7 @@ if gluon is not None:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from fusedmlp_xpu.backends.triton.act import act, act_grad
-    from fusedmlp_xpu.backends.triton.gluon_narrow import _tma_load
-    from fusedmlp_xpu.backends.triton.gluon_wide import _origin, _tiles
-
-    @gluon.jit
-    def _loader(ops, GROUP: gl.constexpr):
-        (a_desc, b_desc, a_s, b_s, st, ready, empty, st_ready, st_free, e0, e1, o0, o1, h,
-         s_m, M, N, K) = ops
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        BN: gl.constexpr = b_desc.block_type.shape[1]
-        S: gl.constexpr = a_s.shape[0]
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-        kt = gl.cdiv(K, BK)
-        for i in range(_tiles(M, N, BM, BN)):
-            off_m, off_n = _origin(i, M, N, BM, BN, GROUP)
-            for kk in range(kt):
-                n = i * kt + kk
-                s = n % S
-                mbarrier.wait(empty.index(s), ((n // S) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), nbytes)
-                _tma_load(a_desc, [off_m, kk * BK], ready.index(s), a_s.index(s))
-                _tma_load(b_desc, [kk * BK, off_n], ready.index(s), b_s.index(s))
+    from fusedmlp_xpu.backends.triton.gluon_wide import _origin, _tiles, fill_ring
 
     @gluon.jit
     def _consumer(c: gl.constexpr, ops, GROUP: gl.constexpr):
@@ -143,7 +122,9 @@ if gluon is not None:
         elif role == 2:
             _epilogue(ops, EPI, ACT, STORE_H, GROUP, P)
         else:
-            _loader(ops, GROUP)
+            (a_desc, b_desc, a_s, b_s, st, ready, empty, st_ready, st_free, e0, e1, o0, o1, h,
+             s_m, M, N, K) = ops
+            fill_ring(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, GROUP)
 
     @gluon.jit
     def _coop_kernel(a_desc, b_desc, e0, e1, o0, o1, h, s_m, M, N, K,

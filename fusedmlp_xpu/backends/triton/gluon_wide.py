@@ -72,10 +72,11 @@ if gluon is not None:
         return pm * BM, pn * BN
 
     @gluon.jit
-    def _ab_loader(ops, GROUP: gl.constexpr):
-        """The A and B tiles of every tile's K steps into the ring, in tile order."""
-        (a_desc, b_desc, e0_desc, e1_desc, o0_desc, o1_desc, h_desc, a_s, b_s, e_s,
-         ready, empty, e_ready, e_free, turn, M, N, K) = ops
+    def fill_ring(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, GROUP: gl.constexpr):
+        """The A and B tiles of every tile's K steps into the ring (a_s, b_s: [STAGES, ...]
+        tiles; ready / empty: a barrier per stage), in tile order. The tile is A's block
+        rows by B's block columns (gluon_wide_coop.py's experiment fills its ring the same
+        way)."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -208,7 +209,9 @@ if gluon is not None:
         if role == 1:
             _consumer(1, ops, EPI, ACT, STORE_H, GROUP)
         elif role == 2:
-            _ab_loader(ops, GROUP)
+            (a_desc, b_desc, e0_desc, e1_desc, o0_desc, o1_desc, h_desc, a_s, b_s, e_s,
+             ready, empty, e_ready, e_free, turn, M, N, K) = ops
+            fill_ring(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, GROUP)
         else:
             _e_loader(ops, EPI, GROUP)
 
