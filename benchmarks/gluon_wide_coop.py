@@ -18,8 +18,8 @@ tiles, and its main loop runs at ~610-640 TFLOP/s against cuBLAS's ~670-690. Her
   when it has read it;
 - one loader warp fills the ring by TMA.
 Register split (12 warps, 168 at launch): consumers 184 / 184, the epilogue and loader
-warpgroup 136 (sm_90 compile, Triton 3.6: no spills; at 104 with 16-row pieces the
-epilogue spilled 1.8-7.6 KB). Shared memory 208 KB.
+warpgroup 136 (sm_90 compile, Triton 3.6: no spills, 36 B with 3.9; at 104 with 16-row
+pieces the epilogue spilled 1.8-7.6 KB). Shared memory 208 KB. ci/aot_wide.py compiles it.
 
     python benchmarks/probe_gluon_wide.py --variants gluon coop bare   (on an H200)
 """
