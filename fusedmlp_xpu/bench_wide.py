@@ -109,6 +109,10 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
                      f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"
                      " rows, which run as torch ops with torch's autograd (faster there)")
+        from .backends.triton import gluon_wide
+        _note(notes, "train steps' activation input gradient and gated dh GEMM: " + (
+            "the warp-specialized Gluon kernel (gluon_wide.py)"
+            if gluon_wide.available(device, torch.bfloat16) else "wide.py's Triton kernels"))
     _note(notes, "ours: the package's modules sharing the eager model's parameters, "
                  "fm.FusedMLP (wide-gelu) and fm.GatedMLP (wide-swiglu); wide-gelu results "
                  "before h200-wide-small-20261201f.json called fm.fused_mlp instead")

@@ -309,3 +309,21 @@ def test_wide_bench_times_backends_in_turn():
     assert timed == ["bare", "eager", "ours", "ours", "eager", "bare", "bare", "eager", "ours"]
     assert [len(v) for v in ts.values()] == [3, 3, 3]
     assert all(1.0 < t < 1.1 for t in ts["bare"]) and all(3.0 < t < 3.1 for t in ts["ours"])
+
+
+@pytest.mark.parametrize("gluon", [True, False])
+def test_wide_bench_notes_the_backward_gemms(monkeypatch, gluon):
+    """The wide bench's JSON notes say which kernel ran the train steps' activation input
+    gradient and gated dh GEMM on the GPU (gluon_wide's device check stubbed: the module is
+    built for a CUDA device name, nothing runs)."""
+    from torch import nn
+
+    from fusedmlp_xpu import bench_wide
+
+    gw = pytest.importorskip("fusedmlp_xpu.backends.triton.gluon_wide")
+    monkeypatch.setattr(gw, "available", lambda device, dtype: gluon)
+    notes = []
+    eager = nn.Sequential(nn.Linear(8, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8))
+    bench_wide.ours_model(eager, False, torch.device("cuda", 0), notes)
+    said = [n for n in notes if n.startswith("train steps' activation input gradient")]
+    assert len(said) == 1 and (("Gluon" in said[0]) == gluon), notes
