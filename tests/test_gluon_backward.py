@@ -226,6 +226,12 @@ def test_tma_refuses_broadcast_and_misaligned_rows():
         assert not gluon_backward.Plan.accepts(t, bad)
         assert not gluon_backward.Plan.accepts(bad, t)
         assert not gluon_narrow.Plan.accepts(bad)
+    # the backward makes grad_y dense where TMA cannot read its rows (a broadcast, a
+    # column slice); a readable one is passed as it is
+    for bad in (row, torch.zeros(300, 65, dtype=torch.float16)[:, :64]):
+        dense = gluon_backward.Plan.rows(bad)
+        assert gluon_narrow.tma_rows(dense) and torch.equal(dense, bad)
+    assert gluon_backward.Plan.rows(t) is t
 
 
 def test_tuning_fits_shared_memory():

@@ -1051,8 +1051,7 @@ def _gluon_backward(plan, grad_y, x, weights, biases=None):
     """(grad_x or None, weight gradients, bias gradients) from the Gluon backward, or
     None where it cannot read an operand by TMA (strides or addresses not 16-byte
     aligned): the caller takes the Triton kernels."""
-    if grad_y.stride(-1) != 1 or grad_y.stride(0) < grad_y.shape[1]:
-        grad_y = grad_y.contiguous()  # a broadcast gradient (a sum's): TMA needs rows
+    grad_y = plan.rows(grad_y)
     if not plan.accepts(x, grad_y):
         return None
     ws = _gluon_operands(weights, plan.L_HID)

@@ -611,6 +611,12 @@ class Plan:
         self._kernels: dict = {}  # int_key(M) -> launch.py entry
 
     @staticmethod
+    def rows(grad_y: torch.Tensor) -> torch.Tensor:
+        """grad_y as TMA can read it: itself, or a contiguous copy (e.g. a broadcast
+        gradient, a sum's, whose row stride is 0)."""
+        return grad_y if gluon_narrow.tma_rows(grad_y) else grad_y.contiguous()
+
+    @staticmethod
     def accepts(x: torch.Tensor, grad_y: torch.Tensor) -> bool:
         return (gluon_narrow.tma_rows(x) and gluon_narrow.tma_rows(grad_y)
                 and 0 < x.shape[0] <= MAX_ROWS)
