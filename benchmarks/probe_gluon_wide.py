@@ -95,12 +95,7 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["gluon", "gluon-s4", "triton", "bare"])
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
-    coop = None
-    if any(v.startswith("coop") for v in args.variants):
-        import gluon_wide_coop as coop  # the experiment: both consumers on one 256x128 tile
     checks = [] if args.no_check else check(dev, dt)
-    if coop is not None and not args.no_check:
-        checks += check(dev, dt, coop.launch_coop, "coop")
     M, d = args.m, args.d
     torch.manual_seed(0)
     # wide-gelu's dx
@@ -141,13 +136,6 @@ def main():
         elif v.startswith("gluon-k"):  # gluon-k<BLOCK_K>s<stages>
             bk, st = v[7:].split("s")
             fns[v] = gluon_fns(block_k=int(bk), n_stages=int(st))
-        elif v == "coop":
-            fns[v] = {
-                "dx": lambda: coop.launch_coop(gw.DX, gelu, g2, w2, z1, None, out, None, h1),
-                "gated": lambda: coop.launch_coop(gw.GATED, silu, dy, wd, gg, uu, dg, du, None),
-                "gated+h chunks": lambda: [coop.launch_coop(
-                    gw.GATED, silu, dy, wd[:, a:b], gg[:, a:b], uu[:, a:b], dg[:, a:b],
-                    du[:, a:b], hs[:, a:b]) for a, b in ((0, half), (half, Hs))]}
         elif v == "triton":
             fns[v] = {
                 "dx": lambda: wide._dx_tma(g2, w2, z1, out, h1, "gelu_tanh", dx_cfg),

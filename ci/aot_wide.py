@@ -248,34 +248,7 @@ def compile_gluon(arch: int) -> int:
         except Exception as e:  # report every failure, then fail the run
             failed += 1
             print(f"{name} FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-    return failed + compile_coop(arch, desc)
-
-
-def compile_coop(arch: int, desc) -> int:
-    """benchmarks/gluon_wide_coop.py, the experiment that has not run on a GPU yet: its
-    kernel must still compile against the package's Gluon helpers it imports."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                    "benchmarks"))
-    import gluon_wide_coop as c
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    ptr = "*bf16"
-    sig = dict(a_desc=desc([c.BLOCK_M, c.BLOCK_K]), b_desc=desc([c.BLOCK_K, c.BLOCK_N]),
-               e0=ptr, e1=ptr, o0=ptr, o1=ptr, h=ptr, s_m="i32", M="i32", N="i32", K="i32")
-    cx = dict(EPI=1, ACT=wide._ACT["silu"], STORE_H=True, STAGES_=c.STAGES, GROUP=8,
-              PIECE_=c.PIECE, C_REGS=c.CONSUMER_REGS, E_REGS=c.EPILOGUE_REGS, num_warps=4)
-    sig.update({k: "constexpr" for k in cx})
-    try:
-        k = triton.compile(GluonASTSource(c._coop_kernel, sig, cx, {}),
-                           target=GPUTarget("cuda", arch, 32),
-                           options=dict(num_warps=4, maxnreg=c.MAXNREG))
-        print(f"{'gluon-coop gated +h':<20}256x128x64 s{c.STAGES:<12}"
-              f"{k.metadata.shared // 1024:>4} KB smem  (experiment, not in the package) "
-              f"{_ptxas_info(k.asm['ptx'])}")
-        return 0
-    except Exception as e:  # report, then fail the run
-        print(f"gluon-coop FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-        return 1
+    return failed
 
 
 if __name__ == "__main__":

@@ -75,8 +75,7 @@ if gluon is not None:
     def fill_ring(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, GROUP: gl.constexpr):
         """The A and B tiles of every tile's K steps into the ring (a_s, b_s: [STAGES, ...]
         tiles; ready / empty: a barrier per stage), in tile order. The tile is A's block
-        rows by B's block columns (gluon_wide_coop.py's experiment fills its ring the same
-        way)."""
+        rows by B's block columns."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[1]
