@@ -399,6 +399,9 @@ class GatedMLP(nn.Module):
         # and a decode-sized call is all host time
         g, u, d = (self._modules[n]._parameters for n in ("gate_proj", "up_proj", "down_proj"))
         biases = None if g["bias"] is None else [g["bias"], u["bias"], d["bias"]]
+        if type(x) is torch.Tensor and x.dim() >= 1 and x.shape[-1] != g["weight"].shape[1]:
+            raise ValueError(f"x: expected last dimension {g['weight'].shape[1]} (this "
+                             f"module's in_features), got shape {tuple(x.shape)}")
         return fused_gated_mlp(x, g["weight"], u["weight"], d["weight"], self.activation,
                                self.backend, self.recompute, biases=biases)
 

@@ -152,6 +152,9 @@ class FusedMLP(nn.Module):
                     lean = False
                     break
         if not lean:  # full validation (clear errors) and autocast handling
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != self.widths[0]:
+                raise ValueError(f"x: expected last dimension {self.widths[0]} (this module's "
+                                 f"in_features), got shape {tuple(x.shape)}")
             return op.fused_mlp(x, weights, biases, self.activation, self.output_activation,
                                 self.backend, self.recompute)
         spec = self.spec(x.dtype)

@@ -68,8 +68,16 @@ def test_bad_recompute():
 
 def test_module_bad_input():
     m = fm.FusedMLP(16, 8, 32, 2)
-    with pytest.raises(ValueError, match=r"weights\[0\]: expected in_features 12"):
+    with pytest.raises(ValueError, match=r"x: expected last dimension 16 \(this module's "
+                       r"in_features\), got shape \(3, 12\)"):
         m(torch.randn(3, 12))
+    with pytest.raises(ValueError, match=r"x: expected last dimension 16 .*got shape \(2, 3, 12\)"):
+        with torch.no_grad():
+            m(torch.randn(2, 3, 12))
+    g = fm.GatedMLP(16, 40)
+    with pytest.raises(ValueError, match=r"x: expected last dimension 16 \(this module's "
+                       r"in_features\), got shape \(3, 17\)"):
+        g(torch.randn(3, 17))
     with pytest.raises(TypeError, match="expected dtype torch.float16"):
         m(torch.randn(3, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="hidden_layers: expected an int >= 0"):
