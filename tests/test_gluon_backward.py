@@ -145,7 +145,8 @@ def test_gluon_backward_partial_needs_and_strided_x(poison):
 def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
     """FusedMLP's train step from GLUON_MIN_ROWS rows runs the Gluon backward (and the
     Triton kernels below); the gradients, through the module, stay right. A sum's
-    gradient (broadcast, no rows in memory) is made dense first."""
+    gradient (broadcast, no rows in memory) and a column slice of a wider gradient are
+    made dense first."""
     dev = torch.device("cuda")
     calls = []
     real = gluon_backward.Plan.__call__
@@ -180,7 +181,15 @@ def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
         loss(m(x)).backward()
         for w, rw in zip(m.weights(), ref[2]):
             assert_close(w.grad, rw, tol, "grad w (sum)")
-    assert calls == [big, big, big]
+    # a column slice (row stride 128) from cat's backward: copied dense, then the kernel
+    wc = torch.randn(big, 128, device=dev, dtype=torch.float16)
+    ref = reference(x, m.weights(), None, "relu", "none", grad_y=wc[:, :64].contiguous(),
+                    kinks_at=kinks)
+    m.zero_grad()
+    (torch.cat([m(x), torch.zeros_like(x)], dim=1) * wc).sum().backward()
+    for w, rw in zip(m.weights(), ref[2]):
+        assert_close(w.grad, rw, tol, "grad w (column slice)")
+    assert calls == [big, big, big, big]
 
 
 def test_eligibility_rule_and_reasons(monkeypatch):
