@@ -399,11 +399,17 @@ class GatedMLP(nn.Module):
         # and a decode-sized call is all host time
         g, u, d = (self._modules[n]._parameters for n in ("gate_proj", "up_proj", "down_proj"))
         biases = None if g["bias"] is None else [g["bias"], u["bias"], d["bias"]]
-        if type(x) is torch.Tensor and x.dim() >= 1 and x.shape[-1] != g["weight"].shape[1]:
-            raise ValueError(f"x: expected last dimension {g['weight'].shape[1]} (this "
-                             f"module's in_features), got shape {tuple(x.shape)}")
-        return fused_gated_mlp(x, g["weight"], u["weight"], d["weight"], self.activation,
-                               self.backend, self.recompute, biases=biases)
+        try:
+            return fused_gated_mlp(x, g["weight"], u["weight"], d["weight"], self.activation,
+                                   self.backend, self.recompute, biases=biases)
+        except ValueError:
+            # the op names its own arguments (w_gate); a module's caller passed x alone
+            # (the check runs only on the way out of a failed call: none on the hot path)
+            d_in = g["weight"].shape[1]
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != d_in:
+                raise ValueError(f"x: expected last dimension {d_in} (this module's "
+                                 f"in_features), got shape {tuple(x.shape)}") from None
+            raise
 
     def extra_repr(self) -> str:
         return (f"in={self.gate_proj.in_features}, hidden={self.gate_proj.out_features}, "
