@@ -403,13 +403,10 @@ class GatedMLP(nn.Module):
             return fused_gated_mlp(x, g["weight"], u["weight"], d["weight"], self.activation,
                                    self.backend, self.recompute, biases=biases)
         except ValueError:
-            # the op names its own arguments (w_gate); a module's caller passed x alone
-            # (the check runs only on the way out of a failed call: none on the hot path)
-            d_in = g["weight"].shape[1]
-            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != d_in:
-                raise ValueError(f"x: expected last dimension {d_in} (this module's "
-                                 f"in_features), got shape {tuple(x.shape)}") from None
-            raise
+            named = op.module_width_error(x, g["weight"].shape[1])
+            if named is None:
+                raise
+            raise named from None
 
     def extra_repr(self) -> str:
         return (f"in={self.gate_proj.in_features}, hidden={self.gate_proj.out_features}, "

@@ -152,11 +152,14 @@ class FusedMLP(nn.Module):
                     lean = False
                     break
         if not lean:  # full validation (clear errors) and autocast handling
-            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != self.widths[0]:
-                raise ValueError(f"x: expected last dimension {self.widths[0]} (this module's "
-                                 f"in_features), got shape {tuple(x.shape)}")
-            return op.fused_mlp(x, weights, biases, self.activation, self.output_activation,
-                                self.backend, self.recompute)
+            try:
+                return op.fused_mlp(x, weights, biases, self.activation,
+                                    self.output_activation, self.backend, self.recompute)
+            except ValueError:
+                named = op.module_width_error(x, self.widths[0])
+                if named is None:
+                    raise
+                raise named from None
         spec = self.spec(x.dtype)
         if bound is None and x.dim() == 2 and not torch.is_grad_enabled() \
                 and op.plain_eager(x):

@@ -232,6 +232,17 @@ class _EagerMLP(torch.autograd.Function):
         return (None, None, None, gx, *gw, *gb)
 
 
+def module_width_error(x, in_features: int) -> ValueError | None:
+    """For a module whose op call failed validation: the error naming x when x's last
+    dimension is not the module's in_features (the op itself names its weight arguments,
+    which a module's caller never passed); None when that is not the cause. Called only
+    after a failure, so a module's hot path checks nothing twice."""
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != in_features:
+        return ValueError(f"x: expected last dimension {in_features} (this module's "
+                          f"in_features), got shape {tuple(x.shape)}")
+    return None
+
+
 def plain_eager(x) -> bool:
     """Whether a call with input ``x`` may skip the custom-op layer: eager (not compiled,
     traced or under a dispatch mode such as fake tensors), a plain Tensor, and the fast
