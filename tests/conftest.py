@@ -106,6 +106,56 @@ def poison(monkeypatch):
     monkeypatch.setattr(b, "new_empty", poisoned)
 
 
+def on_a_new_thread(monkeypatch, fn, between=None):
+    """fn() here, then (after ``between()``, e.g. refilling an output with NaN) again on a
+    new thread whose first CUDA work it is (as a backward whose graph starts at the op
+    runs on autograd's device thread); that call's result back, or its exception raised
+    here. The second call's outputs (memory.new_empty's, in the order the first call
+    asked for them) come NaN-filled from this thread: filling them there would be CUDA
+    work of that thread."""
+    import importlib
+    import threading
+
+    mem = importlib.import_module("fusedmlp_xpu.backends.memory")
+    poisoned, asked = mem.new_empty, []
+
+    def recording(*shape, like, dtype=None):
+        t = poisoned(*shape, like=like, dtype=dtype)
+        asked.append(t)
+        return t
+
+    monkeypatch.setattr(mem, "new_empty", recording)
+    fn()
+    ready = [torch.full_like(t, float("nan")) if t.is_floating_point() else
+             torch.empty_like(t) for t in asked]
+    del asked[:]
+    if between is not None:
+        between()
+
+    def handing(*shape, like, dtype=None):
+        t = ready.pop(0)
+        assert tuple(t.shape) == tuple(shape) and t.dtype == (dtype or like.dtype), \
+            "the second call allocated other outputs than the first"
+        return t
+
+    monkeypatch.setattr(mem, "new_empty", handing)
+    got: dict = {}
+
+    def body():
+        try:
+            got["result"] = fn()
+        except BaseException as e:  # noqa: BLE001  (raised on the test's thread)
+            got["error"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    monkeypatch.setattr(mem, "new_empty", poisoned)
+    if "error" in got:
+        raise got["error"]
+    return got["result"]
+
+
 def tolerance(name: str, dtype: torch.dtype) -> float:
     if dtype == torch.float32 and getattr(dispatch.REGISTRY[name], "uses_tf32", False):
         return TF32_TOLERANCE

@@ -12,8 +12,8 @@ from fusedmlp_xpu.backends import triton as tb
 from fusedmlp_xpu.backends.triton import gluon_backward, gluon_narrow
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import (assert_close, chance_sum_size, make_params, reference, saved_z,
-                      tolerance)
+from conftest import (assert_close, chance_sum_size, make_params, on_a_new_thread,
+                      reference, saved_z, tolerance)
 
 
 def _sm90() -> bool:
@@ -47,10 +47,10 @@ def _spec(net, act="relu", out_act="none", dtype=torch.float16, bias=False):
     return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, bias, dtype)
 
 
-def _check(spec, rows, dev, gen, x=None, need=(True, True, True)):
+def _check(spec, rows, dev, gen, x=None, need=(True, True, True), call=lambda f: f()):
     """The kernel's gradients (need: grad_x, grad_weights, grad_biases where the net has
     them) of fresh random data against the float64 reference, the derivatives taken at
-    the kernel's pre-activations."""
+    the kernel's pre-activations; ``call`` runs the kernel's call."""
     need = (need[0], need[1], need[2] and spec.bias)
     plan = tb._gluon_backward_plan(spec, dev, *need)
     assert plan is not None, gluon_backward.eligible(spec, dev)
@@ -58,7 +58,7 @@ def _check(spec, rows, dev, gen, x=None, need=(True, True, True)):
     if x is None:
         x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
     gy = torch.randn(x.shape[0], spec.out_features, generator=gen).to(dev, spec.dtype)
-    out = tb._gluon_backward(plan, gy, x, ws, bs)
+    out = call(lambda: tb._gluon_backward(plan, gy, x, ws, bs))
     assert out is not None
     gx, gws, gbs = out
     kinks = saved_z(x, ws, bs, spec.activation, spec.output_activation, "triton")
@@ -138,6 +138,18 @@ def test_gluon_backward_partial_needs_and_strided_x(poison):
     ws, _ = make_params(spec.widths, False, spec.dtype, dev)
     assert tb._gluon_backward(plan, torch.randn(500, 64, device=dev, dtype=spec.dtype),
                               odd, ws) is None
+
+
+@sm90
+@pytest.mark.gpu
+def test_first_cuda_work_of_a_thread(monkeypatch):
+    """The kernel as a thread's first CUDA work, its launch kept from another thread (as
+    on autograd's device thread when a backward starts at the op): Triton's launcher
+    needs a current context for the descriptors (launch.bind_context)."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(7)
+    _check(_spec((64, 64, 64, 4)), 5000, dev, gen,
+           call=lambda f: on_a_new_thread(monkeypatch, f))
 
 
 @sm90

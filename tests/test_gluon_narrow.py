@@ -11,7 +11,7 @@ from fusedmlp_xpu.backends import triton as tb
 from fusedmlp_xpu.backends.triton import gluon_narrow
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import assert_close, make_params, reference, tolerance
+from conftest import assert_close, make_params, on_a_new_thread, reference, tolerance
 
 
 def _sm90() -> bool:
@@ -45,13 +45,16 @@ def _spec(net, act, out_act, bias, dtype):
     return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, bias, dtype)
 
 
-def _check(spec, rows, dev, x=None, gen=None):
+def _check(spec, rows, dev, x=None, gen=None, call=lambda f: f()):
+    """The kernel's output of fresh random data against the float64 reference; ``call``
+    runs the kernel's call."""
     ws, bs = make_params(spec.widths, spec.bias, spec.dtype, dev, gen=gen)
     if x is None:
         x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
     plan = tb._forward_plan(spec, dev, False)
     assert plan.gluon is not None, gluon_narrow.eligible(spec, dev)
-    y = plan._gluon(x, ws, bs)  # from any row count (GLUON_MIN_ROWS is the caller's rule)
+    # from any row count (GLUON_MIN_ROWS is the caller's rule)
+    y = call(lambda: plan._gluon(x, ws, bs))
     assert y is not None
     ref = reference(x, ws, bs, spec.activation, spec.output_activation)
     assert_close(y, ref, tolerance("triton", spec.dtype))
@@ -69,6 +72,16 @@ def test_gluon_forward_matches_reference(net, dtype, bias):
     spec = _spec(net, "relu", "none", bias, dtype)
     for rows in ROWS:
         _check(spec, rows, dev, gen=gen)
+
+
+@sm90
+@pytest.mark.gpu
+def test_first_cuda_work_of_a_thread(monkeypatch):
+    """The kernel as a thread's first CUDA work, its launch kept from another thread:
+    Triton's launcher needs a current context for the descriptors (launch.bind_context)."""
+    _check(_spec((64, 64, 64, 4), "relu", "none", False, torch.float16), 5000,
+           torch.device("cuda"), gen=torch.Generator().manual_seed(7),
+           call=lambda f: on_a_new_thread(monkeypatch, f))
 
 
 @sm90

@@ -11,7 +11,7 @@ import torch
 
 from fusedmlp_xpu import activations
 
-from conftest import assert_close
+from conftest import assert_close, make_params, on_a_new_thread, reference, tolerance
 
 pytest.importorskip("triton")
 gw = pytest.importorskip("fusedmlp_xpu.backends.triton.gluon_wide")
@@ -115,6 +115,35 @@ def test_every_activation(act):
     assert_close(dg, prod * e1_64 * d, TOL[torch.bfloat16], "dg")
     assert_close(du, prod * h_ref, TOL[torch.bfloat16], "du")
     assert_close(h, h_ref * e1_64, TOL[torch.bfloat16], "gated h")
+
+
+@needs_sm90
+def test_first_cuda_work_of_a_thread(monkeypatch):
+    """This kernel and the train forward's TMA kernel as a thread's first CUDA work (as on
+    autograd's device thread when a backward starts at the op): Triton's launcher needs a
+    current context for their descriptors (launch.bind_context)."""
+    from fusedmlp_xpu.spec import MLPSpec
+
+    M, N, K = 2048, 2056, 200
+    g, w, z, _ = _operands(M, N, K, torch.bfloat16)
+    _, d = _act64("gelu_tanh", z)
+    out = _nan(M, N, g)
+    aid = wide.act_id("gelu_tanh", g)
+    on_a_new_thread(monkeypatch, lambda: gw.launch_ws(gw.DX, aid, g, w, z, None, out, None,
+                                                      None),
+                    between=lambda: out.fill_(float("nan")))
+    assert_close(out, _mm64(g, w) * d, TOL[torch.bfloat16], "out")
+    dev = torch.device("cuda")
+    spec = MLPSpec((1032, 2296, 2056), "gelu_tanh", "none", True, torch.bfloat16)
+    ws, bs = make_params(spec.widths, True, spec.dtype, dev)
+    x = torch.randn(2133, 1032, device=dev, dtype=spec.dtype)
+    tma = []
+    real = wide._tma_launch
+    monkeypatch.setattr(wide, "_tma_launch", lambda *a: tma.append(1) or real(*a))
+    y, _ = on_a_new_thread(monkeypatch, lambda: wide.forward(x, ws, bs, spec, True))
+    assert len(tma) >= 2  # once a call
+    assert_close(y, reference(x, ws, bs, "gelu_tanh", "none"),
+                 tolerance("triton", torch.bfloat16))
 
 
 def _spy(monkeypatch) -> list:

@@ -31,7 +31,7 @@ import types
 import torch
 
 from ... import envvars
-from . import gluon_narrow
+from . import gluon_narrow, launch
 from .gluon_narrow import Addr, gluon
 
 #: FUSEDMLP_GLUON_WIDE=0 keeps the wide backward on wide.py's Triton kernels
@@ -295,6 +295,7 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
     rows and base (the caller checks: wide._tma_ok), K > 0."""
     from .wide import _programs
 
+    launch.bind_context(a.device.index)
     M, K = a.shape
     N = b.shape[1]
     store_h = h is not None

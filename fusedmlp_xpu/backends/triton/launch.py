@@ -17,6 +17,7 @@ XPU launcher is not verified here), under the interpreter, or with
 """
 from __future__ import annotations
 
+import threading
 
 import torch
 
@@ -47,6 +48,23 @@ def direct_ok(device_index: int) -> bool:
     """Whether a plan may launch a kept entry directly now: no launch hook installed and
     the entry's device current (the launcher takes the current stream of that index)."""
     return not _hooked() and torch.cuda.current_device() == device_index
+
+
+_THREAD = threading.local()  # bind_context's devices, per thread
+
+
+def bind_context(device_index: int) -> None:
+    """Make the CUDA context of ``device_index`` current on this thread (once a thread).
+    Triton's launcher turns TMA descriptors into tensor maps, a driver call that needs a
+    current context, before its launch code binds one: a kernel with descriptors that is
+    the first CUDA work of a thread (autograd's device thread running this op's backward
+    as the graph's first node, a new Python thread) fails with "invalid device context".
+    A stream query binds it (the runtime makes the device's primary context current for
+    a call that needs one)."""
+    bound = _THREAD.__dict__
+    if device_index not in bound:
+        torch.cuda.current_stream(device_index).query()
+        bound[device_index] = True
 
 
 def enabled(device: torch.device) -> bool:

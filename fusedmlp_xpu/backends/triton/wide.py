@@ -43,7 +43,7 @@ from .act import act as _act
 from .act import act_grad as _act_grad
 from . import _pow2, triton_cdiv
 from . import launch
-from .launch import TunedLauncher, fitting, int_key
+from .launch import TunedLauncher, bind_context, fitting, int_key
 
 _ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
 #: FUSEDMLP_APPROX_TANH=0 keeps the tanh-based activations in their portable form on
@@ -926,6 +926,7 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
     that have one, is true), turned into descriptors for this config; ``args`` the rest.
     A config whose shared memory the device refuses steps its stages down (launch.fitting);
     False when not even one fits (the caller takes the pointer kernels)."""
+    bind_context(device.index)
     bm, bn, bk, warps, stages = cfg[:5]
     if len(cfg) > 5:  # the kernels with a SUBTILE epilogue: its tiles are "e" wide
         consts = dict(consts, SUBTILE=cfg[5])
