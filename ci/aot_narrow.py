@@ -120,8 +120,10 @@ def main(argv=None) -> int:
                     ("g_res_w128", narrow._mlp_g_kernel, "bwd",
                      dict(base, IN_P=64, OUT_P=64, NEED_X=True, L_HID=3, STAGES=2,
                           RESIDENT=True)) if P == 128 else None,
+                    # (narrow-w128 has no biases: with them, ptxas serializes this
+                    # kernel's MMAs, as "dw" shows)
                     ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
-                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True, STAGES=2,
+                     dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=False, STAGES=2,
                           IN_P=64, OUT_P=64)) if P == 128 else None]
             # the backward in one kernel (the resident chain summing the weight gradients
             # in registers): at width P with biases, and at hidden 32 between in/out 64

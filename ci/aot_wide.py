@@ -136,8 +136,12 @@ def compile_fixup(arch: int, cfg=None):
     return smem, _ptxas_info(ptx)
 
 
+SERIALIZED = "WGMMA SERIALIZED"  # in _ptxas_info's line where ptxas said so
+
+
 def _ptxas_info(ptx: str) -> str:
-    """registers and spill bytes from ptxas -v (the ptxas Triton ships), or '?'."""
+    """registers and spill bytes from ptxas -v (the ptxas Triton ships), or '?', and
+    whether ptxas serialized the wgmma instructions (and why)."""
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     arch = re.search(r"\.target (sm_\w+)", ptx).group(1)
     for exe in ("ptxas-blackwell", "ptxas"):
@@ -152,8 +156,14 @@ def _ptxas_info(ptx: str) -> str:
                                capture_output=True, text=True)
         regs = re.search(r"Used (\d+) registers", r.stderr)
         spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+        # ptxas waits for every wgmma before the next one in the whole function when it
+        # cannot prove a pipeline stage safe (its info C7514/C7515...): a kernel that
+        # compiles and computes right but runs its MMAs one at a time
+        serial = re.search(r"wgmma.mma_async instructions are serialized due to ([^\n]*?)"
+                           r" in the function", r.stderr)
         if regs:
-            return f"regs {regs.group(1)}, spill {spill.group(1) if spill else '?'} B"
+            return (f"regs {regs.group(1)}, spill {spill.group(1) if spill else '?'} B"
+                    + (f", {SERIALIZED} ({serial.group(1)})" if serial else ""))
     return "regs ?"
 
 

@@ -267,6 +267,11 @@ def saved_z(x, weights, biases, activation, output_activation, backend):
     return zs
 
 
+#: in a line of ci/aot_*.py where ptxas serialized the kernel's wgmma instructions (each
+#: waited for before the next: right results, a fraction of the speed; aot_wide.SERIALIZED)
+SERIALIZED = "WGMMA SERIALIZED"
+
+
 def run_aot_compile(script: str) -> str:
     """Run ci/<script> --quick (ahead-of-time compile of Triton kernels for sm_90, no GPU) in
     a process without TRITON_INTERPRET; skip where this Triton has no NVIDIA backend.

@@ -11,7 +11,8 @@ from fusedmlp_xpu.backends import triton as tb
 from fusedmlp_xpu.backends.triton import gluon_narrow
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import assert_close, make_params, on_a_new_thread, reference, tolerance
+from conftest import (SERIALIZED, assert_close, make_params, on_a_new_thread, reference,
+                      tolerance)
 
 
 def _sm90() -> bool:
@@ -255,3 +256,4 @@ def test_gluon_kernel_compiles_for_sm90():
     assert all("wgmma" in ln for ln in lines), lines
     bwd = [ln for ln in lines if ln.startswith("gluon-bwd")]
     assert bwd and all("setmaxnreg" in ln for ln in bwd), lines
+    assert not [ln for ln in lines if SERIALIZED in ln], lines  # MMAs pipelined by ptxas
