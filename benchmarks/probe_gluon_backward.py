@@ -26,12 +26,9 @@ from fusedmlp_xpu.bench import environment
 
 
 def _use(variant):
-    """"triton", "gluon" (the package's kernel and tuning), "gluon-e<E>" (E: which of the
-    chain's phases issue each MMA before the layer's stores, FUSEDMLP_GLUON_BWD_EARLY: 0
-    none, 1 the forward, 2 the backward, 3 both) or "gluon-c<C>s<S>" (C chains, S x
-    stages)."""
+    """"triton", "gluon" (the package's kernel and tuning) or "gluon-c<C>s<S>" (C chains,
+    S x stages)."""
     os.environ["FUSEDMLP_GLUON_BACKWARD"] = "0" if variant == "triton" else "1"
-    os.environ["FUSEDMLP_GLUON_BWD_EARLY"] = variant[7:] if variant.startswith("gluon-e") else "3"
     forced = variant[6:] if variant.startswith("gluon-c") else ""
     chains_stages = tuple(map(int, forced[1:].split("s"))) if forced else None
     gluon_backward.tuning = (_own_tuning if not forced else

@@ -99,55 +99,6 @@ if gluon is not None:
         return g
 
     @gluon.jit
-    def _act_keep(acc, dt: gl.constexpr, ACT: gl.constexpr, Z_SMEM: gl.constexpr):
-        """A forward epilogue in registers: (h = act(z), what the derivative reads back:
-        z where Z_SMEM, else h), both in dt."""
-        h = act(acc, ACT).to(dt)
-        if Z_SMEM:
-            return h, acc.to(dt)
-        else:
-            return h, h
-
-    @gluon.jit
-    def _put(hs, zs, l: gl.constexpr, h, kz, Z_SMEM: gl.constexpr):
-        """Hidden layer l's h into hs[l] (and z into zs[l] where Z_SMEM)."""
-        hs.index(l).store(h)
-        if Z_SMEM:
-            zs.index(l).store(kz)
-
-    @gluon.jit
-    def _kept(hs, zs, l: gl.constexpr, like, ACT: gl.constexpr, Z_SMEM: gl.constexpr):
-        """What the derivative of hidden layer l reads (z or h, in ``like``'s type and
-        layout) back from shared memory; ``like`` itself where it reads nothing."""
-        if Z_SMEM:
-            return zs.index(l).load(like.type.layout)
-        elif ACT == 1 or ACT == 2:
-            return hs.index(l).load(like.type.layout)
-        else:
-            return like
-
-    @gluon.jit
-    def _dact_kept(g, kz, ACT: gl.constexpr, Z_SMEM: gl.constexpr):
-        """g * act'(z), from _kept's (or _act_keep's) kz."""
-        if Z_SMEM:
-            g = g * act_grad(kz.to(gl.float32), ACT)
-        elif ACT == 1:
-            g = gl.where(kz > 0, g, 0.0)
-        elif ACT == 2:
-            g = gl.where(kz > 0, g, 0.01 * g)
-        return g
-
-    @gluon.jit
-    def _hand_over(gd, tile, free, ready, phase, SUMS: gl.constexpr):
-        """gd into a g tile the sums read (once it is free), fenced, then marked ready."""
-        if SUMS:
-            if phase >= 0:
-                mbarrier.wait(free, phase)
-            tile.store(gd)
-            fence_async_shared()  # (the activation tiles too) before the sums' MMAs
-            mbarrier.arrive(ready, count=1)
-
-    @gluon.jit
     def _add_bias(acc, b_ptr, N, HAS_BIAS: gl.constexpr):
         """acc + b (N values, read per call: from L1) when HAS_BIAS."""
         if HAS_BIAS:
@@ -241,7 +192,7 @@ if gluon is not None:
     @gluon.jit
     def _ws_chain(c, ops, L_HID: gl.constexpr, ACT: gl.constexpr, OUT_ACT: gl.constexpr,
                   NEED_X: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr, EARLY: gl.constexpr):
+                  HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr):
         """Chain c (one warpgroup) of this program: its row blocks are the program's
         NC j + c (64 rows each; NC chains). Per block: the forward again, every activation
         into its hs tiles (the sums' operands), then g back through the layers, each
@@ -295,25 +246,12 @@ if gluon is not None:
                 mbarrier.wait(hs_free.index(c), (j & 1) ^ 1)
             else:  # x's stage is read by nothing more: the loader may refill it
                 mbarrier.arrive(hs_free.index(c), count=1)
-            if EARLY % 2 == 1:
-                # each layer's MMA is issued first, and the layer before it stored into
-                # its tiles (the sums' operands) while it runs
-                h, kz = _act_keep(acc, dt, ACT, Z_SMEM)
-                for k in gl.static_range(L_HID):
-                    a = gl.convert_layout(h, op_h)
-                    tok = warpgroup_mma(a, wh_s.index(k).permute((1, 0)), zero_h,
-                                        use_acc=False, is_async=True)
-                    _put(hs, zs, hb + k, h, kz, Z_SMEM)
-                    acc, a = warpgroup_mma_wait(0, deps=(tok, a))
-                    acc = _add_bias(acc, bh_ptr + k * H_P, H_P, HAS_BIAS)
-                    h, kz = _act_keep(acc, dt, ACT, Z_SMEM)
-            else:
-                h = _keep(acc, hs, zs, hb, ACT, Z_SMEM)
-                for k in gl.static_range(L_HID):
-                    acc = warpgroup_mma(gl.convert_layout(h, op_h),
-                                        wh_s.index(k).permute((1, 0)), zero_h, use_acc=False)
-                    acc = _add_bias(acc, bh_ptr + k * H_P, H_P, HAS_BIAS)
-                    h = _keep(acc, hs, zs, hb + k + 1, ACT, Z_SMEM)
+            h = _keep(acc, hs, zs, hb, ACT, Z_SMEM)
+            for k in gl.static_range(L_HID):
+                acc = warpgroup_mma(gl.convert_layout(h, op_h), wh_s.index(k).permute((1, 0)),
+                                    zero_h, use_acc=False)
+                acc = _add_bias(acc, bh_ptr + k * H_P, H_P, HAS_BIAS)
+                h = _keep(acc, hs, zs, hb + k + 1, ACT, Z_SMEM)
             dgo = zero_o
             if OUT_ACT != 0:
                 zo = warpgroup_mma(gl.convert_layout(h, op_o), wl_s.permute((1, 0)), zero_o,
@@ -328,75 +266,33 @@ if gluon is not None:
             if OUT_ACT != 0:
                 g = g * dgo
             gd = g.to(dt)
-            if EARLY >= 2:
-                if SUMS:
-                    mbarrier.wait(go_free.index(c), (j & 1) ^ 1)
-                a = gl.convert_layout(gd, op_h)
-                tok = warpgroup_mma(a, wl_s, zero_h, use_acc=False, is_async=True)
-                if EARLY % 2 == 1:  # the last hidden layer's, before go's hand-over
-                    _put(hs, zs, hb + L_HID, h, kz, Z_SMEM)
-                _hand_over(gd, _g_view(go_s, OUT_P), go_free.index(c), go_ready.index(c),
-                           -1, SUMS)
-                acc, a = warpgroup_mma_wait(0, deps=(tok, a))
-                g = _dact_kept(acc, _kept(hs, zs, hb + L_HID, h, ACT, Z_SMEM), ACT, Z_SMEM)
-            else:
-                if EARLY % 2 == 1:  # the last hidden layer's, before go's hand-over
-                    _put(hs, zs, hb + L_HID, h, kz, Z_SMEM)
-                if SUMS:
-                    mbarrier.wait(go_free.index(c), (j & 1) ^ 1)
-                    _g_view(go_s, OUT_P).store(gd)
-                    fence_async_shared()  # hs and go, before the sums' MMAs read them
-                    mbarrier.arrive(go_ready.index(c), count=1)
-                acc = warpgroup_mma(gl.convert_layout(gd, op_h), wl_s, zero_h, use_acc=False)
-                g = _dact(acc, hs, zs, hb + L_HID, ACT, Z_SMEM)
+            if SUMS:
+                mbarrier.wait(go_free.index(c), (j & 1) ^ 1)
+                _g_view(go_s, OUT_P).store(gd)
+                fence_async_shared()  # hs and go, before the sums' MMAs read them
+                mbarrier.arrive(go_ready.index(c), count=1)
+            acc = warpgroup_mma(gl.convert_layout(gd, op_h), wl_s, zero_h, use_acc=False)
+            g = _dact(acc, hs, zs, hb + L_HID, ACT, Z_SMEM)
             for t in gl.static_range(L_HID + 1):  # g of hidden layer L_HID - t
                 gd = g.to(dt)
-                u = j * (L_HID + 1) + t
-                b = c * 2 + u % 2
-                if EARLY >= 2:
-                    if t < L_HID:
-                        if SUMS:
-                            mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
-                        a = gl.convert_layout(gd, op_h)
-                        tok = warpgroup_mma(a, wh_s.index(L_HID - 1 - t), zero_h,
-                                            use_acc=False, is_async=True)
-                        _hand_over(gd, _g_view(gh.index(b), H_P), gh_free.index(b),
-                                   gh_ready.index(b), -1, SUMS)
-                        kz = _kept(hs, zs, hb + L_HID - 1 - t, gd, ACT, Z_SMEM)
-                        acc, a = warpgroup_mma_wait(0, deps=(tok, a))
-                        g = _dact_kept(acc, kz, ACT, Z_SMEM)
-                    elif NEED_X:
-                        if SUMS:
-                            mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
-                        a = gl.convert_layout(gd, op_i)
-                        tok = warpgroup_mma(a, w0_s, zero_i, use_acc=False, is_async=True)
-                        _hand_over(gd, _g_view(gh.index(b), H_P), gh_free.index(b),
-                                   gh_ready.index(b), -1, SUMS)
-                        dx, a = warpgroup_mma_wait(0, deps=(tok, a))
-                        tma.store_wait(pendings=0)
-                        gx_s.store(dx.to(dt))
-                        fence_async_shared()
-                        _tma_store(gx_desc, [row, 0], gx_s)
-                    else:
-                        _hand_over(gd, _g_view(gh.index(b), H_P), gh_free.index(b),
-                                   gh_ready.index(b), ((u // 2) & 1) ^ 1, SUMS)
-                else:
-                    if SUMS:
-                        mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
-                        _g_view(gh.index(b), H_P).store(gd)
-                        fence_async_shared()
-                        mbarrier.arrive(gh_ready.index(b), count=1)
-                    if t < L_HID:
-                        acc = warpgroup_mma(gl.convert_layout(gd, op_h),
-                                            wh_s.index(L_HID - 1 - t), zero_h, use_acc=False)
-                        g = _dact(acc, hs, zs, hb + L_HID - 1 - t, ACT, Z_SMEM)
-                    elif NEED_X:
-                        dx = warpgroup_mma(gl.convert_layout(gd, op_i), w0_s, zero_i,
-                                           use_acc=False)
-                        tma.store_wait(pendings=0)
-                        gx_s.store(dx.to(dt))
-                        fence_async_shared()
-                        _tma_store(gx_desc, [row, 0], gx_s)
+                if SUMS:
+                    u = j * (L_HID + 1) + t
+                    b = c * 2 + u % 2
+                    mbarrier.wait(gh_free.index(b), ((u // 2) & 1) ^ 1)
+                    _g_view(gh.index(b), H_P).store(gd)
+                    fence_async_shared()
+                    mbarrier.arrive(gh_ready.index(b), count=1)
+                if t < L_HID:
+                    acc = warpgroup_mma(gl.convert_layout(gd, op_h),
+                                        wh_s.index(L_HID - 1 - t), zero_h, use_acc=False)
+                    g = _dact(acc, hs, zs, hb + L_HID - 1 - t, ACT, Z_SMEM)
+                elif NEED_X:
+                    dx = warpgroup_mma(gl.convert_layout(gd, op_i), w0_s, zero_i,
+                                       use_acc=False)
+                    tma.store_wait(pendings=0)
+                    gx_s.store(dx.to(dt))
+                    fence_async_shared()
+                    _tma_store(gx_desc, [row, 0], gx_s)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -514,12 +410,11 @@ if gluon is not None:
     def _ws_worker(c: gl.constexpr, ops, L_HID: gl.constexpr, ACT: gl.constexpr,
                    OUT_ACT: gl.constexpr, NEED_X: gl.constexpr, NEED_W: gl.constexpr,
                    NEED_B: gl.constexpr, HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr,
-                   T_P: gl.constexpr, SLOT: gl.constexpr, EARLY: gl.constexpr):
+                   T_P: gl.constexpr, SLOT: gl.constexpr):
         """Worker c: chain c below the chain count, else the sums (the workers share one
         signature)."""
         if c < ops[1].shape[0]:  # gys: one tile a chain
-            _ws_chain(c, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES,
-                      EARLY)
+            _ws_chain(c, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS, X_STAGES)
         else:
             _ws_sums(ops, L_HID, NEED_W, NEED_B, X_STAGES, T_P, SLOT)
 
@@ -531,7 +426,7 @@ if gluon is not None:
                     NEED_X: gl.constexpr, NEED_W: gl.constexpr, NEED_B: gl.constexpr,
                     HAS_BIAS: gl.constexpr, X_STAGES: gl.constexpr, T_P: gl.constexpr,
                     SLOT: gl.constexpr, G_P: gl.constexpr, CHAINS: gl.constexpr,
-                    CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr, EARLY: gl.constexpr,
+                    CHAIN_REGS: gl.constexpr, SUM_REGS: gl.constexpr,
                     num_warps: gl.constexpr):
         """The default warpgroup and the first CHAINS - 1 workers each run a chain over
         every CHAINS-th of the program's 64-row blocks (_ws_chain); the last worker sums
@@ -584,22 +479,22 @@ if gluon is not None:
         if CHAINS == 2:
             gl.warp_specialize([
                 (_ws_chain, (0, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                             X_STAGES, EARLY)),
+                             X_STAGES)),
                 (_ws_worker, (1, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                              X_STAGES, T_P, SLOT, EARLY)),
+                              X_STAGES, T_P, SLOT)),
                 (_ws_worker, (2, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                              X_STAGES, T_P, SLOT, EARLY))],
+                              X_STAGES, T_P, SLOT))],
                 [4, 4], [CHAIN_REGS, SUM_REGS])
         else:
             gl.warp_specialize([
                 (_ws_chain, (0, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                             X_STAGES, EARLY)),
+                             X_STAGES)),
                 (_ws_worker, (1, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                              X_STAGES, T_P, SLOT, EARLY)),
+                              X_STAGES, T_P, SLOT)),
                 (_ws_worker, (2, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                              X_STAGES, T_P, SLOT, EARLY)),
+                              X_STAGES, T_P, SLOT)),
                 (_ws_worker, (3, ops, L_HID, ACT, OUT_ACT, NEED_X, NEED_W, NEED_B, HAS_BIAS,
-                              X_STAGES, T_P, SLOT, EARLY))],
+                              X_STAGES, T_P, SLOT))],
                 [4, 4, 4], [CHAIN_REGS, CHAIN_REGS, SUM_REGS])
 
     _LAUNCHER = launch.Launcher(_bwd_kernel)
@@ -671,7 +566,7 @@ def kernel_consts(spec, need_x: bool, need_w: bool, need_b: bool) -> dict:
         # the sums warpgroup holds up to 6 [64, 64] fp32 tiles: 160 registers a thread at
         # 3 hidden-to-hidden weights, 192 at 4, and 8 a layer for the biases; the chains
         # share what is left (sm_90 compile: no spills at these)
-        sums = 216 if L_HID <= 3 and not need_b else 240
+        sums = 232 if L_HID <= 3 and not need_b else 240
     else:  # its [64, n] tiles (n / 2 registers each) and 56 more
         tiles = (IN_P + (L_HID + 1) * H_P) // 2 + (8 * (L_HID + 2) if need_b else 0)
         sums = (tiles + 56 + 7) // 8 * 8
@@ -681,7 +576,7 @@ def kernel_consts(spec, need_x: bool, need_w: bool, need_b: bool) -> dict:
                 NEED_B=need_b, HAS_BIAS=spec.bias, X_STAGES=stages, T_P=T_P,
                 SLOT=T_P * T_P + T_P, G_P=G_P, CHAINS=chains,
                 CHAIN_REGS=((chains + 1) * maxnreg(chains) - sums) // chains // 8 * 8,
-                SUM_REGS=sums, EARLY=int(envvars.get("FUSEDMLP_GLUON_BWD_EARLY", "3")))
+                SUM_REGS=sums)
 
 
 class Plan:
