@@ -180,6 +180,40 @@ def test_gluon_forward_in_a_cuda_graph():
                  tolerance("triton", torch.float16))
 
 
+@sm90
+@pytest.mark.gpu
+def test_gluon_forward_captured_on_a_new_thread():
+    """Captured on a thread whose first launch of the kernel is inside the capture
+    (launch.bind_context runs there: it must not end the capture), replayed on new data."""
+    import threading
+
+    dev = torch.device("cuda")
+    m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16, backend="triton")
+    x = torch.randn(tb.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
+    with torch.no_grad():
+        m(x)  # compiled, its launch kept
+    torch.cuda.synchronize()
+    g, got = torch.cuda.CUDAGraph(), {}
+
+    def capture():
+        try:
+            with torch.no_grad(), torch.cuda.graph(g):
+                got["y"] = m(x)
+        except BaseException as e:  # noqa: BLE001  (raised on the test's thread)
+            got["error"] = e
+
+    t = threading.Thread(target=capture)
+    t.start()
+    t.join()
+    if "error" in got:
+        raise got["error"]
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert_close(got["y"], reference(x, m.weights(), m.biases(), "relu", "none"),
+                 tolerance("triton", torch.float16))
+
+
 def test_eligibility_rule_and_reasons(monkeypatch):
     """Which nets may take the kernel, and explain()'s reason where one may not (the
     checks before the device's own are plain Python)."""

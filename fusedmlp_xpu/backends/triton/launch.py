@@ -59,11 +59,13 @@ def bind_context(device_index: int) -> None:
     current context, before its launch code binds one: a kernel with descriptors that is
     the first CUDA work of a thread (autograd's device thread running this op's backward
     as the graph's first node, a new Python thread) fails with "invalid device context".
-    A stream query binds it (the runtime makes the device's primary context current for
-    a call that needs one)."""
+    Asking whether the stream is capturing binds it (the runtime makes the device's
+    primary context current for a call that needs one), and is allowed while it is (a
+    stream query would end a CUDA graph's capture)."""
     bound = _THREAD.__dict__
     if device_index not in bound:
-        torch.cuda.current_stream(device_index).query()
+        with torch.cuda.device(device_index):
+            torch.cuda.is_current_stream_capturing()
         bound[device_index] = True
 
 
