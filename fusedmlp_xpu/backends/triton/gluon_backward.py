@@ -626,7 +626,7 @@ class Plan:
         need_x) and the reduction's buffer ``out`` (unless neither need_w nor need_b);
         weights: w0, the hidden weights back to back, wl; biases likewise or None (all
         16-byte aligned, dense)."""
-        launch.bind_context(self.device.index)
+        launch.bind_context(self.device)
         M = x.shape[0]
         P = min(self.max_programs, (M + BLOCK_M - 1) // BLOCK_M)
         acc = x.new_empty((P, self.spec.n_layers, self.SLOT), dtype=torch.float32)

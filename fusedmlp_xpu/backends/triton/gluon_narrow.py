@@ -372,7 +372,7 @@ class Plan:
         ``weights`` (w0, the hidden weights back to back, wl) and ``biases`` (b0, the
         hidden ones back to back, bl; or None): tensors or Addr, dense, 16-byte aligned
         (the caller's _NarrowForward checks)."""
-        launch.bind_context(self.device.index)
+        launch.bind_context(self.device)
         M = x.shape[0]
         xd = row_desc(self._xdesc, x, self.x_block, self.x_layout)
         yd = row_desc(self._ydesc, y, self.y_block, self.y_layout)

@@ -295,7 +295,7 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
     rows and base (the caller checks: wide._tma_ok), K > 0."""
     from .wide import _programs
 
-    launch.bind_context(a.device.index)
+    launch.bind_context(a.device)
     M, K = a.shape
     N = b.shape[1]
     store_h = h is not None

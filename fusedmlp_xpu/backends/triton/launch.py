@@ -53,8 +53,9 @@ def direct_ok(device_index: int) -> bool:
 _THREAD = threading.local()  # bind_context's devices, per thread
 
 
-def bind_context(device_index: int) -> None:
-    """Make the CUDA context of ``device_index`` current on this thread (once a thread).
+def bind_context(device: torch.device) -> None:
+    """Make the CUDA context of ``device`` current on this thread (once a thread; nothing
+    for other devices: the interpreter's CPU tensors, XPU).
     Triton's launcher turns TMA descriptors into tensor maps, a driver call that needs a
     current context, before its launch code binds one: a kernel with descriptors that is
     the first CUDA work of a thread (autograd's device thread running this op's backward
@@ -63,10 +64,10 @@ def bind_context(device_index: int) -> None:
     primary context current for a call that needs one), and is allowed while it is (a
     stream query would end a CUDA graph's capture)."""
     bound = _THREAD.__dict__
-    if device_index not in bound:
-        with torch.cuda.device(device_index):
+    if device.index not in bound and device.type == "cuda":
+        with torch.cuda.device(device):
             torch.cuda.is_current_stream_capturing()
-        bound[device_index] = True
+        bound[device.index] = True
 
 
 def enabled(device: torch.device) -> bool:

@@ -926,7 +926,7 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
     that have one, is true), turned into descriptors for this config; ``args`` the rest.
     A config whose shared memory the device refuses steps its stages down (launch.fitting);
     False when not even one fits (the caller takes the pointer kernels)."""
-    bind_context(device.index)
+    bind_context(device)
     bm, bn, bk, warps, stages = cfg[:5]
     if len(cfg) > 5:  # the kernels with a SUBTILE epilogue: its tiles are "e" wide
         consts = dict(consts, SUBTILE=cfg[5])
