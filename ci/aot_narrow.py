@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from aot_wide import _ptxas_info  # noqa: E402
+from aot_wide import _compile_gluon, _ptxas_info  # noqa: E402
 from fusedmlp_xpu.backends import triton as tb  # noqa: E402
 from fusedmlp_xpu.backends.triton import narrow  # noqa: E402
 from fusedmlp_xpu.spec import MLPSpec  # noqa: E402
@@ -232,27 +232,6 @@ def compile_gluon(args) -> int:
             dict(num_warps=warps), g.smem_bytes(spec, bm, stages),
             f"act {act}/{out_act} BLOCK_M {bm} w{warps} stages {stages} x{per_sm}/SM")
     return failed
-
-
-def _compile_gluon(name, src, arch, options, est, label) -> int:
-    """Compile one Gluon kernel for sm_<arch>, print a line (the shared memory its tuning
-    counted, ``est``, against what the compiler allocated; wgmma; registers); 1 where it
-    failed or the counts differ by more than 1 KB, else 0."""
-    try:
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-        ptx = k.asm["ptx"]
-        mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
-        parts = ptx.count("setmaxnreg")
-        print(f"{name:<28} {label} {k.metadata.shared // 1024:>4} KB smem (counted "
-              f"{est // 1024}) {mma}{f' setmaxnreg x{parts}' if parts else ''} "
-              f"{_ptxas_info(ptx)}")
-        if abs(k.metadata.shared - est) > 1024:
-            print(f"{name}: FAILED the counted shared memory is off")
-            return 1
-        return 0
-    except Exception as e:  # report every failure, then fail the run
-        print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        return 1
 
 
 def compile_gluon_backward(args) -> int:

@@ -167,6 +167,27 @@ def _ptxas_info(ptx: str) -> str:
     return "regs ?"
 
 
+def _compile_gluon(name, src, arch, options, est, label) -> int:
+    """Compile one Gluon kernel for sm_<arch>, print a line (the shared memory its tuning
+    counted, ``est``, against what the compiler allocated; wgmma; registers); 1 where it
+    failed or the counts differ by more than 1 KB, else 0."""
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        ptx = k.asm["ptx"]
+        mma = "wgmma" if "wgmma.mma_async" in ptx else "no wgmma"
+        parts = ptx.count("setmaxnreg")
+        print(f"{name:<28} {label} {k.metadata.shared // 1024:>4} KB smem (counted "
+              f"{est // 1024}) {mma}{f' setmaxnreg x{parts}' if parts else ''} "
+              f"{_ptxas_info(ptx)}")
+        if abs(k.metadata.shared - est) > 1024:
+            print(f"{name}: FAILED the counted shared memory is off")
+            return 1
+        return 0
+    except Exception as e:  # report every failure, then fail the run
+        print(f"{name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", type=int, default=90)
@@ -243,21 +264,10 @@ def compile_gluon(arch: int) -> int:
                   C_REGS=g.CONSUMER_REGS, L_REGS=g.LOADER_REGS, num_warps=4)
         sig.update({k: "constexpr" for k in cx})
         name = f"gluon-ws {'dx' if epi == g.DX else 'gated'}{' +h' if store_h else ''}"
-        try:
-            k = triton.compile(GluonASTSource(g._ws_gemm_kernel, sig, cx, {}),
-                               target=GPUTarget("cuda", arch, 32),
-                               options=dict(num_warps=4, maxnreg=g.MAXNREG))
-            ptx = k.asm["ptx"]
-            est = g.smem_bytes(epi, store_h, stages)
-            off = abs(k.metadata.shared - est) > 1024
-            print(f"{name:<18}{bm}x{bn}x{bk} s{stages:<14}{k.metadata.shared // 1024:>4} KB smem "
-                  f"(counted {est // 1024})  {'wgmma' if 'wgmma.mma_async' in ptx else 'no wgmma'} "
-                  f"setmaxnreg x{ptx.count('setmaxnreg')} {_ptxas_info(ptx)}"
-                  f"{'  COUNT OFF' if off else ''}")
-            failed += off
-        except Exception as e:  # report every failure, then fail the run
-            failed += 1
-            print(f"{name} FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        failed += _compile_gluon(
+            name, GluonASTSource(g._ws_gemm_kernel, sig, cx, {}), arch,
+            dict(num_warps=4, maxnreg=g.MAXNREG), g.smem_bytes(epi, store_h, stages),
+            f"{bm}x{bn}x{bk} s{stages}")
     return failed
 
 

@@ -33,6 +33,7 @@ import torch
 from ... import envvars
 from . import gluon_narrow, launch
 from .gluon_narrow import Addr, gluon
+from .wide import _programs  # (wide.py imports this module only when it launches it)
 
 #: FUSEDMLP_GLUON_WIDE=0 keeps the wide backward on wide.py's Triton kernels
 #: (FUSEDMLP_GLUON=0 turns off every Gluon kernel)
@@ -72,10 +73,10 @@ if gluon is not None:
         return pm * BM, pn * BN
 
     @gluon.jit
-    def fill_ring(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, GROUP: gl.constexpr):
-        """The A and B tiles of every tile's K steps into the ring (a_s, b_s: [STAGES, ...]
-        tiles; ready / empty: a barrier per stage), in tile order. The tile is A's block
-        rows by B's block columns."""
+    def _ab_loader(ops, GROUP: gl.constexpr):
+        """The A and B tiles of every tile's K steps into the ring, in tile order."""
+        (a_desc, b_desc, e0_desc, e1_desc, o0_desc, o1_desc, h_desc, a_s, b_s, e_s,
+         ready, empty, e_ready, e_free, turn, M, N, K) = ops
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = b_desc.block_type.shape[1]
@@ -208,9 +209,7 @@ if gluon is not None:
         if role == 1:
             _consumer(1, ops, EPI, ACT, STORE_H, GROUP)
         elif role == 2:
-            (a_desc, b_desc, e0_desc, e1_desc, o0_desc, o1_desc, h_desc, a_s, b_s, e_s,
-             ready, empty, e_ready, e_free, turn, M, N, K) = ops
-            fill_ring(a_desc, b_desc, a_s, b_s, ready, empty, M, N, K, GROUP)
+            _ab_loader(ops, GROUP)
         else:
             _e_loader(ops, EPI, GROUP)
 
@@ -247,7 +246,6 @@ if gluon is not None:
             (_ws_worker, (2, ops, EPI, ACT, STORE_H, GROUP)),
             (_ws_worker, (3, ops, EPI, ACT, STORE_H, GROUP))],
             [4, 1, 1], [C_REGS, L_REGS, L_REGS])
-
 
 
 def smem_bytes(epi: int, store_h: bool, stages: int, esize: int = 2) -> int:
@@ -293,8 +291,6 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
     """One launch: a [M, K] @ b [K, N] with the epilogue ``epi`` over e0 (e1) into o0 (o1)
     and h (None: not stored); every tensor 2-D with unit column stride and 16-byte aligned
     rows and base (the caller checks: wide._tma_ok), K > 0."""
-    from .wide import _programs
-
     launch.bind_context(a.device)
     M, K = a.shape
     N = b.shape[1]
