@@ -6,6 +6,12 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 steps=${*:-"tests sanitize bench bench-wide"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+# SMI=1: the SM clock, power and throttle reasons every 200 ms of the run, in $OUT/smi.csv
+if [ "${SMI:-0}" = 1 ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 200 > "$OUT/smi.csv" 2>/dev/null &
+  trap 'kill %1 2>/dev/null' EXIT
+fi
 for s in $steps; do
   case $s in
     # -v names each result as it lands: a run cut by its time limit still says what failed
@@ -33,6 +39,10 @@ for s in $steps; do
     bench) for c in ${BENCH_CONFIGS:-narrow-w64 paper-table1 narrow-w32 narrow-w128}; do
              timeout ${BENCH_S:-150} python3 -m fusedmlp_xpu.cli bench --suite narrow --config $c ${BENCH_ARGS:-} --out "$OUT/bench-$c.json" > "$OUT/bench-$c.txt" 2>/dev/null
              echo "$c rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-$c.txt" | grep -v eager; done ;;
+    # the whole narrow suite in one process, one JSON (written after every case, so a run
+    # cut by its time limit keeps the cases it finished)
+    suite) timeout ${SUITE_S:-560} python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" > "$OUT/bench-narrow.txt" 2> "$OUT/bench-narrow.log"
+           echo "suite rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-narrow.txt" | grep -v eager; grep -c '^\[' "$OUT/bench-narrow.log" ;;
     # the wide GEMMs one by one: TMA vs pointer kernels vs cuBLAS (PROBE_PART forward|backward|all)
     probe-gated) timeout ${PROBE_S:-200} python3 benchmarks/probe_gated_tma.py --out "$OUT/probe-gated.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gated.txt" | tail -20 ;;
     # the Gluon narrow backward against the Triton kernels (PROBE_ARGS: --hidden 32, --variants ...)

@@ -352,7 +352,9 @@ def _record(cfg, N, dtype_name, mode, backend, timing, p, med, lo, hi, spec, flo
             "max_rel_error": err, "peak_mem_MB": None}
 
 
-def run_bench(args) -> dict:
+def run_bench(args, checkpoint=None) -> dict:
+    """Time the plan's cases; ``checkpoint(result)``, if given, gets the result so far
+    after each case (marked partial), so a run cut by a time limit keeps what it timed."""
     device = torch.device(args.device if args.device != "auto" else
                           ("cuda" if torch.cuda.is_available() else "cpu"))
     dtypes = args.dtype or (["float16", "bfloat16"] if device.type != "cpu" else ["float32"])
@@ -382,6 +384,9 @@ def run_bench(args) -> dict:
         records += recs
         _sync(device)
         torch._dynamo.reset()
+        if checkpoint is not None and i < len(plan):
+            checkpoint(_result(env, ceil, records, [
+                f"partial: {i} of {len(plan)} cases timed; the run stopped before the rest"]))
     for cfg_name in names:
         cfg = CONFIGS[cfg_name]
         for d in dtypes:
@@ -404,6 +409,10 @@ def run_bench(args) -> dict:
                  f"calls), events around them")
     notes.append(f"compile timed for: {args.compile}; mode "
                  f"{os.environ.get('FUSEDMLP_COMPILE_MODE', 'max-autotune-no-cudagraphs')}")
+    return _result(env, ceil, records, notes)
+
+
+def _result(env, ceil, records, notes) -> dict:
     return {"schema": "fusedmlp-bench/1", "env": env, "ceilings": ceil, "records": records,
             "notes": notes}
 
@@ -442,14 +451,20 @@ def cmd_bench(args) -> int:
         if args.compile == "none":
             argv += ["--compile", "none"]
         return wide_main(argv)
-    result = run_bench(args)
-    out = args.out or os.path.join(
-        "benchmarks", "results",
-        f"bench-{result['env'].get('vendor', 'x')}-{args.suite}-"
-        f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    stamp = datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
+    out = args.out
+
+    def write(result):  # after each case too: a run cut short keeps what it timed
+        nonlocal out
+        if out is None:
+            out = os.path.join("benchmarks", "results",
+                               f"bench-{result['env'].get('vendor', 'x')}-{args.suite}-{stamp}.json")
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    result = run_bench(args, checkpoint=write)
+    write(result)
     print(summary(result))
     print(f"wrote {out}")
     return 0

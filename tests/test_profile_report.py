@@ -2,6 +2,7 @@
 and the CI files (the workflow lints clean; the per-vendor script parses)."""
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -251,7 +252,6 @@ def test_bench_repeats_are_back_to_back_calls_filling_the_target(monkeypatch):
     (the bench's --target-ms, 20 ms unless told), the call index running on across
     repeats (the inputs rotate), after warm-up and one estimating call: a repeat of one
     call would also time the host's latency to its first kernel."""
-    import argparse
     import time
 
     from fusedmlp_xpu import bench
@@ -327,3 +327,37 @@ def test_wide_bench_notes_the_backward_gemms(monkeypatch, gluon):
     bench_wide.ours_model(eager, False, torch.device("cuda", 0), notes)
     said = [n for n in notes if n.startswith("train steps' activation input gradient")]
     assert len(said) == 1 and (("Gluon" in said[0]) == gluon), notes
+
+
+def test_bench_json_keeps_the_cases_timed_before_a_run_is_cut(monkeypatch, tmp_path):
+    """cmd_bench writes its JSON after every case: a run stopped by a time limit (here an
+    exception in the third case) leaves the first two cases' records, marked partial."""
+    from fusedmlp_xpu import bench
+
+    class Cut(Exception):
+        pass
+
+    done = []
+
+    def bench_one(cfg, N, dtype_name, mode, *rest):
+        if len(done) == 2:
+            raise Cut
+        done.append((cfg.name, N, mode))
+        return [{"config": cfg.name, "N": N, "mode": mode, "case": len(done),
+                 "backend": "eager", "timing": "python", "median_ms": 1.0, "x_floor": None}]
+
+    monkeypatch.setattr(bench, "bench_one", bench_one)
+    monkeypatch.setattr(bench, "ceilings", lambda device, dtypes: {"copy_GBps": 1.0})
+    p = argparse.ArgumentParser()
+    bench._add_arguments(p)
+    out = tmp_path / "b.json"
+    args = p.parse_args(["--device", "cpu", "--config", "narrow-w32", "--config", "narrow-w64",
+                         "--out", str(out)])
+    with pytest.raises(Cut):
+        bench.cmd_bench(args)
+    kept = json.loads(out.read_text())
+    assert [r["case"] for r in kept["records"]] == [1, 2]
+    assert [(r["config"], r["mode"]) for r in kept["records"]] == [
+        ("narrow-w32", "inference"), ("narrow-w32", "train")]
+    assert kept["notes"] == ["partial: 2 of 4 cases timed; the run stopped before the rest"]
+    assert kept["env"]["date"] and kept["ceilings"] == {"copy_GBps": 1.0}
