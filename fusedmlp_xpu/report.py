@@ -18,6 +18,8 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from . import targets
+
 SCHEMA = "fusedmlp-bench/1"
 BASELINES = ("eager", "compile")
 #: backends that are not competitors in a speed-up plot: the baselines themselves, and
@@ -61,6 +63,7 @@ class Machine:
     records: list[dict]
     spread: list[tuple[dict, dict, float]] = field(default_factory=list)  # pass disagreements
     host: list[dict] = field(default_factory=list)  # host overhead per call (timing "host")
+    raw: list[dict] = field(default_factory=list)  # every record, every pass (targets)
 
 
 def _load_one(path: str) -> dict:
@@ -92,7 +95,7 @@ def load(paths: list[str]) -> list[Machine]:
         recs = list(d.get("records", []))
         m = Machine(label, p, d.get("env", {}), d.get("ceilings", {}), list(d.get("notes", [])),
                     [r for r in recs if r["timing"] != "host"],
-                    host=[r for r in recs if r["timing"] == "host"])
+                    host=[r for r in recs if r["timing"] == "host"], raw=recs)
         m.records, m.spread = _merge_passes(m.records)
         machines.append(m)
     return machines
@@ -303,6 +306,20 @@ def _largest_batch_table(machines: list[Machine], speed: dict) -> list[str]:
     return _table(head, [r for _, r in rows])
 
 
+def _targets_table(machines: list[Machine]) -> list[str]:
+    def span(r):
+        lo, hi = ("-", "-") if r is None else (f"{r[0]:#.4g}", f"{r[1]:#.4g}")
+        return lo if lo == hi else f"{lo} - {hi}"
+    # the targets are the GPUs' (BENCHMARKS.md): a CPU file's numbers are not checked
+    rows = [[v.target, m.label, v.config, span(v.python), span(v.device), v.unit, str(v.n),
+             f"**{v.status}**" if v.status == "missed" else v.status]
+            for m in machines if m.env.get("vendor") != "cpu" for v in targets.check(m.raw)]
+    if not rows:
+        return ["No target applies to these files."]
+    return _table(["target", "machine", "config", "from Python", "device time", "unit",
+                   "values", "status"], rows)
+
+
 def _all_records_table(machines: list[Machine]) -> list[str]:
     head = ["machine", "config", "mode", "dtype", "N", "backend", "timing", "median ms",
             "min ms", "max ms", "rows/s", "TFLOP/s", "floor ms", "x floor", "max rel err"]
@@ -340,6 +357,14 @@ def render(machines: list[Machine], out_dir: str) -> str:
            "Python). `x floor`: median time / roofline floor of that machine (1.0 = at the "
            "floor). `vs eager`, `vs compile`: the baseline's time / this time.", ""]
     md += _largest_batch_table(machines, speed)
+    md += ["", "## Targets", "",
+           "The targets of the benchmark protocol, checked against every record and pass of "
+           "each file (`fusedmlp_xpu/targets.py`): the range over every case a target covers "
+           "(dtypes, batches, passes), as called from Python and as device time (the "
+           "CUDA-graph replay where the case has one). `met` needs the whole range on the "
+           "target's side; `met on device time` holds for the graph replays but not from "
+           "Python (a host-bound small batch).", ""]
+    md += _targets_table(machines)
     md += ["", "## Plots", ""]
     for c in configs:
         files = _plot_config(c, machines, speed, out_dir)

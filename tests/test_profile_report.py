@@ -148,7 +148,7 @@ def test_configs_match_benchmarks_md():
 def test_report_renders_fixtures(tmp_path):
     path = report.write_report(FIXTURES, str(tmp_path))
     md = open(path).read()
-    for section in ("## Machines", "## Results at the largest batch", "## Plots",
+    for section in ("## Machines", "## Results at the largest batch", "## Targets", "## Plots",
                     "## Pass disagreement", "## Notes from the files", "## All records",
                     "## Published, not measured here"):
         assert section in md
@@ -361,3 +361,73 @@ def test_bench_json_keeps_the_cases_timed_before_a_run_is_cut(monkeypatch, tmp_p
         ("narrow-w32", "inference"), ("narrow-w32", "train")]
     assert kept["notes"] == ["partial: 2 of 4 cases timed; the run stopped before the rest"]
     assert kept["env"]["date"] and kept["ceilings"] == {"copy_GBps": 1.0}
+
+
+def test_targets_are_checked_over_every_case_and_pass():
+    """targets.check: a range over every dtype, batch and pass a target covers; met only
+    when all of it is on the target's side; graph replays as the device time."""
+    from fusedmlp_xpu import targets
+
+    def rec(config, N, mode, backend, timing, ms, x_floor=None, p=1, dtype="float16", **kw):
+        return dict(config=config, N=N, dtype=dtype, mode=mode, backend=backend, timing=timing,
+                    median_ms=ms, x_floor=x_floor, **{"pass": p}, **kw)
+
+    recs = [
+        # w64 inference: one pass over the target hides behind no faster one
+        rec("narrow-w64", 2**22, "inference", "triton", "python", 1.0, 1.20),
+        rec("narrow-w64", 2**22, "inference", "triton", "python", 1.0, 1.30, p=2),
+        rec("narrow-w64", 2**22, "inference", "eager", "python", 9.0, 9.0),
+        # w128 inference in bf16 too: met; a smaller batch is not covered
+        rec("narrow-w128", 2**22, "inference", "triton", "python", 1.0, 1.10),
+        rec("narrow-w128", 2**22, "inference", "triton", "python", 1.0, 1.24, dtype="bfloat16"),
+        rec("narrow-w128", 2**18, "inference", "triton", "python", 1.0, 2.50),
+        # w32 train: host-bound from Python at 2^20, within the target from a graph
+        rec("narrow-w32", 2**20, "train", "triton", "python", 1.0, 3.0),
+        rec("narrow-w32", 2**20, "train", "triton", "graph", 0.6, 1.8),
+        rec("narrow-w32", 2**22, "train", "triton", "python", 1.0, 1.9),
+        rec("narrow-w32", 2**22, "train", "compile", "python", 3.9, 7.0),
+        rec("narrow-w64", 2**22, "train", "triton", "python", 2.0, 2.2),
+        rec("narrow-w64", 2**22, "train", "compile", "python", 8.0, 8.0),
+        rec("narrow-w64", 2**16, "inference", "triton", "graph", 0.01, 2.5),
+        rec("narrow-w64", 2**16, "train", "triton", "graph", 0.04, 3.5),
+        rec("paper-table1", 2**17, "inference", "triton", "python", 0.04, 3.0),
+        rec("paper-table1", 2**17, "inference", "eager", "python", 1.0, 60.0),
+        rec("paper-table1", 2**17, "inference", "triton", "graph", 0.02, 1.5),
+        rec("paper-table1", 2**17, "inference", "eager", "graph", 0.2, 15.0),
+        rec("narrow-w64", 1, "inference", "triton", "host", 0.014, host_us=14.0),
+        rec("narrow-w64", 1, "inference", "triton", "host", 0.016, host_us=16.0, dtype="bfloat16"),
+        rec("wide-gelu", 8192, "inference", "triton", "python", 3.2, x_bare=1.01),
+        rec("wide-gelu", 8192, "train", "triton", "python", 9.9, x_bare=1.03, peak_mem_MB=900.0),
+        rec("wide-gelu", 8192, "train", "eager", "python", 10.2, x_bare=1.05, peak_mem_MB=1000.0),
+        rec("wide-swiglu", 8192, "train", "triton", "python", 13.0, x_bare=1.01, peak_mem_MB=1520.0),
+        rec("wide-swiglu", 8192, "train", "eager", "python", 13.3, x_bare=1.04, peak_mem_MB=1520.0),
+        rec("wide-gelu", 16, "inference", "triton", "python", 0.078),
+        rec("wide-gelu", 16, "inference", "eager", "python", 0.080),
+        rec("wide-gelu", 16, "train", "triton", "python", 0.50),
+        rec("wide-gelu", 16, "train", "eager", "python", 0.46),
+    ]
+    got = {(v.target.split(":")[0], v.config): v for v in targets.check(recs)}
+    v = got[("narrow inference, N >= 2^20", "narrow-w64")]
+    assert (v.python, v.status, v.n) == ((1.20, 1.30), "missed", 2)
+    v = got[("narrow inference, N >= 2^20", "narrow-w128")]
+    assert (v.python, v.status) == ((1.10, 1.24), "met")
+    v = got[("narrow train step, N >= 2^20", "narrow-w32")]
+    assert (v.python, v.device, v.status) == ((1.9, 3.0), (1.8, 1.9), "met on device time")
+    assert got[("narrow train step, N >= 2^20", "narrow-w64")].status == "missed"
+    faster = "narrow train step"
+    assert got[(faster, "narrow-w64")].python == (4.0, 4.0)
+    assert [got[(faster, c)].status for c in ("narrow-w64", "narrow-w32")] == ["met", "missed"]
+    assert got[("narrow inference, N = 2^16 from a CUDA graph", "narrow-w64")].status == "met"
+    assert got[("narrow train, N = 2^16 from a CUDA graph", "narrow-w64")].status == "missed"
+    v = got[("paper-table1 inference", "paper-table1")]
+    assert (v.python, v.device, v.status) == ((25.0, 25.0), (10.0, 10.0), "missed")
+    v = got[("host time of one eager call", "narrow-w64")]
+    assert (v.python, v.status) == ((14.0, 16.0), "missed")
+    assert got[("wide inference, M 8192", "wide-gelu")].status == "met"
+    assert got[("wide train, M 8192", "wide-gelu")].status == "missed"
+    assert got[("wide train, M 8192", "wide-swiglu")].status == "met"
+    mem = "wide train peak memory"
+    assert [got[(mem, c)].status for c in ("wide-gelu", "wide-swiglu")] == ["met", "missed"]
+    assert got[("wide inference, M 16", "wide-gelu")].status == "met"
+    assert got[("wide train, M 16", "wide-gelu")].status == "missed"
+    assert ("narrow inference, N >= 2^20", "narrow-w32") not in got  # nothing measured
