@@ -67,6 +67,10 @@ def main(argv=None) -> int:
                         PREC="tf32x3")
             jobs = [("fwd_save", narrow._mlp_fwd_kernel, "fwd_save",
                      dict(base, HAS_BIAS=True, SAVE=True)),
+                    # inference at width 128 with in/out 128 (one program per row block;
+                    # its tuning, 64 rows / 4 warps, neither spills nor serializes)
+                    ("fwd", narrow._mlp_fwd_kernel, "fwd",
+                     dict(base, HAS_BIAS=True, SAVE=False)) if P == 128 else None,
                     # inference at width 128 with in/out 64, each width padded on its own
                     ("fwd_own_p", narrow._mlp_fwd_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=False))
@@ -156,7 +160,8 @@ def main(argv=None) -> int:
                     print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {one.g_block_m:<4} "
                           f"w{one.g_warps} {smem // 1024:>4} KB smem {mma:<6} {info}")
                     continue
-                bm, warps = tb._tuning_nvidia(spec, mode)
+                bm, warps = tb._tuning_nvidia(
+                    MLPSpec((P,) * 4, dtype=torch.float16) if name == "fwd" else spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident",
                                                   "g_res_own_p", "g_res_w128"):
                     bm, warps = split.g_block_m, split.g_warps
@@ -174,7 +179,7 @@ def main(argv=None) -> int:
                         tb._persistent_nvidia(spec)
                 consts["BLOCK_M"] = bm
                 # the layer loop's stages, as the launches ask them (unrolled or none: 1)
-                stages = {"fwd_save": "fwd_save", "fwd_own_p": "fwd", "bwd": "bwd",
+                stages = {"fwd_save": "fwd_save", "fwd": "fwd", "fwd_own_p": "fwd", "bwd": "bwd",
                           "bwd_store_g": "g"}.get(name)
                 stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
                 try:

@@ -93,8 +93,14 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     every tile at 128: -widest-padding-): 128 rows / 4 warps 1.261 ms (widest 1.657),
     256/4 1.309 (1.487), 64/4 1.503 (1.745), 256/8 1.477 (1.671). 128/4 compiles without
     spills there (230 registers; 256/4: 255 and 952 B of spills, sm_90, Triton 3.6), so
-    inference takes it when in and out pad narrower than hidden; with in/out at 128 the
-    old sweep stands (128/4 spills 48 B there and was slower).
+    inference takes it when in and out pad narrower than hidden. With in/out at 128 the
+    sweep's fastest, 256/4, compiles with 255 registers, 1.2 KB of spills and every wgmma
+    serialized (sm_90, Triton 3.6 and 3.9: "insufficient register resources"), and on the
+    H200 it read or wrote out of bounds under compute-sanitizer memcheck only (illegal
+    address and invalid program counter in h200-memcheck-w128-tuning-20261130.txt and
+    -w128-own-padding-; right results without a sanitizer). So that case takes 64/4 (168
+    registers, no spills, memcheck clean there): 1.737 against 1.485 ms in the sweep. On
+    sm_90 fp16/bf16 nets from 2^14 rows run the Gluon forward instead.
     fp32 at P=128 backward: 128 rows asked 256 KB of shared memory on the H200 (limit
     227 KB), so fp32 takes 64 rows there (not swept).
     """
@@ -102,7 +108,7 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     if mode == "fwd":
         if P > 64 and max(_pow2(spec.in_features), _pow2(spec.out_features)) < P:
             return 128, 4  # in and out padded narrower (own padding; see below)
-        return (256, 4) if P > 64 else (128, 4)
+        return (64, 4) if P > 64 else (128, 4)
     if mode == "fwd_save":
         # the training forward (stores z; per-block kernel), swept at P=128: 64 / 4 warps
         # 2.53 ms (128/4: 2.55, 128/8: 2.68, 256/8: 3.15, 256/4 -- the inference choice,
