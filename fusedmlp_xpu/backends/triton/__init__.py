@@ -96,11 +96,14 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     inference takes it when in and out pad narrower than hidden. With in/out at 128 the
     sweep's fastest, 256/4, compiles with 255 registers, 1.2 KB of spills and every wgmma
     serialized (sm_90, Triton 3.6 and 3.9: "insufficient register resources"), and on the
-    H200 it read or wrote out of bounds under compute-sanitizer memcheck only (illegal
-    address and invalid program counter in h200-memcheck-w128-tuning-20261130.txt and
-    -w128-own-padding-; right results without a sanitizer). So that case takes 64/4 (168
-    registers, no spills, memcheck clean there): 1.737 against 1.485 ms in the sweep. On
-    sm_90 fp16/bf16 nets from 2^14 rows run the Gluon forward instead.
+    H200 it faulted under compute-sanitizer memcheck only (illegal address, invalid
+    program counter: h200-memcheck-w128-tuning-20261130.txt, -w128-own-padding-; right
+    results without a sanitizer). So that case takes 64/4 (168 registers, no spills) and
+    fp32 128/8 (tf32x3 spills at every tuning compiled: 608 B there), both memcheck clean
+    (h200-memcheck-w128-fwd-tuning-20261202.txt). 128 -> 128 x 4 -> 128 at 2^22 rows
+    (h200-probe-fwd-w128-tuning-20261202.json): fp16 64/4 2.03-2.05 ms, 256/4 1.78, 128/4
+    1.97-2.03 (48 B of spills), 128/8 2.39; fp32 128/8 9.24, 64/4 15.6, 128/4 30.6, 256/4
+    64.5. On sm_90 fp16/bf16 nets from 2^14 rows run the Gluon forward instead.
     fp32 at P=128 backward: 128 rows asked 256 KB of shared memory on the H200 (limit
     227 KB), so fp32 takes 64 rows there (not swept).
     """
@@ -108,7 +111,9 @@ def _tuning_nvidia(spec, mode: str) -> tuple[int, int]:
     if mode == "fwd":
         if P > 64 and max(_pow2(spec.in_features), _pow2(spec.out_features)) < P:
             return 128, 4  # in and out padded narrower (own padding; see below)
-        return (64, 4) if P > 64 else (128, 4)
+        if P > 64:
+            return (128, 8) if spec.dtype == torch.float32 else (64, 4)
+        return 128, 4
     if mode == "fwd_save":
         # the training forward (stores z; per-block kernel), swept at P=128: 64 / 4 warps
         # 2.53 ms (128/4: 2.55, 128/8: 2.68, 256/8: 3.15, 256/4 -- the inference choice,
