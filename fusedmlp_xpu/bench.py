@@ -457,8 +457,8 @@ def cmd_bench(args) -> int:
     def write(result):  # after each case too: a run cut short keeps what it timed
         nonlocal out
         if out is None:
-            out = os.path.join("benchmarks", "results",
-                               f"bench-{result['env'].get('vendor', 'x')}-{args.suite}-{stamp}.json")
+            vendor = result["env"].get("vendor", "x")
+            out = os.path.join("benchmarks", "results", f"bench-{vendor}-{args.suite}-{stamp}.json")
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
