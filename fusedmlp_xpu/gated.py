@@ -402,11 +402,8 @@ class GatedMLP(nn.Module):
         try:
             return fused_gated_mlp(x, g["weight"], u["weight"], d["weight"], self.activation,
                                    self.backend, self.recompute, biases=biases)
-        except ValueError:
-            named = op.module_width_error(x, g["weight"].shape[1])
-            if named is None:
-                raise
-            raise named from None
+        except ValueError as e:
+            op.raise_module_error(e, x, g["weight"].shape[1])
 
     def extra_repr(self) -> str:
         return (f"in={self.gate_proj.in_features}, hidden={self.gate_proj.out_features}, "

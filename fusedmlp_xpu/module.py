@@ -155,11 +155,8 @@ class FusedMLP(nn.Module):
             try:
                 return op.fused_mlp(x, weights, biases, self.activation,
                                     self.output_activation, self.backend, self.recompute)
-            except ValueError:
-                named = op.module_width_error(x, self.widths[0])
-                if named is None:
-                    raise
-                raise named from None
+            except ValueError as e:
+                op.raise_module_error(e, x, self.widths[0])
         spec = self.spec(x.dtype)
         if bound is None and x.dim() == 2 and not torch.is_grad_enabled() \
                 and op.plain_eager(x):

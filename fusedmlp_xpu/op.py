@@ -232,15 +232,15 @@ class _EagerMLP(torch.autograd.Function):
         return (None, None, None, gx, *gw, *gb)
 
 
-def module_width_error(x, in_features: int) -> ValueError | None:
-    """For a module whose op call failed validation: the error naming x when x's last
-    dimension is not the module's in_features (the op itself names its weight arguments,
-    which a module's caller never passed); None when that is not the cause. Called only
-    after a failure, so a module's hot path checks nothing twice."""
+def raise_module_error(err: ValueError, x, in_features: int):
+    """Re-raise ``err``, an op call's validation error inside a module, naming x when x's
+    last dimension is not the module's in_features (the op names its weight arguments,
+    which a module's caller never passed). Called only after a failure, so a module's hot
+    path checks nothing twice."""
     if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] != in_features:
-        return ValueError(f"x: expected last dimension {in_features} (this module's "
-                          f"in_features), got shape {tuple(x.shape)}")
-    return None
+        raise ValueError(f"x: expected last dimension {in_features} (this module's "
+                         f"in_features), got shape {tuple(x.shape)}") from None
+    raise err
 
 
 def plain_eager(x) -> bool:
