@@ -55,7 +55,8 @@ def _softplus_grad(z):
 
 _ENTRIES = [
     Activation("none", 0, lambda z: z, lambda z: torch.ones_like(z)),
-    Activation("relu", 1, torch.relu, lambda z: (z > 0).to(z.dtype)),
+    # the derivative as torch's relu backward takes it: 0 where z <= 0, else 1 (NaN: 1)
+    Activation("relu", 1, torch.relu, lambda z: (z <= 0).logical_not().to(z.dtype)),
     Activation(
         "leaky_relu",
         2,

@@ -61,8 +61,7 @@ class _Reference:
         grad_x = dg.mm(w_gate) + du.mm(w_up) if need_x else None
         gw = [dg.t().mm(x), du.t().mm(x), grad_y.t().mm((a * u.to(wide)).to(g.dtype))] \
             if need_w else []
-        gb = [t.sum(0, dtype=torch.float32).to(t.dtype) for t in (dg, du, grad_y)] \
-            if need_b else []
+        gb = [t.sum(0, dtype=wide).to(t.dtype) for t in (dg, du, grad_y)] if need_b else []
         return grad_x, gw, gb
 
 
@@ -244,6 +243,17 @@ def _(grad_y, x, w_gate, w_up, w_down, biases, saved, activation, backend, need_
 
 
 # --- autograd ------------------------------------------------------------------------
+def _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases, activation, needs):
+    """The backward as the reference's composite torch ops, recomputing g and u from x, so
+    that autograd records it (``create_graph=True``; as op.differentiable_backward).
+    Any leading dims; returns (grad_x | None, grad_weights, grad_biases)."""
+    n = x.shape[:-1].numel()
+    gx, gw, gb = _Reference.gated_backward(
+        grad_y.reshape(n, grad_y.shape[-1]), x.reshape(n, x.shape[-1]), w_gate, w_up, w_down,
+        None, activation, needs, biases)
+    return (None if gx is None else gx.reshape(x.shape)), gw, gb
+
+
 def _setup(ctx, inputs, saved):
     x, w_gate, w_up, w_down, biases, activation, backend = inputs
     ctx.meta = (biases is not None, activation, backend)
@@ -259,9 +269,14 @@ def _backward(ctx, grad_y):
     need_x, ng, nu, nd, need_bs = ctx.needs_input_grad[:5]
     need_ws = (ng, nu, nd)
     need_w, need_b = any(need_ws), has_b and any(need_bs or ())
-    gx, gw, gb = torch.ops.fusedmlp.gated_mlp_backward(
-        grad_y.contiguous(), x, w_gate, w_up, w_down, biases, saved, activation, backend,
-        need_x, need_w, need_b)
+    if op._create_graph():  # create_graph=True: a backward autograd can differentiate
+        gx, gw, gb = _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases,
+                                              activation, (need_x, need_w, need_b))
+        gx = [gx] if need_x else []
+    else:
+        gx, gw, gb = torch.ops.fusedmlp.gated_mlp_backward(
+            grad_y.contiguous(), x, w_gate, w_up, w_down, biases, saved, activation, backend,
+            need_x, need_w, need_b)
     gw = [g if n else None for g, n in zip(gw, need_ws)] if need_w else [None] * 3
     gb = [g if n else None for g, n in zip(gb, need_bs)] if need_b else None
     return (gx[0] if need_x else None), *gw, gb, None, None
@@ -310,6 +325,12 @@ class _EagerGated(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_ws, need_bs = need[3], need[4:7], need[7:]
         need_w, need_b = any(need_ws), any(need_bs)
+        if op._create_graph():  # create_graph=True: a backward autograd can differentiate
+            gx, gw, gb = _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases,
+                                                  ctx.activation, (need_x, need_w, need_b))
+            gw = [g if k else None for g, k in zip(gw, need_ws)] if need_w else [None] * 3
+            gb = [g if k else None for g, k in zip(gb, need_bs)] if need_b else [None] * n_b
+            return None, None, None, gx, *gw, *gb
         saved = list(t[4 + n_b:])
         flat = x.dim() == 2  # [rows, d] already: no reshapes (host time at decode sizes)
         if not flat:
@@ -350,6 +371,8 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     args = (x, w_gate, w_up, w_down, biases, act, backend or "")
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, w_gate, w_up, w_down, *(biases or ())))
+    if not torch.compiler.is_compiling() and op.transformed():  # torch.func, forward AD
+        return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
     # plain eager calls skip the custom-op layer, as fused_mlp's do (op.call): ~35 us of
     # host time a call on the H200 host, all of a decode step's cost
     if op.plain_eager(x):

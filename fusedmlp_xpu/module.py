@@ -133,7 +133,7 @@ class FusedMLP(nn.Module):
         bound = None
         # is_compiling() first: dynamo folds it to True and never reads the binding
         if not torch.compiler.is_compiling() and type(x) is torch.Tensor \
-                and not torch.is_grad_enabled():
+                and not torch.is_grad_enabled() and not op.transformed():
             bound = self._bound
             if bound is not None:
                 if not bound.valid(self, x):

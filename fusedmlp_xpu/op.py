@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from . import dispatch
 from .backends import saved_widths
@@ -122,6 +123,28 @@ def _(grad_y, x, weights, biases, saved, activation, output_activation, backend,
 
 
 # --- autograd ------------------------------------------------------------------------
+def differentiable_backward(grad_y, x, weights, biases, spec: MLPSpec, needs):
+    """The backward as composite torch ops (the reference's formula, recomputing the
+    pre-activations from x), on x's device and dtype, recorded by autograd: what backward
+    runs when autograd asks for a graph of it (``create_graph=True``: second derivatives,
+    eikonal losses). The saved pre-activations of a fused forward are not used (they carry
+    no graph back to x and the weights). Returns (grad_x | None, grad_weights, grad_biases)
+    as ``Backend.backward`` does; any leading dims."""
+    ref = dispatch.REGISTRY["reference"]
+    n = x.shape[:-1].numel()
+    gx, gw, gb = ref.backward(grad_y.reshape(n, spec.out_features),
+                              x.reshape(n, spec.in_features), weights, biases, None, spec,
+                              needs)
+    return (None if gx is None else gx.reshape(x.shape)), gw, gb
+
+
+def _create_graph() -> bool:
+    """Whether a backward running now must itself be differentiable: autograd runs backward
+    in grad mode only for ``create_graph=True``. Not while torch.compile traces a joint
+    graph (it records backward in grad mode; compiled graphs raise on double backward)."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 def _setup(ctx, inputs, saved):
     x, weights, biases, activation, output_activation, backend = inputs
     ctx.meta = (len(weights), biases is not None, activation, output_activation, backend)
@@ -137,11 +160,17 @@ def _backward(ctx, grad_y):
     saved = rest[0] if rest else None
     need_x, need_ws, need_bs = ctx.needs_input_grad[:3]  # lists for list arguments
     need_w, need_b = any(need_ws), has_b and any(need_bs or ())
-    # grad_y from .sum().backward() is an expanded (stride 0) tensor
-    gx, gw, gb = torch.ops.fusedmlp.mlp_backward(
-        grad_y.contiguous(), x, weights, biases, saved, activation, output_activation,
-        backend, need_x, need_w, need_b,
-    )
+    if _create_graph():
+        spec = _spec(x, weights, biases, activation, output_activation)
+        gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
+                                             (need_x, need_w, need_b))
+        gx = [gx] if need_x else []
+    else:
+        # grad_y from .sum().backward() is an expanded (stride 0) tensor
+        gx, gw, gb = torch.ops.fusedmlp.mlp_backward(
+            grad_y.contiguous(), x, weights, biases, saved, activation, output_activation,
+            backend, need_x, need_w, need_b,
+        )
     gw = [g if n else None for g, n in zip(gw, need_ws)] if need_w else None
     gb = [g if n else None for g, n in zip(gb, need_bs)] if need_b else None
     return gx[0] if need_x else None, gw, gb, None, None, None
@@ -216,6 +245,12 @@ class _EagerMLP(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_w = need[3], any(need[4 : 4 + n])
         need_b = spec.bias and any(need[4 + n :])
+        if _create_graph():
+            gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
+                                                 (need_x, need_w, need_b))
+            gw = list(gw) if need_w else [None] * n
+            gb = (list(gb) if need_b else [None] * n) if spec.bias else []
+            return (None, None, None, gx, *gw, *gb)
         flat = x.dim() == 2  # [rows, in] already: no reshapes (host time at decode sizes)
         if not flat:
             rows = x.shape[:-1].numel()
@@ -252,6 +287,21 @@ def plain_eager(x) -> bool:
             and type(x) is torch.Tensor and _dispatch_modes() == 0)
 
 
+def transformed() -> bool:
+    """Whether a torch.func transform (grad, vjp, jacrev, jacfwd, vmap, hessian, ...) or
+    forward-mode AD (``torch.autograd.forward_ad``) is active. Kernels see plain buffers:
+    they would drop a tangent or a batch dimension without a word. Such calls run as
+    composite torch ops instead (``composite_forward``), which every transform handles."""
+    return (torch._C._functorch.peek_interpreter_stack() is not None
+            or _forward_ad._current_level >= 0)
+
+
+def composite_forward(x, weights, biases, spec: MLPSpec) -> torch.Tensor:
+    """The op as the reference's torch ops (F.linear and the activations) on x's device
+    and dtype, any leading dims: under torch.func transforms and forward-mode AD."""
+    return dispatch.REGISTRY["reference"].forward(x, weights, biases, spec, False)[0]
+
+
 @torch.compiler.assume_constant_result
 def _recomputes(device, widths, activation, output_activation, bias, dtype, backend) -> bool:
     """recompute=None resolved for the ops (Backend.recomputes of the chosen backend).
@@ -283,6 +333,8 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         x.requires_grad or any(w.requires_grad for w in weights)
         or (biases is not None and any(b.requires_grad for b in biases))
     )
+    if not torch.compiler.is_compiling() and transformed():
+        return composite_forward(x, weights, biases, spec)
     if plain_eager(x):
         # Plain eager calls: exactly what the ops' kernels and autograd do, without the
         # custom-op layer (~30 us a no-grad call, ~200 us a train step of host time on a

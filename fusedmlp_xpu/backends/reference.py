@@ -63,7 +63,10 @@ class ReferenceBackend(Backend):
             if need_w:
                 grad_w[i] = g.t().mm(inputs[i])
             if need_b and biases is not None:
-                grad_b[i] = g.sum(0, dtype=torch.float32).to(g.dtype)
+                # summed in float32 at least (half-precision sums lose the small terms),
+                # in float64 for float64
+                grad_b[i] = g.sum(0, dtype=torch.promote_types(g.dtype, torch.float32)
+                                  ).to(g.dtype)
             if i > 0:
                 g = _times_grad(g.mm(weights[i]), act, saved[i - 1])
             elif need_x:

@@ -16,8 +16,18 @@ APPROX = tl.constexpr(64)
 # Ids and constants as in activations.py (LEAKY_RELU_SLOPE 0.01, SOFTPLUS_THRESHOLD 20).
 @triton.jit
 def tanh(z):
-    # tl has no tanh in every Triton we support; 2*sigmoid(2z)-1 is exact in fp32 to ~1e-7
-    return 2.0 * tl.sigmoid(2.0 * z) - 1.0
+    # tl has no tanh in every Triton we support. 2*sigmoid(2z)-1 cancels near 0 (absolute
+    # error ~1e-7, so 1e-5 relative on a tanh output layer in fp32); instead (1-t)/(1+t),
+    # t = exp(-2|z|), which has no cancellation for |z| >= 0.3, and below that the odd
+    # Taylor series to z^9 (truncation < 6e-8 relative). NaN stays NaN in both branches.
+    a = tl.abs(z)
+    t = tl.exp(-2.0 * a)
+    big = (1.0 - t) / (1.0 + t)
+    big = tl.where(z < 0, -big, big)
+    z2 = z * z
+    small = z * (1.0 + z2 * (-0.3333333333333333 + z2 * (0.13333333333333333 + z2 * (
+        -0.05396825396825397 + z2 * 0.021869488536155203))))
+    return tl.where(a < 0.3, small, big)
 
 
 @triton.jit
@@ -41,7 +51,8 @@ def act(z, ACT: tl.constexpr):
     elif ACT == 7 + APPROX:
         z = tanh_approx(z)
     elif ACT == 1:
-        z = tl.maximum(z, 0.0)
+        # not tl.maximum: it drops NaN (relu(NaN) must be NaN, as in eager)
+        z = tl.where(z < 0.0, 0.0, z)
     elif ACT == 2:
         z = tl.where(z > 0, z, 0.01 * z)
     elif ACT == 3:
@@ -57,7 +68,9 @@ def act(z, ACT: tl.constexpr):
     elif ACT == 7:
         z = tanh(z)
     elif ACT == 8:
-        z = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))
+        # the clamp keeps exp finite in the unused branch; where() and not tl.minimum, which
+        # would turn NaN into 20
+        z = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.where(z > 20.0, 20.0, z))))
     return z
 
 
@@ -74,7 +87,8 @@ def act_grad(z, ACT: tl.constexpr):
     elif ACT == 0:
         d = tl.full(z.shape, 1.0, tl.float32)
     elif ACT == 1:
-        d = tl.where(z > 0, 1.0, 0.0)
+        # as torch's relu backward: the gradient passes unless z <= 0 (NaN passes it)
+        d = tl.where(z <= 0, 0.0, 1.0)
     elif ACT == 2:
         d = tl.where(z > 0, 1.0, 0.01)
     elif ACT == 3:

@@ -92,7 +92,7 @@ if gluon is not None:
             g = g * act_grad(z, ACT)
         elif ACT == 1:
             h = hs.index(l).load(g.type.layout)
-            g = gl.where(h > 0, g, 0.0)
+            g = gl.where(h <= 0, 0.0, g)  # as torch's relu backward: NaN passes g
         elif ACT == 2:
             h = hs.index(l).load(g.type.layout)
             g = gl.where(h > 0, g, 0.01 * g)
