@@ -26,6 +26,7 @@ from torch import nn
 from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
+from .spec import check_backend, check_recompute, check_size
 from .backends.triton import wide_torch_train_rows as _torch_train_rows
 
 GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -359,6 +360,13 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     (SwiGLU), gelu or gelu_tanh (GEGLU). ``recompute``: training keeps nothing of the
     [..., hidden] intermediates and recomputes them in backward (less memory, one more
     gated GEMM)."""
+    if biases is not None and (isinstance(biases, torch.Tensor) or type(biases) not in (
+            list, tuple) or len(biases) != 3):
+        raise TypeError(f"biases: expected None or (b_gate, b_up, b_down), got "
+                        f"{type(biases).__name__}")
+    check_recompute(recompute)
+    if backend is not None:
+        check_backend(backend)
     if isinstance(x, torch.Tensor) and all(isinstance(w, torch.Tensor) for w in (w_gate, w_up, w_down)):
         bl = None if biases is None else list(biases)
         x, ws, bl = _autocast(x, [w_gate, w_up, w_down], bl)
@@ -401,8 +409,9 @@ class GatedMLP(nn.Module):
         out_features = in_features if out_features is None else out_features
         for name, v in (("in_features", in_features), ("hidden_features", hidden_features),
                         ("out_features", out_features)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+            check_size(name, v)
+        check_recompute(recompute)
+        check_backend(backend)
         act = activations.get(activation).name
         if act not in GATE_ACTIVATIONS:
             raise ValueError(f"activation: the gated MLP supports {list(GATE_ACTIVATIONS)}, "

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from . import activations, dispatch, envvars, op
-from .spec import MLPSpec, check_recompute
+from .spec import MAX_HIDDEN_LAYERS, MLPSpec, check_backend, check_recompute, check_size
 
 
 class FusedMLP(nn.Module):
@@ -34,10 +34,9 @@ class FusedMLP(nn.Module):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features),
                         ("hidden_features", hidden_features)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        if not isinstance(hidden_layers, int) or hidden_layers < 0:
-            raise ValueError(f"hidden_layers: expected an int >= 0, got {hidden_layers!r}")
+            check_size(name, v)
+        check_size("hidden_layers", hidden_layers, 0, MAX_HIDDEN_LAYERS)
+        check_backend(backend)
         widths = [in_features] + [hidden_features] * hidden_layers + [out_features]
         names = [str(2 * i) for i in range(len(widths) - 1)]
         self._setup(widths, names, activation, output_activation, bias, device, dtype,
@@ -144,6 +143,7 @@ class FusedMLP(nn.Module):
                         return y
         weights, biases = self.weights(), self.biases()
         lean = (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.widths[0]
+                and x.device.type in op.DEVICE_TYPES
                 and not torch.is_autocast_enabled(x.device.type))
         if lean:  # every parameter on x's device and dtype (one layer moved alone is not)
             dt, dev = x.dtype, x.device

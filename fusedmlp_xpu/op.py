@@ -18,7 +18,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from . import dispatch
 from .backends import saved_widths
-from .spec import MLPSpec, _same, check_recompute, validate
+from .spec import MLPSpec, _same, check_backend, check_recompute, validate
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu")
 
@@ -298,7 +298,8 @@ def transformed() -> bool:
 
 def composite_forward(x, weights, biases, spec: MLPSpec) -> torch.Tensor:
     """The op as the reference's torch ops (F.linear and the activations) on x's device
-    and dtype, any leading dims: under torch.func transforms and forward-mode AD."""
+    and dtype, any leading dims: under torch.func transforms and forward-mode AD, and on
+    the meta device."""
     return dispatch.REGISTRY["reference"].forward(x, weights, biases, spec, False)[0]
 
 
@@ -333,7 +334,8 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         x.requires_grad or any(w.requires_grad for w in weights)
         or (biases is not None and any(b.requires_grad for b in biases))
     )
-    if not torch.compiler.is_compiling() and transformed():
+    if not torch.compiler.is_compiling() and (transformed() or x.device.type == "meta"):
+        # (meta tensors: shapes only, as for a model built on the meta device)
         return composite_forward(x, weights, biases, spec)
     if plain_eager(x):
         # Plain eager calls: exactly what the ops' kernels and autograd do, without the
@@ -375,8 +377,13 @@ def fused_mlp(
     torch's own ops (``Backend.torch_train_rows``: wide layers on CUDA up to 4096 rows,
     measured faster there) unless a backend is forced or ``recompute=True``.
     """
-    if isinstance(weights, torch.Tensor):
-        raise TypeError("weights: expected a list of 2-D tensors, got a single Tensor")
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
+        raise TypeError(f"weights: expected a list of 2-D tensors [out, in], got "
+                        f"{type(weights).__name__}")
+    if biases is not None and (isinstance(biases, torch.Tensor)
+                               or not isinstance(biases, Sequence)):
+        raise TypeError(f"biases: expected None or a list of 1-D tensors, got "
+                        f"{type(biases).__name__}")
     weights = list(weights)
     biases = None if biases is None else list(biases)
     if isinstance(x, torch.Tensor):
@@ -384,5 +391,6 @@ def fused_mlp(
     spec = validate(x, weights, biases, activation, output_activation)
     check_recompute(recompute)
     if backend is not None:
+        check_backend(backend)
         dispatch.requested(backend)  # unknown names fail here, naming the argument
     return call(x, weights, biases, spec, backend, recompute)

@@ -17,6 +17,12 @@ from . import activations
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
+#: Bounds on what a module may be built with: far above any MLP this op is for (the widest
+#: released transformer FFN is ~53k wide), low enough that a typo (hidden_layers=10**9)
+#: fails at once with a message instead of building modules until memory runs out.
+MAX_WIDTH = 1 << 20
+MAX_HIDDEN_LAYERS = 1024
+
 
 @dataclass(frozen=True)
 class MLPSpec:
@@ -83,7 +89,7 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
     if x.dim() < 1:
         raise ValueError("x: expected at least 1 dimension [..., in_features], got a scalar")
     # exact list/tuple first: the Sequence ABC check costs ~1 us a call
-    if type(weights) not in (list, tuple) and (
+    if weights is None or type(weights) not in (list, tuple) and (
             isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence)) or not weights:
         raise TypeError("weights: expected a non-empty list of 2-D tensors [out, in]")
     act = activations.get(activation)
@@ -123,6 +129,23 @@ def validate(x, weights, biases, activation, output_activation) -> MLPSpec:
             _same(b, dev, dt, i, "biases")
     return _spec(tuple(int(w) for w in widths), act.name, out_act.name, biases is not None,
                  x.dtype)
+
+
+def check_size(name: str, value, least: int = 1, most: int = MAX_WIDTH) -> int:
+    """``value`` as a size argument: an int (not a bool) in [least, most]; else an error
+    naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if not least <= value <= most:
+        raise ValueError(f"{name}: expected an int in [{least}, {most}], got {value}")
+    return value
+
+
+def check_backend(backend) -> None:
+    """``backend`` must be None (the dispatcher chooses) or a non-empty name."""
+    if backend is not None and (not isinstance(backend, str) or not backend):
+        raise ValueError(f"backend: expected None (choose automatically) or a backend name "
+                         f"such as 'triton' or 'reference', got {backend!r}")
 
 
 def check_recompute(recompute) -> None:

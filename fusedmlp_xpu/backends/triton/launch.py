@@ -17,6 +17,7 @@ XPU launcher is not verified here), under the interpreter, or with
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -25,6 +26,16 @@ from ... import envvars
 
 FAST_ENV = "FUSEDMLP_FAST_LAUNCH"
 _I32 = 1 << 31
+
+#: Triton's interpreter (CPU tensors) patches triton.language module-wide while a kernel
+#: runs: two threads interpreting at once break each other (8 threads on one FusedMLP:
+#: "Did you forget to add @triton.jit?" in 5-8 of them). Interpreted launches take turns.
+_INTERPRETER = threading.Lock()
+
+
+def _interpreted(device: torch.device):
+    """The lock interpreted launches hold (the CPU), else a no-op context."""
+    return _INTERPRETER if device.type == "cpu" else contextlib.nullcontext()
 
 
 try:
@@ -207,7 +218,8 @@ class Launcher:
 
     def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
         if not enabled(device):
-            self.fn[grid](*args, **consts, **options)
+            with _interpreted(device):
+                self.fn[grid](*args, **consts, **options)
             return
         key = self._key(args, consts, device, options)
         if self._take(key, grid, args, device):
@@ -267,7 +279,8 @@ class TunedLauncher(Launcher):
 
     def launch(self, grid, args: tuple, consts: dict, device: torch.device):
         if not enabled(device):
-            self.tuner[grid](*args, **consts)
+            with _interpreted(device):
+                self.tuner[grid](*args, **consts)
             return
         if self._names is None:
             self._prepare()
