@@ -263,6 +263,8 @@ def _setup(ctx, inputs, saved):
 
 def _backward(ctx, grad_y):
     has_b, activation, backend = ctx.meta
+    if grad_y is None:  # y took no part in the loss (autograd left its gradient undefined)
+        return None, None, None, None, ([None] * 3 if has_b else None), None, None
     t = ctx.saved_tensors
     x, w_gate, w_up, w_down = t[:4]
     biases = list(t[4:7]) if has_b else None
@@ -295,8 +297,6 @@ def _setup_train(ctx, inputs, output):
 
 
 def _backward_train(ctx, grad_y, grad_g, grad_u):
-    if grad_y is None:  # y took no part in the loss
-        return None, None, None, None, None, None, None
     return _backward(ctx, grad_y)
 
 

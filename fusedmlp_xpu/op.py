@@ -153,6 +153,8 @@ def _setup(ctx, inputs, saved):
 
 def _backward(ctx, grad_y):
     n_w, has_b, activation, output_activation, backend = ctx.meta
+    if grad_y is None:  # y took no part in the loss (autograd left its gradient undefined)
+        return None, [None] * n_w, ([None] * n_w if has_b else None), None, None, None
     t = ctx.saved_tensors
     x, weights = t[0], list(t[1 : 1 + n_w])
     biases = list(t[1 + n_w : 1 + 2 * n_w]) if has_b else None
@@ -188,8 +190,6 @@ def _setup_train(ctx, inputs, output):
 
 
 def _backward_train(ctx, grad_y, grad_saved):
-    if grad_y is None:  # y took no part in the loss
-        return None, None, None, None, None, None
     return _backward(ctx, grad_y)
 
 

@@ -1,0 +1,172 @@
+"""Second derivatives through the ops: gradgradcheck in float64, and the eikonal pattern of
+neural SDFs (y, dy/dx with create_graph=True, a loss on both, backward to the weights and
+x) on every usable backend against float64 torch autograd."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations, gated, op
+
+from conftest import (GRAD_VS_EAGER, assert_close, devices, is_slow, make_params, rel_error,
+                      tolerance)
+
+ACTS = sorted(activations.ACTIVATIONS)
+
+
+@pytest.fixture(params=[True, False], ids=["eager-path", "op-path"])
+def op_path(request, monkeypatch):
+    """Both call paths: the eager autograd.Function and the custom ops' autograd."""
+    monkeypatch.setattr(op, "EAGER_FAST_PATH", request.param)
+
+
+def _leaves(*shapes, gen):
+    return [torch.randn(*s, dtype=torch.float64, generator=gen).requires_grad_()
+            for s in shapes]
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("recompute", [None, True, False], ids=["auto", "recompute", "save"])
+def test_gradgradcheck(act, bias, recompute, op_path):
+    """Every activation, with and without bias, each paired with a different output
+    activation, every recompute mode, both call paths."""
+    out_act = ACTS[(ACTS.index(act) + 4) % len(ACTS)]
+    gen = torch.Generator().manual_seed(hash((act, bias)) % 2**31)
+    x, w1, w2, w3 = _leaves((4, 3), (5, 3), (5, 5), (2, 5), gen=gen)
+    bs = _leaves((5,), (5,), (2,), gen=gen) if bias else []
+
+    def f(x, w1, w2, w3, *bs):
+        return fm.fused_mlp(x, [w1, w2, w3], list(bs) if bias else None, act, out_act,
+                            recompute=recompute)
+
+    assert torch.autograd.gradcheck(f, (x, w1, w2, w3, *bs))
+    assert torch.autograd.gradgradcheck(f, (x, w1, w2, w3, *bs))
+
+
+def test_issue_repro():
+    """The report's repro: tanh, two layers, default recompute."""
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w1 = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(
+        lambda x, a, b: fm.fused_mlp(x, [a, b], activation="tanh"), (x, w1, w2))
+
+
+@pytest.mark.parametrize("act", gated.GATE_ACTIVATIONS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "save"])
+def test_gated_gradgradcheck(act, bias, recompute, op_path):
+    gen = torch.Generator().manual_seed(7)
+    x, wg, wu, wd = _leaves((3, 4), (6, 4), (6, 4), (2, 6), gen=gen)
+    bs = _leaves((6,), (6,), (2,), gen=gen) if bias else []
+
+    def f(x, wg, wu, wd, *bs):
+        return fm.fused_gated_mlp(x, wg, wu, wd, act, recompute=recompute,
+                                  biases=list(bs) if bias else None)
+
+    assert torch.autograd.gradcheck(f, (x, wg, wu, wd, *bs))
+    assert torch.autograd.gradgradcheck(f, (x, wg, wu, wd, *bs))
+
+
+# --- the eikonal pattern on every backend ----------------------------------------------
+def _eikonal_grads(forward, x, params):
+    """loss = mean y^2 + mean (|d y0 / dx| - 1)^2; its gradients w.r.t. x and params."""
+    y = forward(x)
+    g, = torch.autograd.grad(y[..., 0].sum(), x, create_graph=True)
+    loss = y.float().square().mean() + (g.float().norm(dim=-1) - 1).square().mean()
+    return torch.autograd.grad(loss, [x, *params])
+
+
+def _eager(ws, bs, act):
+    def f(x):
+        h = x
+        for i, w in enumerate(ws):
+            h = F.linear(h, w, None if bs is None else bs[i])
+            if i < len(ws) - 1:
+                h = activations.get(act).fn(h)
+        return h
+    return f
+
+
+@pytest.mark.parametrize("act", ["softplus", "tanh", "silu", "gelu", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("recompute", [None, False], ids=["auto", "save"])
+def test_eikonal_against_float64(backend, act, dtype, recompute):
+    name, dev = backend
+    slow = is_slow(name, dev)
+    if slow and (dtype is not torch.float32 or recompute is False):
+        pytest.skip("emulated kernel on CPU: fp32, one mode (the GPU run covers the rest)")
+    if dtype is not torch.float32 and act == "relu":
+        pytest.skip("relu's mask flips at rounding-level pre-activations in half precision")
+    widths = (3, 32, 32, 4)
+    spec = fm.MLPSpec(widths, act, "none", True, dtype)
+    ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    ws, bs = make_params(widths, True, dtype, dev, requires_grad=True)
+    x = torch.randn(37 if slow else 1037, 3, device=dev).to(dtype).requires_grad_()
+    got = _eikonal_grads(
+        lambda t: fm.fused_mlp(t, ws, bs, act, backend=name, recompute=recompute), x, ws + bs)
+
+    def up(t):
+        return t.detach().to("cpu", torch.float64).requires_grad_()
+
+    w64, b64, x64 = [up(w) for w in ws], [up(b) for b in bs], up(x)
+    want = _eikonal_grads(_eager(w64, b64, act), x64, w64 + b64)
+    eager = [0.0] * len(want)
+    if dtype is not torch.float32:
+        # second derivatives in half precision sit near the table's bound in eager torch
+        # too (fp16 softplus: 0.9e-2 over 10 seeds): allow GRAD_VS_EAGER x eager's error
+        # in the same dtype on the same data; a wrong formula is off by O(1)
+        def same(t):
+            return t.detach().cpu().requires_grad_()
+
+        wl, bl, xl = [same(w) for w in ws], [same(b) for b in bs], same(x)
+        eager = [rel_error(g, r) for g, r in zip(
+            _eikonal_grads(_eager(wl, bl, act), xl, wl + bl), want)]
+    for i, (g, r) in enumerate(zip(got, want)):
+        assert g.dtype == dtype
+        tol = max(tolerance(name, dtype), GRAD_VS_EAGER * eager[i])
+        assert_close(g, r, tol, f"eikonal gradient {i} ({'x' if i == 0 else 'param'})")
+
+
+def test_module_eikonal_matches_sequential():
+    """FusedMLP (the module path) against its own nn.Sequential, in float64."""
+    m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", dtype=torch.float64)
+    seq = m.to_sequential()
+    x = torch.randn(9, 3, dtype=torch.float64, requires_grad=True)
+    a = _eikonal_grads(m, x, list(m.parameters()))
+    b = _eikonal_grads(seq, x, list(seq.parameters()))
+    for u, v in zip(a, b):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dev", devices(), ids=str)
+def test_gated_eikonal_matches_eager(dev):
+    m = fm.GatedMLP(8, 16, 4, activation="gelu_tanh", bias=True, device=dev,
+                    dtype=torch.float64 if dev.type == "cpu" else torch.float32)
+
+    def eager(x):
+        return m.down_proj(F.gelu(m.gate_proj(x), approximate="tanh") * m.up_proj(x))
+
+    x = torch.randn(11, 8, device=dev, dtype=m.gate_proj.weight.dtype, requires_grad=True)
+    a = _eikonal_grads(m, x, list(m.parameters()))
+    b = _eikonal_grads(eager, x, list(m.parameters()))
+    tol = 1e-12 if dev.type == "cpu" else 1e-5
+    for u, v in zip(a, b):
+        torch.testing.assert_close(u, v, rtol=tol, atol=tol)
+
+
+def test_compiled_double_backward_raises_clearly():
+    """torch.compile's autograd cannot run double backward (nn.Linear chains neither):
+    torch's own error, never a wrong number."""
+    torch._dynamo.reset()
+    m = fm.FusedMLP(3, 2, 8, 1, activation="tanh")
+    x = torch.randn(5, 3, requires_grad=True)
+    y = torch.compile(m)(x)
+    g, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.square().sum().backward()
