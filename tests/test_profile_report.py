@@ -58,14 +58,18 @@ def test_profile_rows_and_columns(quick_profile):
 
 
 def test_profile_train_writes_traces(quick_profile, tmp_path):
+    (tmp_path / "eager.1.pt.trace.json").write_text("{}")  # an earlier run's file
     r = profiling.run_profile("narrow-w32", batch=48, device="cpu", dtype="float32",
                               train=True, trace_dir=str(tmp_path))
     assert all(row.ok and row.train_ms > 0 for row in r.rows), [row.reason for row in r.rows]
     table = profiling.format_table(r)
     assert "train ms" in table and "launches/step" in table
+    # each run in a fresh folder of its own, named in the table
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert run.name.endswith("-narrow-w32") and str(run) in table
     for name in ("eager", "compile", "fused"):
-        chrome = tmp_path / f"{name}.chrome_trace.json"
-        tensorboard = glob.glob(str(tmp_path / f"{name}.*.pt.trace.json"))
+        chrome = run / f"{name}.chrome_trace.json"
+        tensorboard = glob.glob(str(run / f"{name}.*.pt.trace.json"))
         assert chrome.stat().st_size > 0 and len(tensorboard) == 1
         events = json.loads(chrome.read_text())["traceEvents"]
         assert any(e.get("name") == profiling.STEP for e in events)
@@ -433,3 +437,4 @@ def test_targets_are_checked_over_every_case_and_pass():
     assert got[("wide inference, M 16", "wide-gelu")].status == "met"
     assert got[("wide train, M 16", "wide-gelu")].status == "missed"
     assert ("narrow inference, N >= 2^20", "narrow-w32") not in got  # nothing measured
+
