@@ -434,14 +434,15 @@ def _untrusted(r: ProfileResult) -> list[str]:
         wall = row.train_ms if r.train else row.fwd_ms
         if not row.ok or wall is None:
             continue
-        if row.device_ms is not None and row.device_ms > 1.05 * wall:
-            out.append(f"UNTRUSTED {row.label}: device ms ({row.device_ms:.3f}) above the wall "
-                       f"time per call ({wall:.3f}): the host was busy or the thread count "
-                       "too high; rerun with --threads 1 on a quiet machine.")
+        why = []
+        if _device_above_wall(r, row):
+            why.append(f"device ms ({row.device_ms:.3f}) above the wall time per call "
+                       f"({wall:.3f})")
         if row.spread is not None and row.spread > SPREAD_LIMIT:
-            out.append(f"UNTRUSTED {row.label}: its timed repeats differ by {row.spread:.0%} "
-                       f"(more than {SPREAD_LIMIT:.0%}); rerun with --threads 1 on a quiet "
-                       "machine.")
+            why.append(f"timed repeats {row.spread:.0%} apart (more than {SPREAD_LIMIT:.0%})")
+        if why:
+            out.append(f"UNTRUSTED {row.label}: {'; '.join(why)}: a busy host or too many "
+                       "threads; rerun with --threads 1 on a quiet machine.")
     return out
 
 
