@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 import fusedmlp_xpu as fm
+from fusedmlp_xpu import configs
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -474,7 +475,7 @@ def _add_arguments(p):
     p.add_argument("--suite", default="narrow", choices=sorted(SUITES) + ["wide"],
                    help="narrow configs (this harness) or wide (bench_wide.py)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS))
-    p.add_argument("--batch", action="append", type=int)
+    p.add_argument("--batch", action="append", type=configs.positive_int)
     p.add_argument("--dtype", action="append", choices=sorted(DTYPES))
     p.add_argument("--mode", action="append", choices=["inference", "train"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"])

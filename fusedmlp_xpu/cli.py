@@ -2,10 +2,47 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 
 import torch
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its files: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line naming the argument (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def check_device(name: str) -> None:
+    """--device: cuda or xpu only where torch sees one."""
+    from .profiling import resolve_device
+
+    try:
+        resolve_device(name)
+    except ValueError as e:
+        raise UsageError(f"argument --device: {str(e).removeprefix('device: ')}") from None
+
+
+def check_writable(path: str | None, arg: str, folder: bool = False) -> None:
+    """--out, --json, --trace-dir: the folder (made if missing) must take new files."""
+    if not path:
+        return
+    where = path if folder else (os.path.dirname(path) or ".")
+    try:
+        os.makedirs(where, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"argument {arg}: cannot create {where!r} ({e.strerror})") from None
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise UsageError(f"argument {arg}: {where!r} is not writable")
+    if not folder and os.path.isdir(path):
+        raise UsageError(f"argument {arg}: {path!r} is a folder, expected a file path")
 
 
 def _version(module: str) -> str:
@@ -16,8 +53,41 @@ def _version(module: str) -> str:
         return f"not usable ({type(e).__name__})"
 
 
+def _device_types_here() -> list[str]:
+    here = ["cpu"]
+    if torch.cuda.is_available():
+        here.append("cuda")
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        here.append("xpu")
+    return here
+
+
+def _backend_line(b, spec_by_device: dict) -> str:
+    """One backend: usable on which device present here, and why (not), as the
+    dispatcher would decide for the example MLP when that backend is forced
+    (triton on cpu: only in Triton's interpreter, TRITON_INTERPRET=1)."""
+    from . import dispatch
+
+    if not b.available:
+        return f"  {b.name:<10} no   {b.reason}"
+    where, usable = [], False
+    for dev, spec in spec_by_device.items():
+        if dev not in b.device_types:
+            continue
+        ex = dispatch.explain_choice(torch.device(dev), spec, b.name)
+        usable |= ex.backend is not None
+        if ex.backend:
+            interp = dev == "cpu" and b.name == "triton"
+            where.append(f"{dev}" + (" (Triton's interpreter: testing only)" if interp else ""))
+        else:
+            where.append(f"{dev}: no, {ex.considered[0].reason}")
+    mark = "yes" if usable else "no "
+    return f"  {b.name:<10} {mark}  {b.reason}; here: {'; '.join(where) or 'no device it runs on'}"
+
+
 def cmd_info(args) -> int:
     import fusedmlp_xpu as fm
+    from . import dispatch
 
     print(f"fusedmlp_xpu {fm.__version__}")
     print(f"python {platform.python_version()}, torch {torch.__version__}, "
@@ -35,20 +105,37 @@ def cmd_info(args) -> int:
             print(f"  xpu:{i}: {torch.xpu.get_device_name(i)}")
     else:
         print("  xpu: none")
-    print("backends:")
+    bad_env = None
+    try:
+        dispatch.requested()
+    except ValueError as e:  # a bad FUSEDMLP_BACKEND: every call of the op would raise
+        bad_env = str(e)
+    examples = {}
+    for dev in _device_types_here():
+        m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16 if dev != "cpu" else None)
+        x = torch.randn(1, 64, device=dev, dtype=m.weights()[0].dtype)
+        examples[dev] = (m, x, fm.explain(m, x, backend="auto").spec)
+    print("backends (for the example below, each forced on each device here):")
     for b in fm.backends():
-        mark = "yes" if b.available else "no "
-        print(f"  {b.name:<10} {mark}  [{', '.join(b.device_types)}]  {b.reason}")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16 if dev != "cpu" else None)
-    x = torch.randn(1, 64, device=dev, dtype=m.weights()[0].dtype)
+        print(_backend_line(b, {d: spec for d, (_, _, spec) in examples.items()}))
+    if bad_env:
+        print(f"  {dispatch.ENV_VAR}: INVALID, every call of the op raises until it is "
+              f"fixed or unset: {bad_env}")
+    dev = "cuda" if "cuda" in examples else "cpu"
+    m, x, _ = examples[dev]
     print("example: FusedMLP(64, 64, 64, 4) on", dev)
-    print("  " + str(fm.explain(m, x)).replace("\n", "\n  "))
+    ex = fm.explain(m, x, backend="auto" if bad_env else None)
+    print("  " + str(ex).replace("\n", "\n  "))
+    if bad_env:
+        raise UsageError(bad_env)
     return 0
 
 
 def _bench(args) -> int:
     from .bench import cmd_bench
+
+    check_device(args.device)
+    check_writable(args.out, "--out")
 
     return cmd_bench(args)
 
@@ -65,6 +152,12 @@ def cmd_profile(args) -> int:
     import json
 
     from . import profiling
+
+    check_device(args.device)
+    check_writable(args.json, "--json")
+    check_writable(args.trace_dir, "--trace-dir", folder=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     result = profiling.run_profile(args.config, args.batch, args.device, args.dtype, args.train,
                                    args.trace_dir, args.compile_mode,
@@ -89,6 +182,12 @@ cmd_profile.add_arguments = _profile_arguments
 def cmd_report(args) -> int:
     from . import report
 
+    try:
+        report.load(args.results)
+    except (OSError, ValueError) as e:
+        what = f"{e.strerror}: {e.filename!r}" if isinstance(e, OSError) and e.strerror else e
+        raise UsageError(f"argument results: {what}") from None
+    check_writable(args.out, "--out", folder=True)
     path = report.write_report(args.results, args.out)
     print(f"wrote {path}")
     return 0
@@ -105,20 +204,24 @@ cmd_report.add_arguments = _report_arguments
 COMMANDS = {
     "info": (cmd_info, "devices, versions and the backends table with reasons"),
     "profile": (cmd_profile, "eager vs torch.compile vs FusedMLP under torch.profiler"),
-    "bench": (_bench, "benchmark sweeps (BENCHMARKS.md) -> JSON with the environment"),
+    "bench": (_bench, "benchmark sweeps (protocol: README.md) -> JSON with the environment"),
     "report": (cmd_report, "bench JSON from one or more machines -> report.md with plots"),
 }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="fusedmlp", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="fusedmlp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (fn, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_)
         getattr(fn, "add_arguments", lambda p: None)(p)
         p.set_defaults(fn=fn)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"fusedmlp {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -76,4 +76,17 @@ def get(name: str) -> MLPConfig:
         raise ValueError(f"config: unknown config {name!r}; known: {', '.join(CONFIGS)}") from None
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for --batch and --threads: a whole number >= 1."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

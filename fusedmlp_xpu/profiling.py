@@ -8,11 +8,16 @@ protocol-grade numbers come from ``fusedmlp bench``.
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
 import glob
 import math
 import os
+import re
 import shutil
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -36,6 +41,8 @@ GPU_BATCH = 2**20
 _REPEAT_S = 0.05
 _REPEATS = 5
 _PROFILED_STEPS = 5
+#: repeats of one timing further apart than this (max / min - 1) are flagged as untrustworthy
+SPREAD_LIMIT = 0.25
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Row:
     warmup_s: float | None = None  # first call (torch.compile compiles here)
     fwd_ms: float | None = None
     train_ms: float | None = None
+    spread: float | None = None    # max / min - 1 over the timed repeats of the profiled mode
     device_ms: float | None = None
     launches: float | None = None
     top_ops: list[tuple[str, float]] = field(default_factory=list)  # (name, share of self time)
@@ -149,8 +157,9 @@ def _forward_fn(module: Callable, x: torch.Tensor):
     return fwd
 
 
-def _time_ms(fn: Callable, device: torch.device) -> float:
-    """Median wall-clock ms per call over back-to-back calls (device synced per repeat)."""
+def _time_ms(fn: Callable, device: torch.device) -> tuple[float, float]:
+    """Median wall-clock ms per call over back-to-back calls (device synced per repeat),
+    and the repeats' spread (max / min - 1)."""
     _sync(device)
     t0 = time.perf_counter()
     fn()
@@ -165,7 +174,7 @@ def _time_ms(fn: Callable, device: torch.device) -> float:
             fn()
         _sync(device)
         per_call.append((time.perf_counter() - t0) * 1e3 / n)
-    return statistics.median(per_call)
+    return statistics.median(per_call), max(per_call) / min(per_call) - 1
 
 
 # --- reading the profiler ------------------------------------------------------------
@@ -299,8 +308,54 @@ def _export_chrome(prof, trace_dir: str, name: str) -> str:
     return path
 
 
+#: kineto's own status lines (``USDT: ... profiler_start``, ``STAGE: ...``), written to
+#: stderr on every profiler start and stop; KINETO_LOG_LEVEL only counts when it is set
+#: before torch is imported, which a library cannot do
+_KINETO_CHATTER = re.compile(rb"^(USDT|STAGE):.*\] ")
+
+
+@contextlib.contextmanager
+def _quiet_kineto():
+    """Hold back kineto's status lines from file descriptor 2 (where the C++ library
+    writes, whatever sys.stderr is); anything else written there passes."""
+    fd = 2
+    sys.stderr.flush()
+    try:
+        saved = os.dup(fd)
+    except OSError:  # no stderr at all: nothing to hold back
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().splitlines(keepends=True)
+                    if not _KINETO_CHATTER.match(ln)]
+            if kept:
+                os.write(fd, b"".join(kept))
+
+
+def new_trace_dir(parent: str, config: str) -> str:
+    """A fresh folder under ``parent`` for one run's traces (``<date>-<time>-<config>``),
+    so that runs never mix (the TensorBoard handler names its files per run)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(parent, f"{stamp}-{config}")
+    for i in range(1, 100):
+        if not os.path.exists(path):
+            break
+        path = os.path.join(parent, f"{stamp}-{config}-{i}")
+    os.makedirs(path)
+    return path
+
+
 # --- one variant ---------------------------------------------------------------------
-def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, traces):
+def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, traces,
+             log: Callable[[str], None] = lambda s: None):
     step = _step_fn(module, x, params, train, grad_y)
     t0 = time.perf_counter()
     step()  # warm-up; torch.compile compiles here, and may fail here
@@ -308,9 +363,12 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
         _forward_fn(module, x)()  # a forward under inference_mode compiles its own graph
     _sync(device)
     row.warmup_s = time.perf_counter() - t0
-    row.fwd_ms = _time_ms(_forward_fn(module, x), device)
+    log(f"  first call {row.warmup_s:.1f} s; timing the forward ...")
+    row.fwd_ms, row.spread = _time_ms(_forward_fn(module, x), device)
     if train:
-        row.train_ms = _time_ms(step, device)
+        log(f"  forward {row.fwd_ms:.3f} ms; timing the train step ...")
+        row.train_ms, row.spread = _time_ms(step, device)
+    log(f"  profiling {_PROFILED_STEPS} {'steps' if train else 'calls'} ...")
 
     on_gpu = device.type != "cpu"
     activities = [ProfilerActivity.CPU]
@@ -326,7 +384,8 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
         _sync(device)
         mod.reset_peak_memory_stats(device)
         base = mod.memory_allocated(device)
-    with profile(activities=activities, profile_memory=True, on_trace_ready=handler) as prof:
+    with _quiet_kineto(), profile(activities=activities, profile_memory=True,
+                                  on_trace_ready=handler) as prof:
         for _ in range(_PROFILED_STEPS):
             with record_function(STEP):
                 step()
@@ -363,7 +422,28 @@ def _host_load() -> str | None:
         return None
     return (f"the host was busy before this run (1-min load average {load:.1f} on {cores} "
             "cores): timings, CPU ones above all, may be inflated and vary between runs; "
-            "on a shared CPU, OMP_NUM_THREADS=1 avoids most of the stalls.")
+            "on a shared CPU, --threads 1 (or OMP_NUM_THREADS=1) avoids most of the stalls.")
+
+
+def _untrusted(r: ProfileResult) -> list[str]:
+    """Notes on numbers that cannot be trusted: device time above the wall time it is
+    part of (the profiled calls ran slower than the timed ones: a busy host), or timed
+    repeats far apart."""
+    out = []
+    for row in r.rows:
+        wall = row.train_ms if r.train else row.fwd_ms
+        if not row.ok or wall is None:
+            continue
+        why = []
+        if _device_above_wall(r, row):
+            why.append(f"device ms ({row.device_ms:.3f}) above the wall time per call "
+                       f"({wall:.3f})")
+        if row.spread is not None and row.spread > SPREAD_LIMIT:
+            why.append(f"timed repeats {row.spread:.0%} apart (more than {SPREAD_LIMIT:.0%})")
+        if why:
+            out.append(f"UNTRUSTED {row.label}: {'; '.join(why)}: a busy host or too many "
+                       "threads; rerun with --threads 1 on a quiet machine.")
+    return out
 
 
 def _compile(module, mode: str):
@@ -393,9 +473,10 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
     n = default_batch(dev, cfg) if batch is None else batch
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"batch: expected a positive int, got {n!r}")
-    if trace_dir:
-        os.makedirs(trace_dir, exist_ok=True)
     log = log or (lambda s: None)
+    if trace_dir:
+        trace_dir = new_trace_dir(trace_dir, cfg.name)
+        log(f"traces go to {trace_dir}")
     busy = _host_load()  # before we add our own load
 
     import fusedmlp_xpu as fm
@@ -425,7 +506,7 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
         log(f"profiling {label} ...")
         try:
             module, params = build()
-            _measure(row, module, x, params, dev, train, grad_y, trace_dir, result.traces)
+            _measure(row, module, x, params, dev, train, grad_y, trace_dir, result.traces, log)
             with torch.inference_mode():
                 row.rel_err = _rel_err(module(x), ref)
         except Exception as e:  # one variant failing (compile without a compiler) is a result
@@ -454,6 +535,7 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
             "is the share of the profiled window with no kernel running.")
     if busy:
         result.notes.append(busy)
+    result.notes += _untrusted(result)
     comp = result.rows[1]
     if comp.ok and comp.warmup_s is not None:
         result.notes.append(f"torch.compile's first call (compilation) took {comp.warmup_s:.1f} s.")
@@ -465,6 +547,11 @@ def _fmt(v, spec: str, na: str = "n/a") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return na
     return format(v, spec)
+
+
+def _device_above_wall(r: ProfileResult, row: Row) -> bool:
+    wall = row.train_ms if r.train else row.fwd_ms
+    return row.device_ms is not None and wall is not None and row.device_ms > 1.05 * wall
 
 
 def format_table(r: ProfileResult) -> str:
@@ -484,7 +571,8 @@ def format_table(r: ProfileResult) -> str:
         tops = ", ".join(f"{n} {s:.0%}" for n, s in row.top_ops)
         rows.append([row.label, _fmt(row.fwd_ms, ".3f")]
                     + ([_fmt(row.train_ms, ".3f")] if r.train else [])
-                    + [_fmt(row.device_ms, ".3f"), _fmt(row.launches, ".0f"),
+                    + [_fmt(row.device_ms, ".3f") + ("!" if _device_above_wall(r, row) else ""),
+                       _fmt(row.launches, ".0f"),
                        _fmt(row.peak_mb, ".1f"), _fmt(row.idle, ".0%"),
                        _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
                        _fmt(row.rel_err, ".1e"), tops])
@@ -504,8 +592,8 @@ def format_table(r: ProfileResult) -> str:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--config", default=configs.DEFAULT_CONFIG, choices=list(configs.CONFIGS),
-                        help="a standard config of BENCHMARKS.md (default %(default)s)")
-    parser.add_argument("--batch", type=int, default=None,
+                        help="a standard config (fusedmlp_xpu/configs.py; default %(default)s)")
+    parser.add_argument("--batch", type=configs.positive_int, default=None,
                         help=f"rows (default {CPU_BATCH} on CPU, {GPU_BATCH} on a GPU; "
                              "wide configs 16 on CPU, 8192 on a GPU)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"],
@@ -515,7 +603,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--train", action="store_true",
                         help="also time and profile forward+backward (input and weight grads)")
     parser.add_argument("--trace-dir", default=None,
-                        help="write TensorBoard and Chrome/Perfetto traces here")
+                        help="write TensorBoard and Chrome/Perfetto traces into a new folder "
+                             "<date>-<time>-<config> under this one")
+    parser.add_argument("--threads", type=configs.positive_int, default=None,
+                        help="CPU threads for torch (default: torch's, one per core); 1 gives "
+                             "steadier numbers on a shared machine")
     parser.add_argument("--compile-mode", default="default",
                         help="torch.compile mode (default: torch's default mode; bench "
                              "uses max-autotune-no-cudagraphs, which autotunes for minutes)")

@@ -179,7 +179,6 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
 
     matplotlib.use("Agg")  # files only: no display on CI runners or here
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     recs = {m.label: [r for r in m.records if r["config"] == config] for m in machines}
     modes = [md for md in ("inference", "train")
@@ -210,10 +209,8 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
                                    "speedup": "speed-up (x)"}[kind])
                 if kind in ("floor", "speedup"):
                     ax.axhline(1.0, color="k", lw=0.8)
-                    # ratios read better as "6x" than as matplotlib's "6 x 10^0"
-                    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-                    ax.yaxis.set_minor_formatter(NullFormatter())
+                # ratios read better as "6x" than as matplotlib's "6 x 10^0"
+                _log_ticks(ax.yaxis, "x" if kind in ("floor", "speedup") else "")
                 for h, lab in zip(*ax.get_legend_handles_labels()):
                     legend.setdefault(lab, h)
         if not any_line:
@@ -233,6 +230,46 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
     return files
 
 
+def _si(v: float) -> str:
+    """1.5e9 -> 1.5G: tick labels of rows/s that stay short."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:g}{suffix}"
+    return f"{v:g}"
+
+
+def _log_ticks(axis, unit: str) -> None:
+    """Labels at 1-2-5 of each decade; where the shown range holds fewer than two of
+    those, at every 1..9 (a floor plot spanning 1.1-1.4x had no label at all)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    def label(v, _pos):
+        return f"{v:g}{unit}" if unit else _si(v)
+
+    def minor_label(v, _pos):
+        lo, hi = sorted(axis.get_view_interval())
+        majors = [m for m in axis.get_majorticklocs() if lo <= m <= hi]
+        return label(v, _pos) if len(majors) < 2 else ""
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(1, 10))))
+    axis.set_minor_formatter(FuncFormatter(minor_label))
+
+
+def _color(backend: str, dtype: str):
+    """The backend's colour for float16; bfloat16 darker, float32 lighter, so that
+    dtypes differ in colour (and marker) as well as line style."""
+    from matplotlib.colors import to_rgb
+
+    base = to_rgb(_BACKEND_COLORS.get(backend, "#17becf"))
+    mix = {"bfloat16": (0.0, 0.45), "float32": (1.0, 0.45)}.get(dtype)
+    if mix is None:
+        return base
+    to, share = mix
+    return tuple(c * (1 - share) + to * share for c in base)
+
+
 def _draw(ax, kind: str, rs: list[dict], speed: dict) -> bool:
     """Draw one panel; True when it drew a line."""
     series: dict[tuple, list[dict]] = defaultdict(list)
@@ -242,7 +279,7 @@ def _draw(ax, kind: str, rs: list[dict], speed: dict) -> bool:
     drew = False
     for (backend, timing, dtype), pts in sorted(series.items()):
         pts.sort(key=lambda r: r["N"])
-        color = _BACKEND_COLORS.get(backend)
+        color = _color(backend, dtype)
         tag = backend + (" [graph]" if timing == "graph" else "")
         if len(dtypes) > 1:
             tag += f" {dtype}"
@@ -250,7 +287,7 @@ def _draw(ax, kind: str, rs: list[dict], speed: dict) -> bool:
         if kind in ("throughput", "floor"):
             ys = [r["rows_per_s"] if kind == "throughput" else r["x_floor"] for r in pts]
             ax.plot([r["N"] for r in pts], ys, _DTYPE_STYLES.get(dtype, "-"), color=color,
-                    marker="o", label=tag, **hollow)
+                    marker=_DTYPE_MARKERS.get(dtype, "o"), label=tag, **hollow)
             drew = True
             continue
         if backend in NOT_COMPETING or timing != "python":

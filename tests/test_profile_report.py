@@ -58,14 +58,18 @@ def test_profile_rows_and_columns(quick_profile):
 
 
 def test_profile_train_writes_traces(quick_profile, tmp_path):
+    (tmp_path / "eager.1.pt.trace.json").write_text("{}")  # an earlier run's file
     r = profiling.run_profile("narrow-w32", batch=48, device="cpu", dtype="float32",
                               train=True, trace_dir=str(tmp_path))
     assert all(row.ok and row.train_ms > 0 for row in r.rows), [row.reason for row in r.rows]
     table = profiling.format_table(r)
     assert "train ms" in table and "launches/step" in table
+    # each run in a fresh folder of its own, named in the table
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert run.name.endswith("-narrow-w32") and str(run) in table
     for name in ("eager", "compile", "fused"):
-        chrome = tmp_path / f"{name}.chrome_trace.json"
-        tensorboard = glob.glob(str(tmp_path / f"{name}.*.pt.trace.json"))
+        chrome = run / f"{name}.chrome_trace.json"
+        tensorboard = glob.glob(str(run / f"{name}.*.pt.trace.json"))
         assert chrome.stat().st_size > 0 and len(tensorboard) == 1
         events = json.loads(chrome.read_text())["traceEvents"]
         assert any(e.get("name") == profiling.STEP for e in events)
@@ -433,3 +437,37 @@ def test_targets_are_checked_over_every_case_and_pass():
     assert got[("wide inference, M 16", "wide-gelu")].status == "met"
     assert got[("wide train, M 16", "wide-gelu")].status == "missed"
     assert ("narrow inference, N >= 2^20", "narrow-w32") not in got  # nothing measured
+
+
+def test_report_plots_label_log_axes_and_tell_dtypes_apart():
+    """Log axes carry readable labels (1-2-5 of a decade, every 1..9 where the range is
+    narrower), and float16 and bfloat16 lines differ in colour and marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def rec(N, dtype, ms):
+        return {"config": "c", "N": N, "dtype": dtype, "mode": "inference", "backend": "triton",
+                "timing": "python", "pass": 1, "median_ms": ms, "rows_per_s": N / ms * 1e3,
+                "floor_ms": ms / 1.2, "x_floor": 1.1 + N / 2**24}
+    rs = [rec(N, d, N / 1e6) for N in (2**16, 2**18, 2**20) for d in ("float16", "bfloat16")]
+    for kind, want in (("floor", ("x",)), ("throughput", ("k", "M", "G"))):
+        fig, ax = plt.subplots()
+        assert report._draw(ax, kind, rs, {})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        report._log_ticks(ax.yaxis, "x" if kind == "floor" else "")
+        fig.canvas.draw()
+        labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both")
+                  if t.get_text() and t.get_visible()]
+        lo, hi = ax.get_ylim()
+        shown = [t for t, v in zip(ax.yaxis.get_ticklabels(which="both"),
+                                   list(ax.yaxis.get_majorticklocs())
+                                   + list(ax.yaxis.get_minorticklocs()))
+                 if t.get_text() and lo <= v <= hi]
+        assert len(shown) >= 2 and all(t.endswith(want) for t in labels), (kind, labels)
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        f16, b16 = lines["triton float16"], lines["triton bfloat16"]
+        assert f16.get_color() != b16.get_color() and f16.get_marker() != b16.get_marker()
+        plt.close(fig)

@@ -1,0 +1,154 @@
+"""The ``fusedmlp`` command's answers to user mistakes: one line on stderr naming the
+argument, exit code 2, no traceback; ``info`` tells the truth about each backend here;
+``profile`` flags numbers it cannot trust and keeps kineto's status lines off stderr."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fusedmlp_xpu import cli, profiling
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(ROOT, "tests", "data", "synthetic_bench_cpu.json")
+
+
+def _user_error(capsys, argv, argument):
+    """cli.main(argv) fails as a user mistake: exit 2, one line naming ``argument``."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"fusedmlp {argv[0]}: error: ") and argument in lines[0], err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["profile", "bench"])
+@pytest.mark.parametrize("batch", ["0", "-4", "many"])
+def test_bad_batch(capsys, command, batch):
+    _user_error(capsys, [command, "--batch", batch], "--batch")
+
+
+@pytest.mark.parametrize("command", ["profile", "bench"])
+@pytest.mark.parametrize("device", ["cuda", "xpu"])
+def test_absent_device(capsys, command, device):
+    mod = getattr(torch, device, None)
+    if mod is not None and mod.is_available():
+        pytest.skip(f"this machine has a {device} device")
+    line = _user_error(capsys, [command, "--device", device], "--device")
+    assert f"no {device} device" in line
+
+
+@pytest.mark.parametrize("command", ["profile", "bench"])
+def test_unknown_config(capsys, command):
+    line = _user_error(capsys, [command, "--config", "narrow-w99"], "--config")
+    assert "narrow-w64" in line  # the known names
+
+
+def test_report_missing_or_foreign_json(capsys, tmp_path):
+    out = str(tmp_path / "out")
+    line = _user_error(capsys, ["report", str(tmp_path / "nope.json"), "--out", out], "results")
+    assert "nope.json" in line
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something-else/1"}))
+    line = _user_error(capsys, ["report", str(other), "--out", out], "results")
+    assert "fusedmlp-bench/1" in line
+    text = tmp_path / "notes.txt"
+    text.write_text("not json")
+    assert "not JSON" in _user_error(capsys, ["report", str(text), "--out", out], "results")
+
+
+def test_unwritable_out(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad = str(blocker / "sub")  # a folder below a file cannot be made, even by root
+    _user_error(capsys, ["report", FIXTURE, "--out", bad], "--out")
+    _user_error(capsys, ["bench", "--device", "cpu", "--out", os.path.join(bad, "b.json")],
+                "--out")
+    _user_error(capsys, ["profile", "--device", "cpu", "--json", os.path.join(bad, "p.json")],
+                "--json")
+    _user_error(capsys, ["profile", "--device", "cpu", "--trace-dir", bad], "--trace-dir")
+
+
+def _run(args, **env):
+    return subprocess.run([sys.executable, "-m", "fusedmlp_xpu.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT, **env})
+
+
+def test_info_flags_a_bad_backend_variable():
+    """info still prints everything, flags the variable in the backends table, and exits 2
+    with one error line, since every call of the op would raise."""
+    proc = _run(["info"], FUSEDMLP_BACKEND="nonsense")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "backends" in proc.stdout and "example: FusedMLP" in proc.stdout
+    assert "FUSEDMLP_BACKEND: INVALID" in proc.stdout and "'nonsense'" in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("fusedmlp info: error: FUSEDMLP_BACKEND") and "nonsense" in line
+
+
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_info_says_triton_on_cpu_needs_the_interpreter(interpret, capsys, monkeypatch):
+    if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        pytest.skip("a GPU is present: triton runs there")
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    monkeypatch.delenv("FUSEDMLP_BACKEND", raising=False)
+    assert cli.main(["info"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines()
+               if ln.startswith("  triton ")]  # the backends table, not the example
+    if "not importable" in line:
+        pytest.skip("triton not installed")
+    if interpret == "1":
+        assert " yes " in line and "interpreter: testing only" in line
+    else:
+        assert " no " in line and "TRITON_INTERPRET=1" in line
+
+
+def test_help_points_to_files_in_the_repo(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for name in ("BENCHMARKS.md",):
+        assert name not in out
+    for sub in ("profile", "bench"):
+        with pytest.raises(SystemExit):
+            cli.main([sub, "--help"])
+        assert "BENCHMARKS.md" not in capsys.readouterr().out
+
+
+def test_untrusted_numbers_are_flagged():
+    """Device time above the wall time, or repeats far apart, give an UNTRUSTED note and
+    a marked cell: never a device ms above the wall time without a word."""
+    r = profiling.ProfileResult("narrow-w32", (64, 32, 64), 64, "cpu", "float32", False, [
+        profiling.Row("eager", "eager nn.Linear", fwd_ms=1.0, device_ms=0.8, spread=0.05),
+        profiling.Row("compile", "torch.compile", fwd_ms=1.0, device_ms=2.0, spread=0.05),
+        profiling.Row("fused", "FusedMLP[reference]", fwd_ms=1.0, device_ms=0.5, spread=0.9)])
+    notes = profiling._untrusted(r)
+    assert len(notes) == 2
+    assert "torch.compile" in notes[0] and "above the wall" in notes[0]
+    assert "FusedMLP[reference]" in notes[1] and "90% apart" in notes[1]
+    r.notes += notes
+    table = profiling.format_table(r)
+    assert "2.000!" in table and "0.800!" not in table and "UNTRUSTED" in table
+
+
+def test_kineto_status_lines_are_held_back(capfd):
+    """torch's profiler (kineto) writes ``USDT: ... profiler_start/stop`` to stderr on every
+    run; profile keeps them off, and lets anything else through."""
+    with profiling._quiet_kineto():
+        with torch.profiler.profile():
+            torch.ones(4).sum()
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "USDT" not in err
+    assert "a real warning" in err
