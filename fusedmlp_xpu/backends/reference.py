@@ -79,8 +79,14 @@ class ReferenceBackend(Backend):
 
 
 def _times_grad(g, act, z):
-    """g * act'(z), the derivative evaluated in float32 at least, rounded to g's dtype."""
+    """g * act'(z), the derivative evaluated in float32 at least, rounded to g's dtype.
+    relu and leaky relu select instead, as torch's backward does: a NaN in g stays NaN only
+    where the unit is on (NaN * 0 would spread it to every row)."""
     if act.name == "none":
         return g
+    if act.name == "relu":
+        return torch.where(z <= 0, torch.zeros_like(g), g)
+    if act.name == "leaky_relu":
+        return torch.where(z > 0, g, g * activations.LEAKY_RELU_SLOPE)
     wide = torch.promote_types(z.dtype, torch.float32)
     return (g.to(wide) * act.grad(z.to(wide))).to(g.dtype)

@@ -33,7 +33,7 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + sycl::exp(-z)); }
 
 inline float act_fn(int id, float z) {
   switch (id) {
-  case 1: return z > 0.0f ? z : 0.0f;
+  case 1: return z < 0.0f ? 0.0f : z;  // not z > 0 ? z : 0, which turns NaN into 0
   case 2: return z > 0.0f ? z : kLeakySlope * z;
   case 3: return 0.5f * z * (1.0f + sycl::erf(z * kSqrt1_2));
   case 4: return 0.5f * z * (1.0f + sycl::tanh(kSqrt2OverPi * (z + kGeluTanhC * z * z * z)));
@@ -48,7 +48,7 @@ inline float act_fn(int id, float z) {
 // d act / d z at z
 inline float act_grad(int id, float z) {
   switch (id) {
-  case 1: return z > 0.0f ? 1.0f : 0.0f;
+  case 1: return z <= 0.0f ? 0.0f : 1.0f;  // as torch's relu backward (NaN passes)
   case 2: return z > 0.0f ? 1.0f : kLeakySlope;
   case 3: return 0.5f * (1.0f + sycl::erf(z * kSqrt1_2)) + z * kInvSqrt2Pi * sycl::exp(-0.5f * z * z);
   case 4: {
@@ -62,6 +62,14 @@ inline float act_grad(int id, float z) {
   case 8: return z > kSoftplusThreshold ? 1.0f : sigmoid(z);
   default: return 1.0f; // 0: none
   }
+}
+
+// g * act'(z); for relu and leaky relu a select, as torch's backward takes it, so a NaN
+// gradient stays where the unit is off (NaN * 0 would spread it)
+inline float times_act_grad(int id, float g, float z) {
+  if (id == 1) return z <= 0.0f ? 0.0f : g;
+  if (id == 2) return z > 0.0f ? g : kLeakySlope * g;
+  return g * act_grad(id, z);
 }
 
 template <class T> inline float ld(const void *p, int64_t i) {
@@ -166,7 +174,7 @@ template <class T> void backward_rows(const FmlpNet &net) {
       if (row < net.n_rows) {
         g = ld<T>(net.src, row * net.src_rs + j * net.src_cs);
         if (net.out_act != 0)
-          g = rnd<T>(g * act_grad(net.out_act, ld<T>(ly.z, row * ly.out + j)));
+          g = rnd<T>(times_act_grad(net.out_act, g, ld<T>(ly.z, row * ly.out + j)));
         if (ly.dz)
           st<T>(ly.dz, row * ly.out + j, g);
       }
@@ -197,7 +205,7 @@ template <class T> void backward_rows(const FmlpNet &net) {
         st<T>(net.dst, row * ly.in + k, s);
       } else {
         const FmlpLayer &prev = net.layer[l - 1];
-        float gz = rnd<T>(rnd<T>(s) * act_grad(net.act, ld<T>(prev.z, row * ly.in + k)));
+        float gz = rnd<T>(times_act_grad(net.act, rnd<T>(s), ld<T>(prev.z, row * ly.in + k)));
         if (prev.dz)
           st<T>(prev.dz, row * ly.in + k, gz);
         gn[r][k] = gz;
@@ -247,7 +255,8 @@ void weight_grads(const void *dz, int64_t n, int out, const void *src, int64_t s
     // 1e-5 bound; compensated, the error stays at a few fp32 eps for any row count.
     float yk = part - comp;
     float tk = acc + yk;
-    comp = (tk - acc) - yk;
+    // (no compensation past an infinity: inf - inf would turn the sum into NaN)
+    comp = sycl::isfinite(tk) ? (tk - acc) - yk : 0.0f;
     acc = tk;
     sycl::group_barrier(grp);
   }

@@ -109,3 +109,16 @@ def act_grad(z, ACT: tl.constexpr):
     else:
         d = tl.where(z > 20.0, 1.0, tl.sigmoid(z))
     return d
+
+
+@triton.jit
+def times_act_grad(g, z, ACT: tl.constexpr):
+    """g * act'(z) (fp32). relu and leaky relu select, as torch's backward does: a NaN in g
+    stays where the unit is on instead of spreading through NaN * 0."""
+    if ACT == 1:
+        r = tl.where(z <= 0, 0.0, g)
+    elif ACT == 2:
+        r = tl.where(z > 0, g, 0.01 * g)
+    else:
+        r = g * act_grad(z, ACT)
+    return r

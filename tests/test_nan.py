@@ -1,0 +1,104 @@
+"""NaN and Inf propagate as in eager torch, on every backend and kernel family: a diverging
+training run must show NaN, as it does in eager (relu(NaN) is NaN, not 0; softplus(NaN)
+is NaN, not 20). Non-finite values planted in x and in a weight; forward and backward;
+the non-finite pattern of every output and gradient compared with eager's, element by
+element."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu import activations
+
+from conftest import devices, is_slow, make_params
+
+ACTS = sorted(activations.ACTIVATIONS)
+# narrow: one fused kernel; wide: the GEMM-with-epilogue kernels (GPU only: 256 columns
+# are past the interpreter's budget on the CPU)
+SHAPES = {"narrow": (32, 64, 64, 16), "wide": (256, 512, 256)}
+
+
+def _eager(x, ws, bs, act, out_act):
+    h = x
+    for i, w in enumerate(ws):
+        h = F.linear(h, w, None if bs is None else bs[i])
+        a = out_act if i == len(ws) - 1 else act
+        h = activations.get(a).fn(h)
+    return h
+
+
+def _same_pattern(got, want, what):
+    assert torch.equal(torch.isnan(got.cpu()), torch.isnan(want.cpu())), f"{what}: NaN pattern"
+    assert torch.equal(torch.isinf(got.cpu()), torch.isinf(want.cpu())), f"{what}: Inf pattern"
+
+
+def _plant(x, ws, where):
+    with torch.no_grad():
+        if where == "x":
+            x[3, 1] = float("nan")
+            x[7, 0] = float("inf")
+            x[9, 2] = -float("inf")
+        else:
+            ws[1][2, 5] = float("nan")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("where", ["x", "weight"])
+def test_nonfinite_like_eager(backend, shape, act, where):
+    name, dev = backend
+    slow = is_slow(name, dev)
+    if slow and shape == "wide":
+        pytest.skip("emulated kernel on CPU: the wide kernels are checked on the device")
+    dtype = torch.float32 if dev.type == "cpu" else torch.float16
+    widths = SHAPES[shape]
+    out_act = "softplus" if act == "relu" else "relu"
+    spec = fm.MLPSpec(widths, act, out_act, True, dtype)
+    ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    ws, bs = make_params(widths, True, dtype, dev)
+    x = torch.randn(37 if slow else 1037, widths[0], device=dev).to(dtype)
+    _plant(x, ws, where)
+    leaves = [t.clone().requires_grad_() for t in [x, *ws, *bs]]
+    n = len(ws)
+    y = fm.fused_mlp(leaves[0], leaves[1:1 + n], leaves[1 + n:], act, out_act, backend=name)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    eager_leaves = [t.detach().cpu().float().requires_grad_() for t in [x, *ws, *bs]]
+    ye = _eager(eager_leaves[0], eager_leaves[1:1 + n], eager_leaves[1 + n:], act, out_act)
+    ye.backward(gy.cpu().float())
+    assert torch.isnan(ye).any()  # the planted value reaches the output
+    _same_pattern(y, ye, "y")
+    for i, (a, b) in enumerate(zip(leaves, eager_leaves)):
+        _same_pattern(a.grad, b.grad, f"gradient {i}")
+
+
+@pytest.mark.parametrize("dev", devices(), ids=str)
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+def test_gated_nonfinite_like_eager(dev, impl, act):
+    from fusedmlp_xpu import gated
+
+    if impl == "triton" and not gated._triton_usable(dev, forced=True)[0]:
+        pytest.skip("the gated Triton kernels cannot run here")
+    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    d, hidden = (16, 32) if dev.type == "cpu" else (256, 512)
+    x = torch.randn(33, d, device=dev, dtype=dtype)
+    x[4, 2], x[6, 1] = float("nan"), float("inf")
+    ws = [torch.randn(hidden, d, device=dev, dtype=dtype) * d ** -0.5,
+          torch.randn(hidden, d, device=dev, dtype=dtype) * d ** -0.5,
+          torch.randn(d, hidden, device=dev, dtype=dtype) * hidden ** -0.5]
+    leaves = [t.clone().requires_grad_() for t in [x, *ws]]
+    y = fm.fused_gated_mlp(*leaves, act, backend=impl)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    el = [t.detach().cpu().float().requires_grad_() for t in [x, *ws]]
+    ye = F.linear(activations.get(act).fn(F.linear(el[0], el[1])) * F.linear(el[0], el[2]),
+                  el[3])
+    ye.backward(gy.cpu().float())
+    _same_pattern(y, ye, "y")
+    for i, (a, b) in enumerate(zip(leaves, el)):
+        _same_pattern(a.grad, b.grad, f"gradient {i}")
