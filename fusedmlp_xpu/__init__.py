@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import activations, dispatch
+from . import activations, dispatch, tcnn
 from .dispatch import BackendUnavailableError, backends
 from .convert import FusionReport, fuse_gated_mlps, fuse_mlps
 from .gated import GatedMLP, GatedMLPView, fused_gated_mlp
@@ -30,7 +30,7 @@ def _register_optional_backends() -> None:
 _register_optional_backends()
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
            "fuse_gated_mlps", "GatedMLPView", "FusionReport", "explain", "backends", "MLPSpec", "BackendUnavailableError",
-           "activations", "__version__"]
+           "activations", "tcnn", "__version__"]
 
 
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:
