@@ -175,8 +175,10 @@ def recognise(obj) -> tuple[Activation | None, str]:
     a = fingerprint_match(obj)
     if a is not None:
         return a, "fingerprint"
-    label = type(obj).__name__ if isinstance(obj, nn.Module) else getattr(obj, "__name__", repr(obj))
-    return None, f"{label} computes none of {sorted(ACTIVATIONS)} (float64 probe)"
+    label = (type(obj).__name__ if isinstance(obj, nn.Module)
+             else getattr(obj, "__name__", repr(obj)))
+    return None, (f"{label} computes none of {sorted(ACTIVATIONS)} (or fails) on a float64 "
+                  "CPU probe")
 
 
 def to_module(name: str) -> nn.Module:
