@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from . import activations, dispatch
+from . import activations, dispatch, tcnn
 from .dispatch import BackendUnavailableError, backends
-from .gated import GatedMLP, fuse_gated_mlps, fused_gated_mlp
-from .module import FusedMLP, fuse_mlps
+from .convert import FusionReport, fuse_gated_mlps, fuse_mlps
+from .gated import GatedMLP, GatedMLPView, fused_gated_mlp
+from .module import FusedMLP
 from .op import fused_mlp
 from .spec import MLPSpec
 
@@ -28,8 +29,8 @@ def _register_optional_backends() -> None:
 
 _register_optional_backends()
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
-           "fuse_gated_mlps", "explain", "backends", "MLPSpec", "BackendUnavailableError",
-           "activations", "__version__"]
+           "fuse_gated_mlps", "GatedMLPView", "FusionReport", "explain", "backends", "MLPSpec", "BackendUnavailableError",
+           "activations", "tcnn", "__version__"]
 
 
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:

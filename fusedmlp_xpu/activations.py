@@ -1,8 +1,11 @@
 """The activation registry: one entry per activation, shared by every backend.
 
 Each entry holds the reference function, its derivative with respect to the
-pre-activation ``z``, the integer id that kernels receive, and the
-``torch.nn`` module classes that ``fuse_mlps`` recognises as that activation.
+pre-activation ``z``, and the integer id that kernels receive. ``recognise`` tells the
+converters which entry a module or function computes: exact torch classes first, then
+any other module or callable by its float64 fingerprint on a fixed probe (so
+transformers' ``SiLUActivation``, ``NewGELUActivation``, timm's own classes or
+``act_fn = F.silu`` are all found, and a lookalike that computes something else is not).
 """
 from __future__ import annotations
 
@@ -114,6 +117,69 @@ def from_module(module: nn.Module) -> Activation | None:
         ok = module.beta == SOFTPLUS_BETA and module.threshold == SOFTPLUS_THRESHOLD
         return ACTIVATIONS["softplus"] if ok else None
     return None
+
+
+# The probe: both signs, the kinks and thresholds of the registry's functions (0, softplus's
+# 20), large values (saturation, overflow of a naive formula) and tiny ones (slopes near 0).
+_PROBE = torch.cat([
+    torch.linspace(-8.0, 8.0, 161, dtype=torch.float64),
+    torch.tensor([-1e4, -300.0, -50.0, -20.5, -19.5, -1e-3, -1e-8, 0.0, 1e-8, 1e-3, 19.5,
+                  20.5, 50.0, 300.0, 1e4], dtype=torch.float64),
+])
+# float64 agreement needed to call two functions the same: what reordered float64 arithmetic
+# leaves (~1e-16 relative), with room; a real difference (gelu vs gelu_tanh: 5e-4,
+# slope 0.2 vs 0.01, x 1.01) is orders of magnitude above it
+FINGERPRINT_TOL = 1e-12
+_FUNCTIONS = {F.relu: "relu", torch.relu: "relu", F.gelu: "gelu", F.silu: "silu",
+              torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh",
+              F.tanh: "tanh", F.softplus: "softplus"}
+
+
+def fingerprint_match(fn) -> Activation | None:
+    """The registry entry that ``fn`` (a module or a callable on tensors) computes, by its
+    float64 values on a fixed probe within FINGERPRINT_TOL; None if it matches none or fails."""
+    try:
+        with torch.no_grad():
+            y = fn(_PROBE.clone())  # a clone: fn may work in place
+    except Exception:
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != _PROBE.shape or y.dtype != torch.float64:
+        return None
+    for a in _ENTRIES:
+        ref = a.fn(_PROBE)
+        if torch.allclose(y, ref, rtol=FINGERPRINT_TOL, atol=FINGERPRINT_TOL):
+            return a
+    return None
+
+
+def recognise(obj) -> tuple[Activation | None, str]:
+    """(registry entry, how it was recognised) for an activation module or function, or
+    (None, why not). Exact torch classes and functions first; then a parameter-free module
+    or any callable by its fingerprint. A module with parameters or buffers is never fused
+    (the fused op would drop what it holds, and a trained value may drift from the probe's)."""
+    if isinstance(obj, nn.Module):
+        a = from_module(obj)
+        if a is not None:
+            return a, "class"
+        if isinstance(obj, nn.modules.dropout._DropoutNd):  # identity in eval mode only
+            return None, f"{obj!r} is dropout, not an activation"
+        if type(obj) in (nn.LeakyReLU, nn.Softplus):
+            return None, f"{obj!r}: parameters other than the registry's fixed ones"
+        if next(obj.parameters(), None) is not None or next(obj.buffers(), None) is not None:
+            return None, f"{type(obj).__name__} holds parameters or buffers"
+    elif not callable(obj):
+        return None, f"{type(obj).__name__} is not callable"
+    else:
+        name = _FUNCTIONS.get(obj)
+        if name is not None:
+            return ACTIVATIONS[name], "function"
+    a = fingerprint_match(obj)
+    if a is not None:
+        return a, "fingerprint"
+    label = (type(obj).__name__ if isinstance(obj, nn.Module)
+             else getattr(obj, "__name__", repr(obj)))
+    return None, (f"{label} computes none of {sorted(ACTIVATIONS)} (or fails) on a float64 "
+                  "CPU probe")
 
 
 def to_module(name: str) -> nn.Module:

@@ -1,4 +1,4 @@
-"""Gated MLPs (SwiGLU, GEGLU): the ops, the functional entry, GatedMLP, fuse_gated_mlps.
+"""Gated MLPs (SwiGLU, GEGLU): the ops, the functional entry, GatedMLP, GatedMLPView.
 
     y = (act(x Wg^T + bg) * (x Wu^T + bu)) Wd^T + bd        x: [..., d] -> y: [..., d_out]
 
@@ -458,46 +458,92 @@ class GatedMLP(nn.Module):
         return m
 
 
-_FUNCTIONS = {F.silu: "silu", F.gelu: "gelu"}
+# attribute names under which gated MLPs keep their activation (Llama/Mistral/Qwen/Gemma:
+# act_fn; Phi-3: activation_fn; timm: act)
+ACT_ATTRS = ("act_fn", "activation_fn", "act", "activation")
 
 
-def _act_name(act_fn) -> str | None:
-    if isinstance(act_fn, nn.Module):
-        a = activations.from_module(act_fn)
-        return a.name if a is not None else None
-    return _FUNCTIONS.get(act_fn)
+def find_activation(mlp: nn.Module):
+    """(registry name, None) for the activation ``mlp`` holds under one of ACT_ATTRS (a
+    module or a plain function, recognised by what it computes), else (None, why not)."""
+    for attr in ACT_ATTRS:
+        fn = getattr(mlp, attr, None)
+        if fn is not None and not isinstance(fn, str):
+            a, how = activations.recognise(fn)
+            if a is None:
+                return None, f"{attr}: {how}"
+            if a.name not in GATE_ACTIVATIONS:
+                return None, (f"{attr} computes {a.name!r}; the gated op supports "
+                              f"{list(GATE_ACTIVATIONS)}")
+            return a.name, None
+    return None, f"no activation attribute ({', '.join(ACT_ATTRS)})"
+
+
+def check_linears(lins) -> str | None:
+    """Why these projections cannot feed one gated op, or None."""
+    if any(type(l) is not nn.Linear for l in lins):
+        kinds = ", ".join(type(l).__name__ for l in lins)
+        return f"projections must be nn.Linear, got {kinds}"
+    if len({l.bias is not None for l in lins}) > 1:
+        return "some projections have a bias and some do not"
+    if len({(l.weight.dtype, l.weight.device) for l in lins}) > 1:
+        return "projections differ in dtype or device"
+    return None
 
 
 def _gated_plan(mlp: nn.Module):
     """(gate activation name, None) if ``mlp`` is a Llama-style MLP we can fuse, else
     (None, why not)."""
     lins = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-    if any(type(l) is not nn.Linear for l in lins):
-        return None, "gate_proj, up_proj and down_proj must all be nn.Linear"
+    if any(not isinstance(l, nn.Module) for l in lins):
+        return None, "gate_proj, up_proj and down_proj must all be present"
+    why = check_linears(lins)
+    if why:
+        return None, why
     gate, up, down = lins
-    if not hasattr(mlp, "act_fn"):
-        return None, "no act_fn"
-    act = _act_name(mlp.act_fn)
-    if act not in GATE_ACTIVATIONS:
-        return None, f"act_fn {mlp.act_fn!r} is not one of {list(GATE_ACTIVATIONS)}"
     if gate.weight.shape != up.weight.shape or down.in_features != gate.out_features:
         return None, "gate/up/down shapes do not chain"
-    if len({l.bias is not None for l in lins}) > 1:
-        return None, "some projections have a bias and some do not"
-    if len({(l.weight.dtype, l.weight.device) for l in lins}) > 1:
-        return None, "projections differ in dtype or device"
-    return act, None
+    return find_activation(mlp)
 
 
-def fuse_gated_mlps(model: nn.Module, *, backend: str | None = None,
-                    recompute: bool = False) -> nn.Module:
-    """Replace, in place, every module with gate_proj/up_proj/down_proj Linears and an
-    act_fn (SiLU -> silu, GELU(tanh) -> gelu_tanh, GELU -> gelu) by a GatedMLP that
-    shares its Linears. Returns ``model`` (or the GatedMLP when ``model`` is one such)."""
-    if not isinstance(model, GatedMLP) and _gated_plan(model)[0] is not None:
-        return GatedMLP.from_module(model, backend=backend, recompute=recompute)
-    for name, child in list(model.named_children()):
-        new = fuse_gated_mlps(child, backend=backend, recompute=recompute)
-        if new is not child:
-            setattr(model, name, new)
-    return model
+class GatedMLPView(nn.Module):
+    """A gated MLP over another module's Linears, kept under their own names so state_dict
+    keys do not change: split gate/up Linears (timm ``SwiGLU``: fc1_g, fc1_x, fc2) or one
+    packed Linear holding both (Phi-3's ``gate_up_proj``, timm ``GluMlp``'s ``fc1``),
+    whose halves are passed to the op as views of the packed weight, never copies.
+    x: [..., in] -> [..., out]."""
+
+    def __init__(self, linears: dict, gate_up: tuple, down: str, activation: str, *,
+                 gate_first: bool = True, backend: str | None = None, recompute: bool = False):
+        super().__init__()
+        for name, lin in linears.items():
+            self.add_module(name, lin)
+        self._gate_up, self._down, self.gate_first = tuple(gate_up), down, gate_first
+        self.activation, self.backend, self.recompute = activation, backend, recompute
+
+    def gate_up_params(self):
+        """(w_gate, w_up, b_gate, b_up): the Linears' own tensors, or views of the packed one."""
+        if len(self._gate_up) == 2:
+            g, u = (self._modules[n] for n in self._gate_up)
+            return g.weight, u.weight, g.bias, u.bias
+        p = self._modules[self._gate_up[0]]
+        h = p.weight.shape[0] // 2
+        w0, w1 = p.weight[:h], p.weight[h:]
+        b0, b1 = (None, None) if p.bias is None else (p.bias[:h], p.bias[h:])
+        return (w0, w1, b0, b1) if self.gate_first else (w1, w0, b1, b0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wg, wu, bg, bu = self.gate_up_params()
+        d = self._modules[self._down]
+        biases = None if d.bias is None else [bg, bu, d.bias]
+        try:
+            return fused_gated_mlp(x, wg, wu, d.weight, self.activation, self.backend,
+                                   self.recompute, biases=biases)
+        except ValueError as e:
+            op.raise_module_error(e, x, wg.shape[1])
+
+    def extra_repr(self) -> str:
+        packed = len(self._gate_up) == 1
+        return (f"gate_up={list(self._gate_up)}{' (packed, gate ' if packed else ''}"
+                f"{('first)' if self.gate_first else 'second)') if packed else ''}, "
+                f"down={self._down!r}, activation={self.activation!r}")

@@ -1,4 +1,4 @@
-"""nn.Modules over the op: FusedMLP, and fuse_mlps to swap nn.Sequential chains in place.
+"""nn.Modules over the op: FusedMLP (fuse_mlps, in convert.py, swaps models' MLPs for it).
 
 FusedMLP keeps one ``nn.Linear`` child per layer, named by its index in the
 equivalent ``nn.Sequential`` (Linear, act, Linear, act, ..., Linear[, out_act]), so a
@@ -43,7 +43,7 @@ class FusedMLP(nn.Module):
                     backend, recompute)
 
     def _setup(self, widths, names, activation, output_activation, bias, device, dtype,
-               backend, recompute):
+               backend, recompute, shared=None):
         self.activation = activations.get(activation).name
         self.output_activation = activations.get(output_activation).name
         self.widths = tuple(int(w) for w in widths)
@@ -53,7 +53,8 @@ class FusedMLP(nn.Module):
         self.recompute = recompute
         self._names = tuple(names)
         for name, a, b in zip(names, widths[:-1], widths[1:]):
-            self.add_module(name, nn.Linear(a, b, bias=bias, device=device, dtype=dtype))
+            self.add_module(name, shared[name] if shared is not None else
+                            nn.Linear(a, b, bias=bias, device=device, dtype=dtype))
         self._specs: dict[torch.dtype, MLPSpec] = {}
         self._bound: _BoundForward | None = None
         self._pack_hidden()
@@ -183,7 +184,7 @@ class FusedMLP(nn.Module):
 
     def to_sequential(self) -> nn.Sequential:
         """The equivalent eager nn.Sequential (same parameter values and state_dict keys)."""
-        mods: dict[str, nn.Module] = {}
+        mods: dict[str, nn.Module] = {}  # insertion order is the chain's order
         for i, (name, lin) in enumerate(zip(self._names, self.linears)):
             new = nn.Linear(lin.in_features, lin.out_features, bias=self.has_bias,
                             device=lin.weight.device, dtype=lin.weight.dtype)
@@ -191,9 +192,10 @@ class FusedMLP(nn.Module):
             mods[name] = new
             last = i == len(self._names) - 1
             act = self.output_activation if last else self.activation
-            if act != "none":
-                mods[str(int(name) + 1)] = activations.to_module(act)
-        return nn.Sequential(OrderedDict(sorted(mods.items(), key=lambda kv: int(kv[0]))))
+            if act != "none":  # after Linear "0" comes "1"; after "fc1", "fc1_act"
+                key = str(int(name) + 1) if name.isdigit() else f"{name}_act"
+                mods[key] = activations.to_module(act)
+        return nn.Sequential(OrderedDict(mods))
 
     @classmethod
     def from_sequential(cls, seq: nn.Sequential, *, backend: str | None = None,
@@ -218,6 +220,22 @@ class FusedMLP(nn.Module):
                 if bias:
                     lin.bias.copy_(src.bias)
         m.train(seq.training)
+        return m
+
+    @classmethod
+    def from_linears(cls, linears: dict, activation: str, output_activation: str = "none", *,
+                     backend: str | None = None, training: bool = True) -> "FusedMLP":
+        """A FusedMLP whose layers ARE ``linears`` (name -> nn.Linear, in chain order; shared,
+        not copied), under those names, so the owner's state_dict keys stay (timm's Mlp:
+        fc1, fc2). The caller checked that they chain (see convert.py)."""
+        lins = list(linears.values())
+        widths = [lins[0].in_features] + [l.out_features for l in lins]
+        ref = lins[0].weight
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m._setup(widths, list(linears), activation, output_activation, lins[0].bias is not None,
+                 ref.device, ref.dtype, backend, None, shared=dict(linears))
+        m.train(training)
         return m
 
 
@@ -268,7 +286,10 @@ class _BoundForward:
 
 
 def _plan(seq: nn.Sequential):
-    """Parse a Sequential into (linear names, widths, act, out_act, bias, weight); or a reason."""
+    """Parse a Sequential into (linear names, widths, act, out_act, bias, weight); or a reason.
+
+    nn.Identity and Dropout(p=0) are skipped; activations are recognised by what they
+    compute (inplace ones included)."""
     items = list(seq._modules.items())
     if not items or not isinstance(items[0][1], nn.Linear):
         return "the first module is not nn.Linear"
@@ -285,9 +306,16 @@ def _plan(seq: nn.Sequential):
             widths.append(mod.out_features)
             pending = None
             continue
-        act = activations.from_module(mod)
+        if type(mod) is nn.Identity:
+            continue
+        if isinstance(mod, nn.modules.dropout._DropoutNd):
+            if mod.p == 0:
+                continue
+            return (f"module {name!r} is {type(mod).__name__}(p={mod.p}): dropout with p > 0 "
+                    "is not fused (it is random in training); set p=0 to fuse")
+        act, why = activations.recognise(mod)
         if act is None:
-            return f"module {name!r} ({type(mod).__name__}) is not a supported activation"
+            return f"module {name!r}: not a supported activation ({why})"
         if pending is not None:
             return f"module {name!r}: two activations in a row"
         pending = act.name
@@ -302,18 +330,3 @@ def _plan(seq: nn.Sequential):
     if any(l.weight.dtype != ref.dtype or l.weight.device != ref.device for l in lins):
         return "Linear layers differ in dtype or device"
     return names, widths, (hidden_acts[0] if hidden_acts else "relu"), out_act, has_bias.pop(), ref
-
-
-def fuse_mlps(model: nn.Module, *, backend: str | None = None) -> nn.Module:
-    """Replace, in place, every nn.Sequential chain of Linear + activations by a FusedMLP.
-
-    Returns ``model`` (or the FusedMLP, when ``model`` itself is such a chain). Sequentials
-    that do not fit are left as they are and searched for fusable children.
-    """
-    if isinstance(model, nn.Sequential) and not isinstance(_plan(model), str):
-        return FusedMLP.from_sequential(model, backend=backend)
-    for name, child in list(model.named_children()):
-        new = fuse_mlps(child, backend=backend)
-        if new is not child:
-            setattr(model, name, new)
-    return model

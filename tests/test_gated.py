@@ -296,7 +296,8 @@ def test_fuse_gated_mlps(act_fn, name, bias):
 
 def test_fuse_gated_mlps_leaves_unsupported_alone():
     model = nn.Sequential(Block(nn.ReLU()))
-    assert fm.fuse_gated_mlps(model) is model
+    with pytest.warns(UserWarning, match="nothing swapped"):
+        assert fm.fuse_gated_mlps(model) is model
     assert isinstance(model[0].mlp, LlamaStyleMLP)
     top = LlamaStyleMLP(8, 16, nn.SiLU())
     assert isinstance(fm.fuse_gated_mlps(top), fm.GatedMLP)  # the model itself

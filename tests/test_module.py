@@ -71,7 +71,7 @@ class Model(nn.Module):
         self.norm = nn.LayerNorm(16)
         self.heads = nn.ModuleList([
             nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4), nn.Softplus()),
-            nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.0), nn.Linear(16, 4)),  # not fusable
+            nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.25), nn.Linear(16, 4)),  # not fusable
         ])
         self.tail = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)),
                                   nn.BatchNorm1d(8))
@@ -89,9 +89,10 @@ def test_fuse_mlps_keeps_outputs_and_gradients():
     out = fm.fuse_mlps(fused)
     assert out is fused
     assert isinstance(fused.encoder, fm.FusedMLP) and isinstance(fused.heads[0], fm.FusedMLP)
-    assert isinstance(fused.heads[1], nn.Sequential)  # Dropout: left alone
+    assert isinstance(fused.heads[1], nn.Sequential)  # Dropout(p>0): left alone
     assert isinstance(fused.tail, nn.Sequential) and isinstance(fused.tail[0], fm.FusedMLP)
     assert fused.state_dict().keys() == model.state_dict().keys()
+    model.eval(), fused.eval()  # the dropout left in place: same (no) mask in both
     x = torch.randn(20, 8)
     torch.testing.assert_close(fused(x), model(x))
     model(x).square().sum().backward()
