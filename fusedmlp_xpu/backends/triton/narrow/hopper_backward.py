@@ -1,7 +1,7 @@
 """The narrow train step's backward for Hopper (sm_90) GPUs, written in Gluon: one
 kernel that computes every row block's forward again from x, walks the input gradient
 back through the layers and sums every weight gradient over its row blocks, as the Triton
-one-kernel backward (narrow.py, ``_mlp_bwd_resident_kernel`` with RECOMPUTE) does, into
+one-kernel backward (backward_kernels.py, ``_mlp_bwd_resident_kernel`` with RECOMPUTE) does, into
 the same per-program partials (the same reduction kernel then writes the gradients).
 
 Why it is faster (benchmarks/NOTES.md, narrow history 33): the Triton kernel runs one
@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import torch
 
-from ... import envvars
-from . import _launch_meta, _reduce_launch, _reduce_layout, gluon_narrow, launch
-from .gluon_narrow import MAX_ROWS, SMEM_BYTES, _pads, gluon, row_desc, weight_descs
-from .launch import int_key
+from .... import envvars
+from .. import launch
+from ..launch import int_key
+from . import hopper_forward
+from .hopper_forward import MAX_ROWS, SMEM_BYTES, _pads, gluon, row_desc, weight_descs
+from .launchers import _launch_meta
+from .reduce import _reduce_launch, _reduce_layout
 
 #: set to 0 to keep every narrow backward on the Triton kernels (FUSEDMLP_GLUON=0 turns
 #: off this kernel and the Gluon forward)
@@ -62,8 +65,8 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-    from .act import act, act_grad
-    from .gluon_narrow import _load_weights, _thread_barrier, _tma_load, _tma_store
+    from ..act import act, act_grad
+    from .hopper_forward import _load_weights, _thread_barrier, _tma_load, _tma_store
 
     _keeps_z = gluon.constexpr_function(keeps_z)
 
@@ -534,7 +537,7 @@ def tuning(spec) -> tuple[int, int] | None:
 def eligible(spec, device: torch.device) -> tuple[bool, str]:
     """Whether the recomputing backward of ``spec`` on ``device`` runs this kernel, and why
     not (shown by explain())."""
-    ok, why = gluon_narrow.device_ok(spec, device)
+    ok, why = hopper_forward.device_ok(spec, device)
     if not ok:
         return ok, why
     if envvars.get(ENV, "1") == "0":
@@ -614,11 +617,11 @@ class Plan:
     def rows(grad_y: torch.Tensor) -> torch.Tensor:
         """grad_y as TMA can read it: itself, or a contiguous copy (e.g. a broadcast
         gradient, a sum's, whose row stride is 0)."""
-        return grad_y if gluon_narrow.tma_rows(grad_y) else grad_y.contiguous()
+        return grad_y if hopper_forward.tma_rows(grad_y) else grad_y.contiguous()
 
     @staticmethod
     def accepts(x: torch.Tensor, grad_y: torch.Tensor) -> bool:
-        return (gluon_narrow.tma_rows(x) and gluon_narrow.tma_rows(grad_y)
+        return (hopper_forward.tma_rows(x) and hopper_forward.tma_rows(grad_y)
                 and 0 < x.shape[0] <= MAX_ROWS)
 
     def __call__(self, grad_y, x, weights, biases, gx, out):

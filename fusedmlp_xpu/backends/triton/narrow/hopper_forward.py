@@ -1,7 +1,7 @@
 """The narrow inference forward for Hopper (sm_90) GPUs, written in Gluon, Triton's
 lower-level dialect (layouts, shared memory, TMA and warpgroup MMAs spelled out).
 
-Why a second forward: the Triton kernel (narrow.py) issues a layer's MMAs and then waits
+Why a second forward: the Triton kernel (forward_kernels.py) issues a layer's MMAs and then waits
 for all of them, so within one program a row block's epilogue (bias, activation,
 convert) never overlaps tensor-core work; only other programs on the SM fill that gap,
 and shared memory caps them. Here each program runs two row blocks through the layers
@@ -21,7 +21,7 @@ strides), the weights in shared memory fitting one program, and Triton's Gluon A
 Hopper. The host side (``Plan``) keeps the weight descriptors per parameter address and
 launches the compiled kernel directly after the first call (launch.py). It stores no
 pre-activations: a train step's forward takes it only where the backward computes them
-again from x (the one-kernel backward); forwards that save them keep narrow.py.
+again from x (the one-kernel backward); forwards that save them keep forward_kernels.py.
 
 Measured on the H200 (benchmarks/NOTES.md, narrow history 32), 2^22 rows: narrow-w64
 0.316-0.351 ms against the Triton kernel's 0.372-0.401, narrow-w128 0.809-0.864 against
@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import torch
 
-from ... import envvars
-from . import _pow2, launch
-from .launch import int_key
+from .... import envvars
+from .. import launch
+from ..common import pow2
+from ..launch import int_key
 
-#: set to 0 to keep every narrow forward on the Triton kernel (narrow.py)
+#: set to 0 to keep every narrow forward on the Triton kernel (forward_kernels.py)
 ENV = "FUSEDMLP_GLUON"
 SMEM_BYTES = 227 * 1024  # per program at most, sm_90
 SMEM_PER_SM = 228 * 1024
@@ -45,7 +46,7 @@ MIN_HIDDEN = 64
 # TMA coordinates are 32-bit: the last pair's second block starts below 2^31
 MAX_ROWS = 2 ** 31 - 512
 
-try:  # Gluon's Hopper API (Triton >= 3.5); without it every forward takes narrow.py
+try:  # Gluon's Hopper API (Triton >= 3.5); without it every forward takes forward_kernels.py
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -62,7 +63,7 @@ except Exception as e:  # noqa: BLE001  (any failure means: not available)
 
 
 if gluon is not None:
-    from .act import act
+    from ..act import act
 
     @gluon.jit
     def _epilogue(acc, b_ptr, N, ACT: gl.constexpr, HAS_BIAS: gl.constexpr):
@@ -218,7 +219,7 @@ class Addr:
 
 
 def _pads(spec) -> tuple[int, int, int]:
-    return _pow2(spec.in_features), spec.widths[1], _pow2(spec.out_features)
+    return pow2(spec.in_features), spec.widths[1], pow2(spec.out_features)
 
 
 def smem_bytes(spec, block_m: int, stages: int) -> int:
@@ -351,7 +352,7 @@ class Plan:
         self.x_layout, self.y_layout = lay([bm, IN_P], gdt), lay([bm, OUT_P], gdt)
         self.w_blocks = ([H_P, IN_P], [H_P, H_P], [OUT_P, H_P])
         self.w_layouts = tuple(lay(b, gdt) for b in self.w_blocks)
-        # the exact activations, as narrow.py's kernels (same results, same tolerances)
+        # the exact activations, as forward_kernels.py's kernels (same results, same tolerances)
         self.consts = dict(L_HID=self.L_HID, ACT=spec.activation_id,
                            OUT_ACT=spec.output_activation_id, HAS_BIAS=spec.bias,
                            STAGES=self.stages)

@@ -3,7 +3,7 @@ warp-specialized: the input gradient through an activation, out = (g @ W) * act'
 h = act(z), the next weight gradient's operand), and the gated backward's dh GEMM,
 dh = dy @ Wd with dg = dh u act'(g), du = dh act(g) (and h = act(g) u).
 
-Why (benchmarks/NOTES.md, wide history 17): in wide.py's Triton kernels every tile's
+Why (benchmarks/NOTES.md, wide history 17): in the Triton kernels (gemm_kernels.py) every tile's
 epilogue (two or three tiles loaded and stored beside the accumulator) runs after its
 main loop and before the next tile's, so the tensor cores idle through it; Triton 3.6
 has no warp specialization on Hopper to overlap the two. Here one program per SM runs
@@ -30,12 +30,13 @@ import types
 
 import torch
 
-from ... import envvars
-from . import gluon_narrow, launch
-from .gluon_narrow import Addr, gluon
-from .wide import _programs  # (wide.py imports this module only when it launches it)
+from .... import envvars
+from .. import launch
+from ..narrow import hopper_forward
+from ..narrow.hopper_forward import Addr, gluon
+from .tma import _programs
 
-#: FUSEDMLP_GLUON_WIDE=0 keeps the wide backward on wide.py's Triton kernels
+#: FUSEDMLP_GLUON_WIDE=0 keeps the wide backward on the Triton kernels (tma.py)
 #: (FUSEDMLP_GLUON=0 turns off every Gluon kernel)
 ENV = "FUSEDMLP_GLUON_WIDE"
 #: the epilogues (EPI): dx's z -> out (and h); the gated backward's g, u -> dg, du (and h)
@@ -56,9 +57,9 @@ if gluon is not None:
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .act import act, act_grad
-    from .gluon_narrow import _tma_load, _tma_store
-    from .wide import _tile_pos
+    from ..act import act, act_grad
+    from ..narrow.hopper_forward import _tma_load, _tma_store
+    from .gemm_kernels import _tile_pos
 
     @gluon.jit
     def _tiles(M, N, BM: gl.constexpr, BN: gl.constexpr):
@@ -270,14 +271,14 @@ def stages(epi: int, store_h: bool) -> int:
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether these kernels may run: Gluon's Hopper API, not turned off
     (FUSEDMLP_GLUON_WIDE=0, FUSEDMLP_GLUON=0), an sm_90 CUDA device, fp16/bf16 operands."""
-    if envvars.get(ENV, "1") == "0" or envvars.get(gluon_narrow.ENV, "1") == "0":
+    if envvars.get(ENV, "1") == "0" or envvars.get(hopper_forward.ENV, "1") == "0":
         return False
     return _device_ok(device, dtype)
 
 
 @functools.lru_cache(maxsize=16)
 def _device_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    return gluon_narrow.device_ok(types.SimpleNamespace(dtype=dtype), device)[0]
+    return hopper_forward.device_ok(types.SimpleNamespace(dtype=dtype), device)[0]
 
 
 def _desc(t: torch.Tensor, block):
