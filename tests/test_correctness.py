@@ -333,6 +333,7 @@ def test_one_kernel_recompute_biases(backend, monkeypatch, per_block):
     row-block loop or loaded for each block (BIAS_PER_BLOCK): every gradient against the
     reference; three programs, so each walks several row blocks."""
     name, dev = backend
+    _one_kernel_forced(name, monkeypatch, per_sm=1)
     monkeypatch.setattr(n_tuning, "_bwd_bias_per_block", lambda spec: per_block)
     monkeypatch.setattr(n_launchers, "_n_programs", lambda device, n_blocks, per_sm=1:
                         max(1, min(n_blocks, 3)))
