@@ -1,7 +1,7 @@
 """Sweep the Triton narrow kernel's tuning (BLOCK_M, num_warps, programs per SM) on a GPU.
 
 Prints one line per variant and the best per (width, pass); the chosen values go into
-_tuning_nvidia() in fusedmlp_xpu/backends/triton/__init__.py with these numbers as the
+_tuning_nvidia() in fusedmlp_xpu/backends/triton/narrow/tuning.py with these numbers as the
 reason. Usage: PYTHONPATH=. python benchmarks/sweep_narrow.py [--out results.json]
 """
 import argparse

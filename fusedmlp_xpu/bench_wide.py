@@ -1,7 +1,8 @@
 """The wide-MLP benchmark: wide-gelu and wide-swiglu (BENCHMARKS.md), one command.
 
-    python benchmarks/wide.py --out wide.json            # on a CUDA GPU, ~3-4 min on an H200
-    TRITON_INTERPRET=1 python benchmarks/wide.py --tiny --out /tmp/w.json   # CPU smoke run
+    fusedmlp bench --suite wide --out wide.json    # on a CUDA GPU, ~3-4 min on an H200
+    python -m fusedmlp_xpu.bench_wide --out wide.json [--rows 16 8192] [--configs ...]
+    TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench_wide --tiny --out w.json  # CPU smoke run
 
 Per config, row count M (16, 8192), mode (inference, train = forward + backward for x
 and every weight and bias) and backend (eager, compile, triton = ours, bare = the same

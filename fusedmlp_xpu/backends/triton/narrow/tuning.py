@@ -32,7 +32,8 @@ OWN_PADDING = True
 
 
 # True: the input-gradient chain that loads its weights per row block pads its own way
-# too; wrong input gradients on the H200 (history 19), so off (benchmarks/repro_padding.py)
+# too; wrong input gradients on the H200 (history 19), so off (benchmarks/repro_padding.py,
+# in git history)
 OWN_PADDING_CHAIN_PER_BLOCK = False
 
 
@@ -423,7 +424,7 @@ def _one_kernel_pads(spec) -> dict:
     narrower than hidden. With in padded narrower than hidden and hidden-to-hidden layers
     (17 -> 33 x 3 -> 9) the first layer's weight gradient came out NaN on the H200
     (Triton 3.6; right in the interpreter; benchmarks/repro_padding.py --chain
-    one-kernel, NOTES history 22). Shared: read, never modify."""
+    one-kernel, in git history; NOTES history 22). Shared: read, never modify."""
     return _pads(spec, OWN_PADDING, 16, True)
 
 

@@ -185,7 +185,7 @@ def _linear_dw_kernel(
 # engine copies whole tiles into shared memory, zero-filling past the edges, so no masks
 # and no address math in the K loop) and runs persistent: one program per SM walks the
 # tiles in the grouped order. On the H200 (Triton 3.6, bf16, M 8192; benchmarks/
-# probe_tma_gemm.py, h200-probe-tma-gemm-20261130{,b,c}.json) this took the wide-gelu
+# probe_tma_gemm.py in git history, h200-probe-tma-gemm-20261130{,b,c}.json) this took the wide-gelu
 # GEMMs from 504-572 TFLOP/s (the pointer kernels above) to 647-684, against cuBLAS's
 # 679-719 without an epilogue. The gated GEMM the same way with two 128x128 accumulators
 # and two weight descriptors ran 3.44 ms against the pointer kernel's 3.39 (x 8192x4096,
