@@ -11,11 +11,10 @@ from ... import device_guard, memory
 from .. import launch
 from ..common import cdiv
 from ..launch import int_key
-from . import launchers
-from . import tuning
+from . import launchers, reduce, tuning
 from .launchers import NUM_STAGES, _fits, _launch_meta
 from .operands import _ALIGN, _aligned, _dense, _gluon_operands, _stacked
-from .reduce import _reduce_grads, _reduce_launch, _reduce_layout
+from .reduce import _reduce_grads, _reduce_launch
 from .tuning import (GLUON_MIN_ROWS, Split, _chain_pads, _dw_pads, _narrow,
                      _one_kernel, _one_kernel_pads, _tuning)
 
@@ -147,8 +146,8 @@ class _OneKernelBackward:
             HAS_BIAS=recompute and spec.bias,
             BIAS_PER_BLOCK=recompute and spec.bias and tuning._bwd_bias_per_block(spec))
         self.grads = self.need_w or self.need_b
-        self.reduce = _reduce_layout(spec, T_P, W_SLOT, SLOT, self.need_w, self.need_b,
-                                     device.type)
+        self.reduce = reduce._reduce_layout(spec, T_P, W_SLOT, SLOT, self.need_w,
+                                            self.need_b, device.type)
         self.lean = launch.enabled(device)
         # a register cap only where the GPU compiler takes one (not in the interpreter)
         self.options = ({"maxnreg": split.g_maxnreg}

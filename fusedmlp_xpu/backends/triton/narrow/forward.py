@@ -12,10 +12,9 @@ from ... import device_guard, memory, saved_widths
 from .. import launch
 from ..common import cdiv
 from ..launch import int_key
-from . import launchers
+from . import launchers, tuning
 from .launchers import NUM_STAGES, _fits, _launch_meta
 from .operands import _ALIGN, _aligned, _back_to_back, _dense, _gluon_operands, _stacked
-from . import tuning
 from .tuning import GLUON_MIN_ROWS, _narrow, _own_pads, _persistent_choice, _tuning
 
 

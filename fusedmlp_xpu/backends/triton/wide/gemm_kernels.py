@@ -26,7 +26,6 @@ from ..act import act as _act
 from ..act import act_grad as _act_grad
 
 
-# ---------------------------------------------------------------- activations ---
 # ---------------------------------------------------------------- shared pieces ---
 @triton.jit
 def _tile_pos(t, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):

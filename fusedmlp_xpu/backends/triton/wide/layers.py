@@ -20,8 +20,7 @@ from .. import launch
 from ..act import APPROX
 from ..common import cdiv
 from ..launch import TunedLauncher, int_key
-from . import configs
-from . import cublas
+from . import configs, cublas
 from .configs import (_MAX_ELEMENTS, _bucket, _check_size, _grid, _meta, _meta_for, _tma_config,
                       act_id)
 from .cublas import BLAS_FWD_MIN_ROWS, BLAS_LT_GELU_MAX_ROWS, _blas, _blas_forward_ok

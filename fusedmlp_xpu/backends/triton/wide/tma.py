@@ -10,10 +10,9 @@ from .... import envvars
 from ... import memory
 from ..common import cdiv
 from ..launch import bind_context, fitting
-from . import configs
+from . import configs, gemm_kernels
 from .configs import _meta, act_id
 from .gated_kernels import _gated_bwd_tma_kernel, _gated_fwd_tma_kernel
-from . import gemm_kernels
 from .gemm_kernels import _dx_tma_kernel, _linear_fwd_tma_kernel
 
 
