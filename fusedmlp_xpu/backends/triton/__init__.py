@@ -39,11 +39,6 @@ def wide_torch_train_rows(device: torch.device) -> int:
     return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" else 0
 
 
-def wide_torch_train_rows(device: torch.device) -> int:
-    """torch_train_rows for wide layers (fused_mlp's and the gated MLP's)."""
-    return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" else 0
-
-
 class TritonBackend(Backend):
     name = "triton"
     device_types = ("cuda", "xpu", "cpu")
