@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test suite, tuning sweep, benchmark. Writes everything under $OUT.
+# benchmarks/README.md says what each step measures and which result file it wrote last.
 # Usage (from the repo root on the GPU machine): bash benchmarks/h200_run.sh [steps...]
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -43,16 +44,6 @@ for s in $steps; do
     # cut by its time limit keeps the cases it finished)
     suite) timeout ${SUITE_S:-560} python3 -m fusedmlp_xpu.cli bench --suite narrow ${BENCH_ARGS:-} --out "$OUT/bench-narrow.json" > "$OUT/bench-narrow.txt" 2> "$OUT/bench-narrow.log"
            echo "suite rc=$?"; grep -E " 4194304 | 131072 " "$OUT/bench-narrow.txt" | grep -v eager; grep -c '^\[' "$OUT/bench-narrow.log" ;;
-    # the wide GEMMs one by one: TMA vs pointer kernels vs cuBLAS (PROBE_PART forward|backward|all)
-    probe-gated) timeout ${PROBE_S:-200} python3 benchmarks/probe_gated_tma.py --out "$OUT/probe-gated.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gated.txt" | tail -20 ;;
-    # the Gluon narrow backward against the Triton kernels (PROBE_ARGS: --hidden 32, --variants ...)
-    probe-gluon-bwd) timeout ${PROBE_S:-200} python3 benchmarks/probe_gluon_backward.py ${PROBE_ARGS:-} --out "$OUT/probe-gluon-bwd.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gluon-bwd.txt" | tail -12 ;;
-    # host time of a narrow train step (PROBE_ARGS: --profile, --torch-profile)
-    probe-train-host) timeout ${PROBE_S:-150} python3 benchmarks/probe_train_host.py ${PROBE_ARGS:-} --out "$OUT/probe-train-host.json" 2>&1 | grep -v Warn | tee "$OUT/probe-train-host.txt" | grep -E "^hidden" ;;
-    # the warp-specialized Gluon GEMMs of the wide backward against the Triton TMA kernels and torch.mm
-    probe-gluon-wide) timeout ${PROBE_S:-240} python3 benchmarks/probe_gluon_wide.py ${PROBE_ARGS:-} --out "$OUT/probe-gluon-wide.json" 2>&1 | grep -v Warn | tee "$OUT/probe-gluon-wide.txt" | tail -40 ;;
-    probe-blas) timeout ${PROBE_S:-120} python3 benchmarks/probe_blas.py --out "$OUT/probe-blas.json" 2>&1 | grep -v Warn | tee "$OUT/probe-blas.txt" | tail -12 ;;
-    probe) timeout ${PROBE_S:-200} python3 benchmarks/probe_tma_gemm.py --part ${PROBE_PART:-all} ${PROBE_ARGS:-} --out "$OUT/probe-tma.json" 2>&1 | grep -v Warn | tee "$OUT/probe-tma.txt" | tail -40 ;;
     # device time per kernel of the wide train steps: ours, eager, bare (KERNELS_ARGS: --inference)
     kernels) timeout ${KERNELS_S:-150} python3 benchmarks/wide_kernels.py ${KERNELS_ARGS:-} --out "$OUT/wide-kernels.json" 2>&1 | grep -v -E "Warn|USDT" | tee "$OUT/wide-kernels.txt" | grep -E "^wide|^ +[0-9.]+ " | awk '/^wide/{n=0} {if (n++ < 12) print}' ;;
     bench-wide) timeout ${BENCH_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --out "$OUT/bench-wide.json" > "$OUT/bench-wide.txt" 2>/dev/null; tail -20 "$OUT/bench-wide.txt" ;;

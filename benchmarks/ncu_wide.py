@@ -2,7 +2,7 @@
 wide-gelu's hidden-layer input gradient with the gelu' epilogue and h stored
 (wide.grad_input: on sm_90 the warp-specialized Gluon kernel), the same GEMM without an
 epilogue (the pointer kernel and cuBLAS), and wide-swiglu's dh GEMM with its dg, du
-epilogue (gluon_wide.launch_ws) beside cuBLAS at its shape. Every kernel is warmed up
+epilogue (hopper_gemm.launch_ws) beside cuBLAS at its shape. Every kernel is warmed up
 (autotuned) before the ranges.
 
     ncu --nvtx --nvtx-include "measure/" --section SpeedOfLight ... \\
@@ -10,7 +10,8 @@ epilogue (gluon_wide.launch_ws) beside cuBLAS at its shape. Every kernel is warm
 """
 import torch
 
-from fusedmlp_xpu.backends.triton import gluon_wide, wide
+from fusedmlp_xpu.backends.triton import wide
+from fusedmlp_xpu.backends.triton.wide import hopper_gemm
 
 
 def main():
@@ -24,13 +25,13 @@ def main():
     wd = torch.randn(d, hs, device=dev, dtype=dt) / hs ** 0.5
     gg, uu = (torch.randn(m, hs, device=dev, dtype=dt) for _ in range(2))
     dg, du = torch.empty_like(gg), torch.empty_like(gg)
-    silu = wide.act_id("silu", dev, dt)
+    silu = wide.configs.act_id("silu", dev, dt)
     cases = {
-        "dx_gelu_h": lambda: wide.grad_input(g2, w2, z1, "gelu_tanh", store_h=True),
-        "dx_gelu": lambda: wide.grad_input(g2, w2, z1, "gelu_tanh"),
-        "dx_plain": lambda: wide.grad_input(g2, w2),
+        "dx_gelu_h": lambda: wide.layers.grad_input(g2, w2, z1, "gelu_tanh", store_h=True),
+        "dx_gelu": lambda: wide.layers.grad_input(g2, w2, z1, "gelu_tanh"),
+        "dx_plain": lambda: wide.layers.grad_input(g2, w2),
         "cublas": lambda: g2 @ w2,
-        "gated_dh": lambda: gluon_wide.launch_ws(gluon_wide.GATED, silu, g2, wd, gg, uu, dg,
+        "gated_dh": lambda: hopper_gemm.launch_ws(hopper_gemm.GATED, silu, g2, wd, gg, uu, dg,
                                                  du, None),
         "cublas_gated_shape": lambda: torch.mm(g2, wd, out=dg),
     }

@@ -50,21 +50,21 @@ def main():
     on = launch.enabled
 
     launch.enabled = lambda device: False  # a forward plan that launches through Triton
-    slow_plan = tb._NarrowForward(spec, x.device, False)
+    slow_plan = tb.narrow.forward._NarrowForward(spec, x.device, False)
     launch.enabled = on
-    plan = tb._forward_plan(spec, x.device, False)
+    plan = tb.narrow.forward._forward_plan(spec, x.device, False)
 
-    narrow = importlib.import_module("fusedmlp_xpu.backends.triton.narrow")
+    fk = importlib.import_module("fusedmlp_xpu.backends.triton.narrow.forward_kernels")
     y = torch.empty(1, 64, device="cuda", dtype=torch.float16)
     wh = torch.stack(ws[1:-1])
     P = 64
     meta = dict(IN_P=P, H_P=P, OUT_P=P, ACT=1, OUT_ACT=0, F32=False, PREC="tf32x3")
 
     def raw():
-        return narrow._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64,
-                                            3, 64, 1, 64, 64, HAS_BIAS=False, SAVE=False,
-                                            BLOCK_M=64, num_warps=4, num_stages=tb.NUM_STAGES,
-                                            **meta)
+        return fk._mlp_fwd_kernel[(1,)](x, ws[0], wh, ws[-1], x, x, x, y, y, 1, 64, 64, 64,
+                                        3, 64, 1, 64, 64, HAS_BIAS=False, SAVE=False,
+                                        BLOCK_M=64, num_warps=4,
+                                        num_stages=tb.narrow.launchers.NUM_STAGES, **meta)
     with torch.no_grad():
         ck = raw()
         import triton
@@ -148,7 +148,7 @@ def main():
             pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     if args.out:
-        from fusedmlp_xpu.bench import environment
+        from fusedmlp_xpu.benchtools import environment
 
         out = {"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device("cuda")),
                "unit": "us per call (host, perf_counter; median of 7 rounds of 500 calls after 200 warm-up)",
@@ -176,15 +176,15 @@ def wide(args):
     def slow_plan(*key):
         if key not in slow:
             launch.enabled = lambda device: False
-            slow[key] = wide_mod._LinearForward(*key)
+            slow[key] = wide_mod.layers._LinearForward(*key)
             launch.enabled = on
         return slow[key]
 
     def ours_triton_path():
-        real, wide_mod._linear_plan = wide_mod._linear_plan, slow_plan
+        real, wide_mod.layers._linear_plan = wide_mod.layers._linear_plan, slow_plan
         launch.enabled = lambda device: False
         ours()
-        launch.enabled, wide_mod._linear_plan = on, real
+        launch.enabled, wide_mod.layers._linear_plan = on, real
 
     with torch.inference_mode():
         res = interleaved({"fused_mlp_16_rows": ours,
@@ -207,7 +207,7 @@ def wide(args):
     for k, v in res.items():
         print(f"{k:<40} {v:8.1f} us")
     print("launch hook installed:", launch._hooked())
-    for (name, vendor), k in wide_mod._tuned.items():
+    for (name, vendor), k in wide_mod.configs._tuned.items():
         print(f"{name:<10} {vendor:<7} lean launches {k.direct:>6}, cached specializations "
               f"{k.cache_size()}")
     if args.profile:
@@ -236,7 +236,7 @@ def wide(args):
             print(f"--- torch.profiler, 20 x train step at 16 rows, {what}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
     if args.out:
-        from fusedmlp_xpu.bench import environment
+        from fusedmlp_xpu.benchtools import environment
 
         json.dump({"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device(dev)),
                    "unit": "us per call (host, perf_counter; median of 7 interleaved rounds)",

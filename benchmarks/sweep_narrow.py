@@ -1,7 +1,7 @@
 """Sweep the Triton narrow kernel's tuning (BLOCK_M, num_warps, programs per SM) on a GPU.
 
 Prints one line per variant and the best per (width, pass); the chosen values go into
-_tuning_nvidia() in fusedmlp_xpu/backends/triton/__init__.py with these numbers as the
+_tuning_nvidia() in fusedmlp_xpu/backends/triton/narrow/tuning.py with these numbers as the
 reason. Usage: PYTHONPATH=. python benchmarks/sweep_narrow.py [--out results.json]
 """
 import argparse
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--widest-padding", action="store_true",
                     help="every forward tile padded to the widest width (OWN_PADDING off)")
     args = ap.parse_args()
-    tb.OWN_PADDING = not args.widest_padding
+    tb.narrow.tuning.OWN_PADDING = not args.widest_padding
     if args.persistent:
         return sweep_persistent(args)
     if args.stages:
@@ -89,9 +89,9 @@ def main():
                 for bm in (64, 128, 256):
                     for warps in (4, 8):
                         for per_sm in ((1, 2) if mode == "bwd" else (0,)):
-                            tb._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
+                            tb.narrow.tuning._tuning_nvidia = lambda spec, md, bm=bm, w=warps: (bm, w)
                             _replan(m)
-                            tb._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
+                            tb.narrow.launchers._n_programs = lambda d, nb, k=per_sm: max(1, min(nb, k * 132))
                             try:
                                 with torch.no_grad():
                                     xs = x[:8192].detach()
@@ -105,7 +105,7 @@ def main():
                                         with torch.no_grad():
                                             m(x)
                                 elif mode == "fwd_save":
-                                    tb._persistent = lambda d, spec, save=False: None
+                                    tb.narrow.tuning._persistent = lambda d, spec, save=False: None
                                     xs = x[:8192].detach().requires_grad_()
                                     err = ((m(xs).float() - ref).norm() / ref.norm()).item()
                                     if not err < 1e-2:
@@ -134,8 +134,8 @@ def sweep_persistent(args):
     """The persistent forward against the one-program-per-block forward, same process."""
     dev = torch.device("cuda")
     rows = []
-    own, own_tuning = tb._persistent, tb._tuning_nvidia
-    own_pb = tb._bias_per_block
+    own, own_tuning = tb.narrow.tuning._persistent, tb.narrow.tuning._tuning_nvidia
+    own_pb = tb.narrow.tuning._bias_per_block
     for W in args.width or (32, 64):
         m = fm.FusedMLP(64, 64, W, args.hidden, bias=args.bias, device=dev,
                         dtype=torch.float16, backend="triton")
@@ -181,18 +181,18 @@ def sweep_persistent(args):
         # with --bias-per-block each variant also with its biases loaded per row block
         for v, pb in [(v, pb) for v in variants
                       for pb in ((None, True) if args.bias_per_block else (None,))]:
-            tb.OWN_PADDING = v != "package, widest padding"
-            tb._bias_per_block = own_pb if pb is None else (lambda pads: True)
+            tb.narrow.tuning.OWN_PADDING = v != "package, widest padding"
+            tb.narrow.tuning._bias_per_block = own_pb if pb is None else (lambda pads: True)
             if isinstance(v, str):
-                tb._persistent, tb._tuning_nvidia = own, own_tuning
+                tb.narrow.tuning._persistent, tb.narrow.tuning._tuning_nvidia = own, own_tuning
                 sp = m.spec(torch.float16)
                 label = f"{v} {own(dev, sp)} / storing z {own(dev, sp, True)}"
             elif len(v) == 2:
-                tb._persistent = lambda d, spec, save=False: None
-                tb._tuning_nvidia = lambda spec, md, v=v: v
+                tb.narrow.tuning._persistent = lambda d, spec, save=False: None
+                tb.narrow.tuning._tuning_nvidia = lambda spec, md, v=v: v
                 label = f"per-block bm{v[0]} w{v[1]}"
             else:
-                tb._persistent = lambda d, spec, save=False, v=v: v
+                tb.narrow.tuning._persistent = lambda d, spec, save=False, v=v: v
                 label = "persistent bm{} w{} stages{} k{} resident {}".format(*v)
             label += " biases per block" if pb else ""
             _replan(m)
@@ -212,18 +212,18 @@ def sweep_persistent(args):
                                    f"{mode} {label}{_refused()}", ms)
         for mode, b in best.items():
             print(f"BEST W{W} L{args.hidden} {mode}: {b}", flush=True)
-    tb.OWN_PADDING, tb._bias_per_block = True, own_pb
+    tb.narrow.tuning.OWN_PADDING, tb.narrow.tuning._bias_per_block = True, own_pb
     _write(args, rows)
 
 
 def _replan(*modules):
     """Make the next calls read the (patched) tuning again: the cached tuning, the
     forward plans (they keep theirs), the stage fits and the modules' bound calls."""
-    tb._tuning_cached.cache_clear()
-    tb._split_cached.cache_clear()
-    tb._forward_plan.cache_clear()
-    tb._backward_plan.cache_clear()
-    tb._FIT.clear()
+    tb.narrow.tuning._tuning_cached.cache_clear()
+    tb.narrow.tuning._split_cached.cache_clear()
+    tb.narrow.forward._forward_plan.cache_clear()
+    tb.narrow.backward._backward_plan.cache_clear()
+    tb.narrow.launchers._FIT.clear()
     for m in modules:
         m._bound = None
 
@@ -282,7 +282,7 @@ def sweep_stages(args):
     (forward + backward; the package's backward choice, fused or split, for that width)."""
     dev = torch.device("cuda")
     rows = []
-    own_persistent = tb._persistent
+    own_persistent = tb.narrow.tuning._persistent
     for W in args.width or (32, 64):
         for hidden in (4, 11):
             m, seq, x, gy, xs, ref = _train_case(W, hidden, args.n, dev)
@@ -291,8 +291,8 @@ def sweep_stages(args):
             for mode in ("fwd", "train"):
                 best = None
                 for st in (1, 2, 3):
-                    tb._layer_stages_nvidia = lambda spec, md, st=st: st
-                    tb._persistent = ((lambda d, spec, save=False: None) if mode == "fwd"
+                    tb.narrow.tuning._layer_stages_nvidia = lambda spec, md, st=st: st
+                    tb.narrow.tuning._persistent = ((lambda d, spec, save=False: None) if mode == "fwd"
                                       else own_persistent)
                     _replan(m)
                     label = f"{mode} stages {st}"
@@ -317,17 +317,17 @@ def sweep_stages(args):
                         continue
                     best = _keep(rows, best, W, hidden, label, ms)
                 print(f"BEST W{W} L{hidden} {mode}: {best}", flush=True)
-    tb._persistent = own_persistent
+    tb.narrow.tuning._persistent = own_persistent
     _write(args, rows)
 
 
 def _refused() -> str:
     """What ran instead, when the device refused an unrolled kernel of the variant just
     timed (tb._FIT, cleared before each variant); empty when everything fit."""
-    if not tb._FIT:
+    if not tb.narrow.launchers._FIT:
         return ""
     return " (did not fit; ran: {})".format(", ".join(
-        f"{k[0]} {v} stages" if v else f"{k[0]} layer loop" for k, v in tb._FIT.items()))
+        f"{k[0]} {v} stages" if v else f"{k[0]} layer loop" for k, v in tb.narrow.launchers._FIT.items()))
 
 
 def _keep(rows, best, W, hidden, label, ms):
@@ -382,30 +382,30 @@ def sweep_split(args):
 
         def time_variant(v, W=W, m=m, xs=xs, gy=gy, ref=ref, timed=timed, fn=fn):
             nonlocal best
-            tb._split_backward = lambda d, spec, v=v: v
-            tb._FIT.clear()
+            tb.narrow.tuning._split_backward = lambda d, spec, v=v: v
+            tb.narrow.launchers._FIT.clear()
             label = "fused" if v is None else (
                 "split dw bm{} w{} st{} g bm{} w{} per-SM {} unroll {} st{} resident {}"
                 .format(*v))
             ms = _checked_train_ms(m, xs, gy, ref, fn, f"W{W} {label}")
             if ms is None:
                 return
-            if tb._FIT:  # an unrolled kernel was refused: fewer stages or the layer loop ran
+            if tb.narrow.launchers._FIT:  # an unrolled kernel was refused: fewer stages or the layer loop ran
                 label += _refused()
             else:
                 timed[v] = ms
             best = _keep(rows, best, W, args.hidden, f"train {label}", ms)
         time_variant(None)
         for g in gs:
-            time_variant(tb.Split(*dws[0], *g))
+            time_variant(tb.narrow.tuning.Split(*dws[0], *g))
         g_best = min((v for v in timed if v is not None), key=timed.get, default=None)
         if g_best is not None:
             for dw in dws[1:]:
-                time_variant(tb.Split(*dw, *g_best[3:]))
+                time_variant(tb.narrow.tuning.Split(*dw, *g_best[3:]))
         print(f"BEST W{W} L{args.hidden} train: {best}", flush=True)
         splits = [v for v in timed if v is not None]
         for v in [None] + ([min(splits, key=timed.get)] if splits else []):
-            tb._split_backward = lambda d, spec, v=v: v
+            tb.narrow.tuning._split_backward = lambda d, spec, v=v: v
             kernels = _profile_kernels(fn)
             print(f"W{W} {'fused' if v is None else v} per step, kernel by kernel:")
             for name, us in kernels:
@@ -427,7 +427,7 @@ def sweep_padding(args):
     memory shrinks with the narrower hidden tiles). Then both kernel by kernel."""
     dev = torch.device("cuda")
     rows = []
-    own_split = tb._split_backward
+    own_split = tb.narrow.tuning._split_backward
     for W, bias in [(W, b) for W in args.width or (32, 128) for b in (True, False)]:
         m, _, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
         spec = m.spec(torch.float16)
@@ -439,9 +439,9 @@ def sweep_padding(args):
         fn = _step(m, x, gy)
 
         def use(v):
-            tb.OWN_PADDING = not v.startswith("widest")
+            tb.narrow.tuning.OWN_PADDING = not v.startswith("widest")
             two = split._replace(g_per_sm=2) if v.endswith("2 per SM") else split
-            tb._split_backward = lambda d, sp, two=two: two
+            tb.narrow.tuning._split_backward = lambda d, sp, two=two: two
             _replan(m)
 
         best = None
@@ -460,7 +460,7 @@ def sweep_padding(args):
                 print(f"   {us:9.1f} us  {name}")
             rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=v,
                              kernels_us=kernels))
-    tb.OWN_PADDING, tb._split_backward = True, own_split
+    tb.narrow.tuning.OWN_PADDING, tb.narrow.tuning._split_backward = True, own_split
     _write(args, rows)
 
 
@@ -473,16 +473,16 @@ def sweep_one_kernel(args):
     eager's in fp32. Then the package's and the best one-kernel variant kernel by kernel."""
     dev = torch.device("cuda")
     rows = []
-    own_split, own_pb = tb._split_backward, tb._bwd_bias_per_block
+    own_split, own_pb = tb.narrow.tuning._split_backward, tb.narrow.tuning._bwd_bias_per_block
     biases = (True,) if args.bias_per_block else (False,) if args.nobias else (False, True)
     for W, bias in [(W, b) for W in args.width or (32, 64) for b in biases]:
         m, seq, x, gy, xs, ref = _train_case(W, args.hidden, args.n, dev, bias)
         spec = m.spec(torch.float16)
         package = own_split(dev, spec)
         # the two kernels, as the package chooses them without the one kernel
-        tb.ONE_KERNEL_BACKWARD = False
-        two = own_split(dev, spec) or tb.Split(128, 4, 2)
-        tb.ONE_KERNEL_BACKWARD = True
+        tb.narrow.tuning.ONE_KERNEL_BACKWARD = False
+        two = own_split(dev, spec) or tb.narrow.tuning.Split(128, 4, 2)
+        tb.narrow.tuning.ONE_KERNEL_BACKWARD = True
         base = two._replace(g_per_sm=1, g_unroll=True, g_resident=True, g_dw=True)
         # (rows, warps, stages, programs per SM, register cap): the cap lets 3 or 4
         # 4-warp programs share an SM's 64K registers (ptxas spills the rest)
@@ -528,8 +528,8 @@ def sweep_one_kernel(args):
         best = None
         for v, rc, *pb in variants * 2:
             pb = bool(pb and pb[0])  # the recomputing one kernel's biases per row block
-            tb._split_backward = lambda d, sp, v=v: v
-            tb._bwd_bias_per_block = lambda sp, pb=pb: pb
+            tb.narrow.tuning._split_backward = lambda d, sp, v=v: v
+            tb.narrow.tuning._bwd_bias_per_block = lambda sp, pb=pb: pb
             _replan(m)
             m.recompute = rc
             label = ("package" if v is package else "two kernels" if v is two else
@@ -554,8 +554,8 @@ def sweep_one_kernel(args):
                                               key=lambda k: min(timed[k]))]
                                          if len(timed) > 1 else [])
         for v, rc, pb in picks:
-            tb._split_backward = lambda d, sp, v=v: v
-            tb._bwd_bias_per_block = lambda sp, pb=pb: pb
+            tb.narrow.tuning._split_backward = lambda d, sp, v=v: v
+            tb.narrow.tuning._bwd_bias_per_block = lambda sp, pb=pb: pb
             _replan(m)
             m.recompute = rc
             kernels = _profile_kernels(fn)
@@ -566,7 +566,7 @@ def sweep_one_kernel(args):
             rows.append(dict(width=W, hidden=args.hidden, bias=bias, variant=str(v),
                              recompute=rc, bias_per_block=pb, kernels_us=kernels))
         m.recompute = False
-    tb._split_backward, tb._bwd_bias_per_block = own_split, own_pb
+    tb.narrow.tuning._split_backward, tb.narrow.tuning._bwd_bias_per_block = own_split, own_pb
     _write(args, rows)
 
 

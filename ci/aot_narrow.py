@@ -7,9 +7,9 @@ the GPU compiler rejects (seen: a loop-carried tile whose shape changed compiled
 interpreter and failed on the H200). This compiles the forward (one program per row
 block, and persistent), the backward (fused, and split in two) kernels for
 sm_<arch> with the tuning the H200 uses (and the backward in one kernel), for every
-padded width and activation family, and the Gluon inference forward (gluon_narrow.py),
-and prints shared memory, MMA family, registers and spills. Must run WITHOUT
-TRITON_INTERPRET.
+padded width and activation family, and the Gluon inference forward
+(narrow/hopper_forward.py), and prints shared memory, MMA family, registers and spills.
+Must run WITHOUT TRITON_INTERPRET.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from aot_wide import _compile_gluon, _ptxas_info  # noqa: E402
-from fusedmlp_xpu.backends import triton as tb  # noqa: E402
-from fusedmlp_xpu.backends.triton import narrow  # noqa: E402
+from fusedmlp_xpu.backends.triton.common import interpreting  # noqa: E402
+from fusedmlp_xpu.backends.triton.narrow import (  # noqa: E402
+    backward_kernels, forward_kernels, launchers, tuning)
 from fusedmlp_xpu.spec import MLPSpec  # noqa: E402
 
 # strides that are 1 for contiguous tensors; the launcher specialises them the same way
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--quick", action="store_true", help="widths 64 and 128, relu only")
     args = p.parse_args(argv)
-    if tb._interpreting():
+    if interpreting():
         p.error("unset TRITON_INTERPRET: the interpreter replaces the compiler")
     failed = 0
     for P in (64, 128) if args.quick else (16, 32, 64, 128):
@@ -65,68 +66,68 @@ def main(argv=None) -> int:
         for act, out_act in acts:
             base = dict(IN_P=P, H_P=P, OUT_P=P, ACT=act, OUT_ACT=out_act, F32=False,
                         PREC="tf32x3")
-            jobs = [("fwd_save", narrow._mlp_fwd_kernel, "fwd_save",
+            jobs = [("fwd_save", forward_kernels._mlp_fwd_kernel, "fwd_save",
                      dict(base, HAS_BIAS=True, SAVE=True)),
                     # inference at width 128 with in/out 128 (one program per row block;
                     # its tuning, 64 rows / 4 warps, neither spills nor serializes)
-                    ("fwd", narrow._mlp_fwd_kernel, "fwd",
+                    ("fwd", forward_kernels._mlp_fwd_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=False)) if P == 128 else None,
                     # inference at width 128 with in/out 64, each width padded on its own
-                    ("fwd_own_p", narrow._mlp_fwd_kernel, "fwd",
+                    ("fwd_own_p", forward_kernels._mlp_fwd_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=False))
                     if P == 128 else None,
-                    ("fwd_persistent", narrow._mlp_fwd_persistent_kernel, "fwd",
+                    ("fwd_persistent", forward_kernels._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
                           RESIDENT=False)),
                     # ... with hidden padded on its own, narrower than in/out (64 -> 32
                     # -> 64: narrow-w32)
-                    ("fwd_pers_own_p", narrow._mlp_fwd_persistent_kernel, "fwd",
+                    ("fwd_pers_own_p", forward_kernels._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, H_P=P // 2, HAS_BIAS=True, SAVE=False, L_HID=4, STAGES=2,
                           RESIDENT=False)) if P == 64 else None,
                     # ... resident at hidden 128 between in/out 64 (narrow-w128, no
                     # biases), for inference and storing z, at their own tunings
-                    ("fwd_pers_w128", narrow._mlp_fwd_persistent_kernel, "fwd",
+                    ("fwd_pers_w128", forward_kernels._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=False, SAVE=False, L_HID=3))
                     if P == 128 else None,
-                    ("fwd_pers_w128_z", narrow._mlp_fwd_persistent_kernel, "fwd",
+                    ("fwd_pers_w128_z", forward_kernels._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=False, SAVE=True, L_HID=3))
                     if P == 128 else None,
                     # ... and with biases, loaded per row block
-                    ("fwd_pers_w128_b", narrow._mlp_fwd_persistent_kernel, "fwd",
+                    ("fwd_pers_w128_b", forward_kernels._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=False, L_HID=3,
                           BIAS_PER_BLOCK=True)) if P == 128 else None,
-                    ("fwd_pers_w128_bz", narrow._mlp_fwd_persistent_kernel, "fwd",
+                    ("fwd_pers_w128_bz", forward_kernels._mlp_fwd_persistent_kernel, "fwd",
                      dict(base, IN_P=64, OUT_P=64, HAS_BIAS=True, SAVE=True, L_HID=3,
                           BIAS_PER_BLOCK=True)) if P == 128 else None,
-                    ("bwd", narrow._mlp_bwd_kernel, "bwd",
+                    ("bwd", backward_kernels._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=True,
                           NEED_B=True, STORE_G=False)),
                     # the split backward: the input-gradient chain storing g, then dW
-                    ("bwd_store_g", narrow._mlp_bwd_kernel, "bwd",
+                    ("bwd_store_g", backward_kernels._mlp_bwd_kernel, "bwd",
                      dict(base, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True, NEED_W=False,
                           NEED_B=False, STORE_G=True)),
                     # ... or with the layer loop unrolled and its row blocks pipelined
-                    ("g_unrolled", narrow._mlp_g_kernel, "bwd",
+                    ("g_unrolled", backward_kernels._mlp_g_kernel, "bwd",
                      dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=False)),
                     # ... with its weight tiles loaded once per program (the hidden-32 choice)
-                    ("g_resident", narrow._mlp_g_kernel, "bwd",
+                    ("g_resident", backward_kernels._mlp_g_kernel, "bwd",
                      dict(base, NEED_X=True, L_HID=4, STAGES=2, RESIDENT=True)),
-                    ("dw", narrow._mlp_dw_kernel, "bwd",
+                    ("dw", backward_kernels._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=True,
                           STAGES=2)),
                     # the split backward with each width padded on its own: the resident
                     # chain at hidden 32 between in/out 64 (narrow-w32), the weight
                     # gradients at in/out 64 around hidden 128 (narrow-w128)
-                    ("g_res_own_p", narrow._mlp_g_kernel, "bwd",
+                    ("g_res_own_p", backward_kernels._mlp_g_kernel, "bwd",
                      dict(base, H_P=P // 2, NEED_X=True, L_HID=4, STAGES=2,
                           RESIDENT=True)) if P == 64 else None,
                     # ... the resident chain at hidden 128 between in/out 64 (narrow-w128)
-                    ("g_res_w128", narrow._mlp_g_kernel, "bwd",
+                    ("g_res_w128", backward_kernels._mlp_g_kernel, "bwd",
                      dict(base, IN_P=64, OUT_P=64, NEED_X=True, L_HID=3, STAGES=2,
                           RESIDENT=True)) if P == 128 else None,
                     # (narrow-w128 has no biases: with them, ptxas serializes this
                     # kernel's MMAs, as "dw" shows)
-                    ("dw_own_p", narrow._mlp_dw_kernel, "bwd",
+                    ("dw_own_p", backward_kernels._mlp_dw_kernel, "bwd",
                      dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_B=False, STAGES=2,
                           IN_P=64, OUT_P=64)) if P == 128 else None]
             # the backward in one kernel (the resident chain summing the weight gradients
@@ -136,31 +137,31 @@ def main(argv=None) -> int:
             one_base = dict(base, T_P=P, W_SLOT=P * P, SLOT=P * P + P, NEED_X=True,
                             NEED_W=True, L_HID=3)
             for rc, tag in ((False, "one_kernel"), (True, "one_recompute")):
-                jobs += [(tag, narrow._mlp_bwd_resident_kernel, "one",
+                jobs += [(tag, backward_kernels._mlp_bwd_resident_kernel, "one",
                           dict(one_base, NEED_B=True, RECOMPUTE=rc, HAS_BIAS=rc))
                          if P <= 64 else None,
-                         (tag + "_own_p", narrow._mlp_bwd_resident_kernel, "one",
+                         (tag + "_own_p", backward_kernels._mlp_bwd_resident_kernel, "one",
                           dict(one_base, H_P=P // 2, NEED_B=False, RECOMPUTE=rc,
                                HAS_BIAS=False))
                          if P == 64 else None]
             # the split backward's own tuning, where on (at P 128 narrow-w128's too)
-            split = tb._split_nvidia(spec)
+            split = tuning._split_nvidia(spec)
             for name, fn, mode, consts in filter(None, jobs):
                 if mode == "one":  # the one-kernel backward's own tuning at its widths
                     one_spec = MLPSpec(
                         (64,) + (consts["H_P"],) * (consts["L_HID"] + 1) + (64,),
                         bias=consts["NEED_B"], dtype=torch.float16)
-                    one = tb._split_nvidia(one_spec)
+                    one = tuning._split_nvidia(one_spec)
                     # recomputing with biases: held, or loaded per row block as the
                     # package chooses
                     consts.update(BLOCK_M=one.g_block_m, STAGES=one.g_stages,
                                   BIAS_PER_BLOCK=consts["RECOMPUTE"] and consts["HAS_BIAS"]
-                                  and tb._bwd_bias_per_block(one_spec))
+                                  and tuning._bwd_bias_per_block(one_spec))
                     smem, mma, info = compile_kernel(fn, consts, args.arch, one.g_warps)
                     print(f"{name:<14} P={P:<4} act {act}/{out_act} BLOCK_M {one.g_block_m:<4} "
                           f"w{one.g_warps} {smem // 1024:>4} KB smem {mma:<6} {info}")
                     continue
-                bm, warps = tb._tuning_nvidia(
+                bm, warps = tuning._tuning_nvidia(
                     MLPSpec((P,) * 4, dtype=torch.float16) if name == "fwd" else spec, mode)
                 if split is not None and name in ("bwd_store_g", "g_unrolled", "g_resident",
                                                   "g_res_own_p", "g_res_w128"):
@@ -173,15 +174,17 @@ def main(argv=None) -> int:
                     w128 = MLPSpec((64,) + (128,) * 4 + (64,), bias=consts["HAS_BIAS"],
                                    dtype=torch.float16)
                     bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
-                        tb._persistent_nvidia(w128, consts["SAVE"])
-                elif name.startswith("fwd_pers") and tb._persistent_nvidia(spec) is not None:
+                        tuning._persistent_nvidia(w128, consts["SAVE"])
+                elif (name.startswith("fwd_pers")
+                      and tuning._persistent_nvidia(spec) is not None):
                     bm, warps, consts["STAGES"], _, consts["RESIDENT"] = \
-                        tb._persistent_nvidia(spec)
+                        tuning._persistent_nvidia(spec)
                 consts["BLOCK_M"] = bm
                 # the layer loop's stages, as the launches ask them (unrolled or none: 1)
                 stages = {"fwd_save": "fwd_save", "fwd": "fwd", "fwd_own_p": "fwd", "bwd": "bwd",
                           "bwd_store_g": "g"}.get(name)
-                stages = tb._layer_stages_nvidia(spec, stages) if stages else tb.NUM_STAGES
+                stages = (tuning._layer_stages_nvidia(spec, stages) if stages
+                          else launchers.NUM_STAGES)
                 try:
                     smem, mma, info = compile_kernel(fn, consts, args.arch, warps, stages)
                     # more than sm_90's 227 KB a block: Triton refuses it at launch, the
@@ -199,9 +202,9 @@ def main(argv=None) -> int:
 
 
 def compile_gluon(args) -> int:
-    """The Gluon inference forward (gluon_narrow.py) at the bench's nets, at the
+    """The Gluon inference forward (narrow/hopper_forward.py) at the bench's nets, at the
     package's tuning; returns the number of failures."""
-    from fusedmlp_xpu.backends.triton import gluon_narrow as g
+    from fusedmlp_xpu.backends.triton.narrow import hopper_forward as g
 
     if g.gluon is None:
         print(f"gluon: not compiled ({g.IMPORT_ERROR})")
@@ -240,10 +243,10 @@ def compile_gluon(args) -> int:
 
 
 def compile_gluon_backward(args) -> int:
-    """The Gluon recomputing backward (gluon_backward.py, warp-specialized) at the
+    """The Gluon recomputing backward (narrow/hopper_backward.py, warp-specialized) at the
     bench's narrow-w64 net and, unless quick, at the other depths, TMA-padded widths and
     an activation that keeps its pre-activations; returns the number of failures."""
-    from fusedmlp_xpu.backends.triton import gluon_backward as g
+    from fusedmlp_xpu.backends.triton.narrow import hopper_backward as g
 
     if g.gluon is None:
         print(f"gluon-bwd: not compiled ({g.IMPORT_ERROR})")

@@ -27,9 +27,12 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import mangle_type  # noqa: E402
 
-from fusedmlp_xpu.backends.triton import wide  # noqa: E402
+from fusedmlp_xpu.backends.triton.wide import (  # noqa: E402
+    configs, gated_kernels, gemm_kernels)
+from fusedmlp_xpu.backends.triton.wide import tma as wide_tma  # noqa: E402
 
-# the strides that are 1 for row-major operands, per kernel (see the launchers in wide.py)
+# the strides that are 1 for row-major operands, per kernel (see the launchers in
+# wide/layers.py and wide/gated.py)
 UNIT_STRIDES = {
     "fwd": "s_xk s_wk s_yn s_zn",
     "dx": "s_gk s_wn s_zgk s_g2k s_w2n s_zn s_on s_hn",
@@ -40,9 +43,9 @@ UNIT_STRIDES = {
 # the constexpr combinations wide-gelu / wide-swiglu training use, plus prologue variants
 VARIANTS = {
     "fwd": [dict(ACT=4, HAS_BIAS=True, STORE_Z=True), dict(ACT=0, HAS_BIAS=True, STORE_Z=False),
-            dict(ACT=4 + wide.APPROX.value, HAS_BIAS=True, STORE_Z=False)],
+            dict(ACT=4 + configs.APPROX.value, HAS_BIAS=True, STORE_Z=False)],
     "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False),
-           dict(G_ACT=0, ACT=4 + wide.APPROX.value, DUAL=False, STORE_H=False)],
+           dict(G_ACT=0, ACT=4 + configs.APPROX.value, DUAL=False, STORE_H=False)],
     "dw": [dict(G_ACT=0), dict(G_ACT=7)],
     "gated_fwd": [dict(ACT=5, HAS_BIAS=False, STORE_GU=True)],
     "gated_bwd": [dict(ACT=5)],
@@ -50,7 +53,7 @@ VARIANTS = {
 
 
 def compile_variant(name, consts, cfg, arch, dtype="bf16"):
-    fn = wide._KERNELS[name][0]
+    fn = configs._KERNELS[name][0]
     unit = set(UNIT_STRIDES[name].split())
     sig, cx, attrs = {}, {}, {}
     values = {**consts, **cfg.kwargs, "UPCAST": False, "EVEN_K": True,
@@ -82,25 +85,25 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None, approx=Fal
     epilogue and h; "gated_bwd"), with descriptor arguments typed as Triton types them at
     launch; ``approx``: gelu through the hardware tanh (act.APPROX), as bf16 runs it on
     NVIDIA GPUs."""
-    cfg = cfg or wide._tma_config_nvidia(kind)
+    cfg = cfg or configs._tma_config_nvidia(kind)
     bm, bn, bk, warps, stages = cfg[:5]
     sub = len(cfg) > 5 and cfg[5]
     mn, mk, kn = [bm, bn], [bm, bk], [bk, bn]
     me = [bm, bn // 2] if sub else mn  # epilogue tiles of the SUBTILE kernels
     fn, blocks = {
-        "fwd": (wide._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn,
-                                                  part_desc=[bm, wide._part_cols(bn)])),
-        "gated": (wide._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, 2, bk], h_desc=mn,
+        "fwd": (gemm_kernels._linear_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, bk], y_desc=mn, z_desc=mn,
+                                                  part_desc=[bm, wide_tma._part_cols(bn)])),
+        "gated": (gated_kernels._gated_fwd_tma_kernel, dict(x_desc=mk, w_desc=[bn, 2, bk], h_desc=mn,
                                                    g_desc=mn, u_desc=mn)),
-        "dx": (wide._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=me, out_desc=me, h_desc=me)),
-        "gated_bwd": (wide._gated_bwd_tma_kernel, dict(dy_desc=mk, wd_desc=kn, g_desc=me,
+        "dx": (gemm_kernels._dx_tma_kernel, dict(g_desc=mk, w_desc=kn, z_desc=me, out_desc=me, h_desc=me)),
+        "gated_bwd": (gated_kernels._gated_bwd_tma_kernel, dict(dy_desc=mk, wd_desc=kn, g_desc=me,
                                                        u_desc=me, dg_desc=me, du_desc=me, h_desc=me)),
     }[{"fwd_z": "fwd", "gated_gu": "gated"}.get(kind, kind)]
     t = {2: torch.empty(1024, 1024, dtype=dtype), 3: torch.empty(1024, 2, 1024, dtype=dtype)}
-    gelu = 4 + (wide.APPROX.value if approx else 0)
+    gelu = 4 + (configs.APPROX.value if approx else 0)
     values = {"ACT": 5 if kind.startswith("gated") else gelu, "HAS_BIAS": kind.startswith("fwd"),
               "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu",
-              "STORE_H": True, "SUBTILE": sub, "STREAM_K": True, "PART_N": wide._part_cols(bn),
+              "STORE_H": True, "SUBTILE": sub, "STREAM_K": True, "PART_N": wide_tma._part_cols(bn),
               "SWAP": False,
               "UPCAST": False, "PRECISION": "tf32", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
               "GROUP_M": 8, "PROGRAMS": 132}
@@ -108,7 +111,7 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None, approx=Fal
     for n in fn.arg_names:
         if n in blocks:
             src = t[len(blocks[n])] if n != "part_desc" else t[2].float()  # fp32 partials
-            sig[n] = mangle_type(wide.TensorDescriptor.from_tensor(src, blocks[n]))
+            sig[n] = mangle_type(wide_tma.TensorDescriptor.from_tensor(src, blocks[n]))
         elif n in values:
             sig[n], cx[n] = "constexpr", values[n]
         else:
@@ -121,8 +124,8 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None, approx=Fal
 
 def compile_fixup(arch: int, cfg=None):
     """The stream-K fixup kernel of the TMA forward at its tile (pointer loads/stores)."""
-    cfg = cfg or wide._tma_config_nvidia("fwd_z")
-    fn = wide._stream_k_fixup_kernel
+    cfg = cfg or configs._tma_config_nvidia("fwd_z")
+    fn = gemm_kernels._stream_k_fixup_kernel
     values = {"ACT": 4, "HAS_BIAS": True, "STORE_Z": True, "BLOCK_M": cfg[0], "BLOCK_N": cfg[1],
               "BLOCK_K": cfg[2], "GROUP_M": 8, "PROGRAMS": 132, "FIX_M": 32, "FIX_N": 64}
     sig, cx, attrs = {}, {}, {}
@@ -194,15 +197,15 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="one large-M and one decode config per variant")
     args = p.parse_args(argv)
-    if wide.interpreting():
+    if configs.interpreting():
         p.error("unset TRITON_INTERPRET: the interpreter replaces the compiler")
     failed = 0
     for name, variants in VARIANTS.items():
-        configs = wide._configs_nvidia(wide._KERNELS[name][1])
+        cfgs = configs._configs_nvidia(configs._KERNELS[name][1])
         if args.quick:
-            configs = [wide._prune(configs, {"M_BUCKET": 8192})[0],
-                       wide._prune(configs, {"M_BUCKET": 16})[0]]
-        for consts, cfg in itertools.product(variants, configs):
+            cfgs = [configs._prune(cfgs, {"M_BUCKET": 8192})[0],
+                    configs._prune(cfgs, {"M_BUCKET": 16})[0]]
+        for consts, cfg in itertools.product(variants, cfgs):
             kw = cfg.kwargs
             tile = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{cfg.num_warps} s{cfg.num_stages}"
             try:
@@ -211,7 +214,7 @@ def main(argv=None) -> int:
             except Exception as e:  # report every failure, then fail the run
                 failed += 1
                 print(f"{name:<10}{tile:<20}FAILED {type(e).__name__}: {str(e)[:400]}  {consts}")
-    if wide.TensorDescriptor is not None:
+    if wide_tma.TensorDescriptor is not None:
         for kind, approx in (("fwd", False), ("fwd", True), ("fwd_z", False), ("fwd_z", True),
                              ("gated", False), ("gated_gu", False), ("dx", False),
                              ("dx", True), ("gated_bwd", False)):
@@ -236,10 +239,10 @@ def main(argv=None) -> int:
 
 
 def compile_gluon(arch: int) -> int:
-    """gluon_wide's warp-specialized kernel: dx (gelu_tanh with the hardware tanh) and the
+    """hopper_gemm's warp-specialized kernel: dx (gelu_tanh with the hardware tanh) and the
     gated dh GEMM (silu), each with and without h; one line each (shared memory against
-    gluon_wide.smem_bytes, wgmma, setmaxnreg, registers and spills); returns failures."""
-    from fusedmlp_xpu.backends.triton import gluon_wide as g
+    hopper_gemm.smem_bytes, wgmma, setmaxnreg, registers and spills); returns failures."""
+    from fusedmlp_xpu.backends.triton.wide import hopper_gemm as g
 
     if g.gluon is None:
         print("gluon-ws: not compiled (no Gluon in this Triton)")
@@ -256,7 +259,7 @@ def compile_gluon(arch: int) -> int:
     for epi, act, store_h in ((g.DX, "gelu_tanh", True), (g.DX, "gelu_tanh", False),
                               (g.GATED, "silu", True), (g.GATED, "silu", False)):
         stages = g.stages(epi, store_h)
-        aid = wide._ACT[act] + (wide.APPROX.value if act == "gelu_tanh" else 0)
+        aid = configs._ACT[act] + (configs.APPROX.value if act == "gelu_tanh" else 0)
         sig = dict(a_desc=desc([bm, bk]), b_desc=desc([bk, bn]),
                    **{n: desc([bm, bn]) for n in ("e0_desc", "e1_desc", "o0_desc", "o1_desc",
                                                   "h_desc")}, M="i32", N="i32", K="i32")

@@ -10,14 +10,12 @@ roofline floor. Small batches are also timed replayed from a CUDA graph.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import gc
 import importlib
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +25,8 @@ import torch
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import configs
+from fusedmlp_xpu.benchtools import calls_ms, environment, lean_launches_note
+from fusedmlp_xpu.benchtools import sync as _sync
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -72,62 +72,6 @@ L2_ROTATE_BYTES = 256 * 2 ** 20  # rotate inputs until their total exceeds 4x a 
 
 
 # --- environment and ceilings ----------------------------------------------------------
-def environment(device: torch.device) -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.machine(), "fusedmlp_xpu": fm.__version__}
-    with contextlib.suppress(Exception):
-        env["triton"] = importlib.import_module("triton").__version__
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(device=p.name, vendor="nvidia", capability=f"{p.major}.{p.minor}",
-                   sm_count=p.multi_processor_count, memory_GB=round(p.total_memory / 1e9, 1))
-        with contextlib.suppress(Exception):
-            import subprocess
-            q = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit"
-            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10).stdout.strip()
-            env["driver"], env["clocks"] = out.split(",")[0].strip(), out
-    elif device.type == "xpu":
-        env.update(device=torch.xpu.get_device_name(device), vendor="intel")
-    else:
-        env.update(device=platform.processor() or platform.machine(), vendor="cpu",
-                   threads=torch.get_num_threads())
-    return env
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-
-
-def calls_ms(device, fn, n: int, start: int = 0, lead: bool = False) -> float:
-    """ms per call of fn(i) for i in start..start+n-1, back to back: device events on GPUs,
-    a host clock between two synchronizations elsewhere. ``lead``: one untimed call first
-    (GPUs), so that the device is busy when the first event is recorded and the timed
-    calls are queued behind it: the host's latency to the first timed kernel (an idle
-    device waiting for it) is then not timed."""
-    if device.type in ("cuda", "xpu"):
-        mod = torch.cuda if device.type == "cuda" else torch.xpu
-        a, b = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
-        if lead:
-            fn(start + n)
-        a.record()
-        for i in range(start, start + n):
-            fn(i)
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / n
-    _sync(device)
-    t = time.perf_counter()
-    for i in range(start, start + n):
-        fn(i)
-    _sync(device)
-    return (time.perf_counter() - t) * 1e3 / n
-
-
 class Timer:
     """Median/min/max milliseconds per call of fn(i): device events on GPUs, a host clock
     (after a sync) on the CPU. Each repeat times ``inner`` back-to-back calls."""
@@ -489,14 +433,3 @@ def _add_arguments(p):
 
 
 cmd_bench.add_arguments = _add_arguments
-
-
-def lean_launches_note() -> str:
-    """How many Triton launches took the lean path (backends/triton/launch.py), per kernel."""
-    try:
-        from .backends.triton import launch
-    except Exception as e:  # noqa: BLE001 -- no Triton: nothing launched
-        return f"lean launches: none (Triton backend not importable: {type(e).__name__})"
-    counts = launch.stats()
-    return "lean launches: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-                                or "none")

@@ -1,7 +1,8 @@
 """The wide-MLP benchmark: wide-gelu and wide-swiglu (BENCHMARKS.md), one command.
 
-    python benchmarks/wide.py --out wide.json            # on a CUDA GPU, ~3-4 min on an H200
-    TRITON_INTERPRET=1 python benchmarks/wide.py --tiny --out /tmp/w.json   # CPU smoke run
+    fusedmlp bench --suite wide --out wide.json    # on a CUDA GPU, ~3-4 min on an H200
+    python -m fusedmlp_xpu.bench_wide --out wide.json [--rows 16 8192] [--configs ...]
+    TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench_wide --tiny --out w.json  # CPU smoke run
 
 Per config, row count M (16, 8192), mode (inference, train = forward + backward for x
 and every weight and bias) and backend (eager, compile, triton = ours, bare = the same
@@ -30,7 +31,8 @@ from torch import nn
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
-from fusedmlp_xpu.bench import _sync, calls_ms, environment, lean_launches_note
+from fusedmlp_xpu.benchtools import calls_ms, environment, lean_launches_note
+from fusedmlp_xpu.benchtools import sync as _sync
 
 SCHEMA = "fusedmlp-bench/1"
 L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
@@ -109,10 +111,10 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
                      f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"
                      " rows, which run as torch ops with torch's autograd (faster there)")
-        from .backends.triton import gluon_wide
+        from .backends.triton.wide import hopper_gemm
         _note(notes, "train steps' activation input gradient and gated dh GEMM: " + (
-            "the warp-specialized Gluon kernel (gluon_wide.py)"
-            if gluon_wide.available(device, torch.bfloat16) else "wide.py's Triton kernels"))
+            "the warp-specialized Gluon kernel (wide/hopper_gemm.py)"
+            if hopper_gemm.available(device, torch.bfloat16) else "the wide Triton kernels"))
     _note(notes, "ours: the package's modules sharing the eager model's parameters, "
                  "fm.FusedMLP (wide-gelu) and fm.GatedMLP (wide-swiglu); wide-gelu results "
                  "before h200-wide-small-20261201f.json called fm.fused_mlp instead")
@@ -123,7 +125,7 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
                              or not dispatch.availability("triton")[0]):
         dispatch.register(_WideShim())
         mlp_name = _WideShim.name
-        _note(notes, "fused_mlp ran through a benchmark-only backend over backends/triton/wide.py"
+        _note(notes, "fused_mlp ran through a benchmark-only backend over backends/triton/wide/"
                      " ('triton' backend not registered in this checkout)")
     # the package's module, as a user swaps it in for the nn.Sequential, holding the
     # eager model's own Parameters (the train steps take gradients with respect to them)
@@ -169,7 +171,7 @@ def bare_fns(eager: nn.Module, gated: bool):
 
 # --- measuring ----------------------------------------------------------------------
 class _Clock:
-    """Times fn(i) on one device (bench.calls_ms: events where there are some)."""
+    """Times fn(i) on one device (benchtools.calls_ms: events where there are some)."""
 
     def __init__(self, device):
         self.device = device

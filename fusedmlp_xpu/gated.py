@@ -6,7 +6,7 @@
     fusedmlp::gated_mlp_train     forward that also returns g, u (the pre-activations)
     fusedmlp::gated_mlp_backward  gradients for x, the three weights and the biases
 
-On cuda/xpu the Triton kernels of ``backends/triton/wide.py`` run (the gate and up
+On cuda/xpu the Triton kernels of ``backends/triton/wide/`` run (the gate and up
 products in one kernel: two accumulators over the same x tiles, or at large M on
 Hopper-class GPUs one GEMM over the two weights interleaved by rows; backward with the
 activation derivative fused into the dh GEMM's epilogue); elsewhere, or when Triton is

@@ -11,6 +11,10 @@ from fusedmlp_xpu import activations
 
 from conftest import (SERIALIZED, assert_close, chance_sum_size, is_slow, make_params,
                       reference, run_aot_compile, saved_z, tolerance)
+from fusedmlp_xpu.backends.triton.narrow import backward as n_backward
+from fusedmlp_xpu.backends.triton.narrow import forward as n_forward
+from fusedmlp_xpu.backends.triton.narrow import launchers as n_launchers
+from fusedmlp_xpu.backends.triton.narrow import tuning as n_tuning
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTS = sorted(activations.ACTIVATIONS)
@@ -147,10 +151,9 @@ def test_persistent_forward(backend, widths, grad, resident, monkeypatch):
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     # (BLOCK_M, warps, stages, programs per SM); width 128 runs persistent only with its
     # weights resident (else the forward falls back to the per-block kernel), still right
-    monkeypatch.setattr(tb, "_persistent",
+    monkeypatch.setattr(n_tuning, "_persistent",
                         lambda device, spec, save=False: (64, 4, 2, 1, resident))
     run(backend, widths, torch.float16, act="silu", out_act="sigmoid", grad=grad, lead=(1037,))
 
@@ -167,24 +170,24 @@ def test_hidden_128_forward_runs_resident(backend, grad, dtype, bias, monkeypatc
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     widths = (64,) + (128,) * 4 + (64,)
     spec = fm.MLPSpec(widths, "relu", "none", bias, dtype)
-    want = tb._persistent_nvidia(spec, grad)
+    want = n_tuning._persistent_nvidia(spec, grad)
     assert want is not None and want[4]
     if dev.type != "cuda":
-        monkeypatch.setattr(tb, "_persistent",
-                            lambda device, spec, save=False: tb._persistent_nvidia(spec, save))
+        monkeypatch.setattr(n_tuning, "_persistent",
+                            lambda device, spec, save=False: n_tuning._persistent_nvidia(spec,
+                                                                                         save))
         rows = 5 * 256 + 37  # 4 programs off CUDA (_n_programs)
     else:
         rows = 150 * 256 + 37  # past one wave of 132 programs
     # plans made here stay here (a fresh cache, the module's own restored after)
-    monkeypatch.setattr(tb, "_forward_plan", functools.lru_cache(maxsize=8)(
-        tb._forward_plan.__wrapped__))
+    monkeypatch.setattr(n_forward, "_forward_plan", functools.lru_cache(maxsize=8)(
+        n_forward._forward_plan.__wrapped__))
     run(backend, widths, dtype, bias=bias, grad=grad, lead=(rows,))
-    assert tb._forward_plan(spec, dev, grad).persistent == want
+    assert n_forward._forward_plan(spec, dev, grad).persistent == want
     if dev.type == "cuda" and grad:
-        split = tb._split_backward(dev, spec)
+        split = n_tuning._split_backward(dev, spec)
         assert split.g_resident and split.g_unroll and not split.g_dw, split
 
 
@@ -261,16 +264,16 @@ def test_split_backward(backend, widths, out_act, bias, g, monkeypatch):
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     per_sm, unroll, resident, dw, *recompute = g
     recompute = bool(recompute)
-    split = tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=unroll,
+    split = n_tuning.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=unroll,
                      g_stages=2, g_resident=resident, g_dw=dw)
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: split)
     # three programs: each strides over several row blocks on a GPU too (its partial
     # sums carried from block to block)
-    monkeypatch.setattr(tb, "_n_programs", lambda device, n_blocks, per_sm=1:
+    monkeypatch.setattr(n_launchers, "_n_programs", lambda device, n_blocks, per_sm=1:
                         max(1, min(n_blocks, 3)))
     launched = []  # which backward kernels ran
     for mode in ("bwd_resident", "bwd_recompute", "g", "bwd", "dw"):
-        la = tb._launcher(mode)
+        la = n_launchers._launcher(mode)
         monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
                             launched.append(_m) or _l(*a, **k))
     saves = []  # the forward's save flags
@@ -294,7 +297,7 @@ def _one_kernel_forced(name, monkeypatch, per_sm):
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: n_tuning.Split(
         64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=per_sm, g_unroll=True, g_stages=2,
         g_resident=True, g_dw=True))
     return tb
@@ -308,7 +311,7 @@ def test_one_kernel_recomputes_for_the_input_gradient_alone(backend, monkeypatch
     tb = _one_kernel_forced(name, monkeypatch, per_sm=2)
     launched, saves = [], []
     for mode in ("bwd_recompute", "bwd_resident", "bwd", "g", "reduce"):
-        la = tb._launcher(mode)
+        la = n_launchers._launcher(mode)
         monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
                             launched.append(_m) or _l(*a, **k))
     forward = tb.TritonBackend.forward
@@ -330,12 +333,13 @@ def test_one_kernel_recompute_biases(backend, monkeypatch, per_block):
     row-block loop or loaded for each block (BIAS_PER_BLOCK): every gradient against the
     reference; three programs, so each walks several row blocks."""
     name, dev = backend
-    tb = _one_kernel_forced(name, monkeypatch, per_sm=1)
-    monkeypatch.setattr(tb, "_bwd_bias_per_block", lambda spec: per_block)
-    monkeypatch.setattr(tb, "_n_programs", lambda device, n_blocks, per_sm=1:
+    _one_kernel_forced(name, monkeypatch, per_sm=1)
+    monkeypatch.setattr(n_tuning, "_bwd_bias_per_block", lambda spec: per_block)
+    monkeypatch.setattr(n_launchers, "_n_programs", lambda device, n_blocks, per_sm=1:
                         max(1, min(n_blocks, 3)))
-    plans, make = [], tb._backward_plan.__wrapped__  # made here, kept here
-    monkeypatch.setattr(tb, "_backward_plan", lambda *a: plans.append(make(*a)) or plans[-1])
+    plans, make = [], n_backward._backward_plan.__wrapped__  # made here, kept here
+    monkeypatch.setattr(n_backward, "_backward_plan",
+                        lambda *a: plans.append(make(*a)) or plans[-1])
     run(backend, (24, 64, 64, 64, 40), torch.float16, act="gelu", out_act="tanh",
         bias=True, grad=True, lead=(1037,), recompute=True)
     assert plans and all(p.recompute and p.consts["BIAS_PER_BLOCK"] == per_block
@@ -349,12 +353,11 @@ def test_split_backward_partial_grads(backend, monkeypatch, one_kernel):
     name, dev = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    split = tb.Split(64, 4, 2)
+    split = n_tuning.Split(64, 4, 2)
     if one_kernel:
         split = split._replace(g_block_m=64, g_warps=4, g_unroll=True, g_stages=2,
                                g_resident=True, g_dw=True)
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: split)
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: split)
     test_partial_grads(backend)
 
 
@@ -367,8 +370,7 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
     name, _ = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    la = tb._launcher("g")
+    la = n_launchers._launcher("g")
 
     class OutOfResources(Exception):
         pass
@@ -383,8 +385,8 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
         return launch(grid, args, consts, *rest, **kwargs)
 
     monkeypatch.setattr(la, "launch", refuse)
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: n_tuning.Split(
         64, 4, 2, g_block_m=64, g_warps=4, g_unroll=True, g_stages=2))
     for _ in range(2):
         run(backend, (17, 33, 33, 9), torch.float16, act="gelu", grad=True, lead=(300,))
@@ -392,7 +394,7 @@ def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypat
         assert tries == [2, 1, 1]
     else:
         assert tries == [2, 1]
-    assert [(k[0], v) for k, v in tb._FIT.items()] == [("g", fits_at)]
+    assert [(k[0], v) for k, v in n_launchers._FIT.items()] == [("g", fits_at)]
 
 
 def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
@@ -403,7 +405,6 @@ def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
     name, _ = backend
     if name != "triton":
         pytest.skip("the Triton narrow kernel's variant")
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
 
     class OutOfResources(Exception):
         pass
@@ -414,13 +415,13 @@ def test_recomputing_one_kernel_never_runs_at_one_stage(backend, monkeypatch):
         tries.append(consts["STAGES"])
         raise OutOfResources("shared memory")
 
-    monkeypatch.setattr(tb._launcher("bwd_recompute"), "launch", refuse)
+    monkeypatch.setattr(n_launchers._launcher("bwd_recompute"), "launch", refuse)
     for mode in ("bwd_resident", "g", "dw"):
-        other = tb._launcher(mode)
+        other = n_launchers._launcher(mode)
         monkeypatch.setattr(other, "launch", lambda *a, _l=other.launch, _m=mode, **k:
                             launched.append(_m) or _l(*a, **k))
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: tb.Split(
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: n_tuning.Split(
         64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=2, g_unroll=True, g_stages=2,
         g_resident=True, g_dw=True))
     for _ in range(2):
@@ -440,7 +441,7 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     its weights per row block past width 64."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     MLPSpec = fm.MLPSpec
-    choice = tb._persistent_nvidia
+    choice = n_tuning._persistent_nvidia
     w128 = MLPSpec((64,) + (128,) * 4 + (64,), bias=False, dtype=torch.float16)
     assert choice(w128) == (256, 8, 2, 1, True) and choice(w128, True) == (64, 4, 3, 2, True)
     assert choice(MLPSpec((64, 128, 128, 64), bias=False, dtype=torch.bfloat16))[0] == 256
@@ -457,15 +458,16 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     # inference, 2 storing z)
     biased = MLPSpec((64,) + (128,) * 4 + (64,), bias=True, dtype=torch.float16)
     assert choice(biased) == (128, 8, 1, 1, True) and choice(biased, True) == (128, 8, 2, 1, True)
-    assert tb._bias_per_block(tb._own_pads(biased))
-    assert not tb._bias_per_block(tb._own_pads(MLPSpec((64, 64, 64, 64), dtype=torch.float16)))
+    assert n_tuning._bias_per_block(n_tuning._own_pads(biased))
+    assert not n_tuning._bias_per_block(n_tuning._own_pads(MLPSpec((64, 64, 64, 64),
+                                                                   dtype=torch.float16)))
     # a plan past width 64 with a persistent choice that loads weights per row block (or
     # whose net is too deep for resident tiles): the per-block kernel
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(n_launchers, "_SM_COUNT", {0: 132})
     monkeypatch.setattr(tb.launch, "enabled", lambda device: False)
-    assert tb._NarrowForward(w128, cuda, False).persistent == (256, 8, 2, 1, True)
-    assert tb._NarrowForward(w128, cuda, True).persistent == (64, 4, 3, 2, True)
+    assert n_forward._NarrowForward(w128, cuda, False).persistent == (256, 8, 2, 1, True)
+    assert n_forward._NarrowForward(w128, cuda, True).persistent == (64, 4, 3, 2, True)
     # explain() names it
     be = fm.dispatch.REGISTRY["triton"]
     assert "persistent programs, 256 rows / 8 warps, weights resident" in be.supports(w128,
@@ -473,9 +475,10 @@ def test_persistent_forward_choice_follows_the_sweeps(monkeypatch):
     assert "persistent programs, 128 rows / 8 warps, weights resident" in be.supports(
         biased, cuda)[1]
     assert "persistent" not in be.supports(MLPSpec((128,) * 6, dtype=torch.float16), cuda)[1]
-    monkeypatch.setattr(tb, "_persistent", lambda device, spec, save=False: (64, 4, 2, 1, False))
-    assert tb._NarrowForward(w128, cuda, False).persistent is None
-    assert tb._NarrowForward(MLPSpec((64, 64, 64), dtype=torch.float16), cuda,
+    monkeypatch.setattr(n_tuning, "_persistent", lambda device, spec, save=False: (64, 4, 2, 1,
+                                                                                   False))
+    assert n_forward._NarrowForward(w128, cuda, False).persistent is None
+    assert n_forward._NarrowForward(MLPSpec((64, 64, 64), dtype=torch.float16), cuda,
                              False).persistent == (64, 4, 2, 1, False)
 
 
@@ -491,7 +494,7 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     from fusedmlp_xpu.spec import MLPSpec
 
     def split(widths, dtype=torch.float16):
-        return tb._split_nvidia(MLPSpec(widths, dtype=dtype))
+        return n_tuning._split_nvidia(MLPSpec(widths, dtype=dtype))
 
     for hidden in (32, 64):
         assert split((64,) + (hidden,) * 4 + (64,)).g_unroll
@@ -502,12 +505,12 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     for widths in ((64, 32, 32, 64), (64,) + (64,) * 5 + (64,), (16, 16, 16)):
         for bias in (False, True):
             spec = MLPSpec(widths, bias=bias, dtype=torch.float16)
-            one = tb._split_nvidia(spec)
+            one = n_tuning._split_nvidia(spec)
             assert one.g_resident and one.g_dw, (widths, bias)
             assert be.recomputes(spec, cuda), (widths, bias)
             assert "recomputing the pre-activations" in be.supports(spec, cuda)[1]  # explain()
     # without the one kernel: the two kernels, the chain resident at hidden 32 only
-    monkeypatch.setattr(tb, "ONE_KERNEL_BACKWARD", False)
+    monkeypatch.setattr(n_tuning, "ONE_KERNEL_BACKWARD", False)
     two = split((64, 32, 32, 64))
     assert two.g_resident and not two.g_dw and two.g_stages == 3
     assert not split((64, 64, 64, 64)).g_resident
@@ -529,5 +532,5 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     assert split((64,) + (128,) * 5 + (64,)).g_unroll is False
     assert split((64, 32, 32, 64), torch.float32) is None
     # the recomputing one kernel loads its biases per row block from padded hidden 64
-    assert tb._bwd_bias_per_block(MLPSpec((64,) + (64,) * 4 + (64,), bias=True))
-    assert not tb._bwd_bias_per_block(MLPSpec((64,) + (32,) * 4 + (64,), bias=True))
+    assert n_tuning._bwd_bias_per_block(MLPSpec((64,) + (64,) * 4 + (64,), bias=True))
+    assert not n_tuning._bwd_bias_per_block(MLPSpec((64,) + (32,) * 4 + (64,), bias=True))

@@ -140,25 +140,27 @@ def test_gated_tma_train_step(impl, monkeypatch, recompute):
             dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9):
         pytest.skip("the TMA kernels run on Hopper-class CUDA GPUs and in the interpreter")
     wide = gated._wide()
-    if wide.TensorDescriptor is None:
+    if wide.tma.TensorDescriptor is None:
         pytest.skip("this Triton has no host tensor descriptors")
     ran = []
-    real = wide._tma_launch
-    monkeypatch.setattr(wide, "_tma_launch", lambda k, *a, **kw: ran.append(k) or real(k, *a, **kw))
+    real = wide.tma._tma_launch
+    monkeypatch.setattr(wide.tma, "_tma_launch", lambda k, *a, **kw: ran.append(k) or real(k, *a,
+                                                                                           **kw))
     monkeypatch.setenv("FUSEDMLP_GLUON_WIDE", "0")  # sm_90's dh GEMM: test_gluon_wide.py
     if dev.type == "cpu":
-        monkeypatch.setattr(wide, "GATED_TMA_MIN_ROWS", 65)
-        monkeypatch.setattr(wide, "CHUNK_ALIGN", 16)
+        monkeypatch.setattr(wide.gated, "GATED_TMA_MIN_ROWS", 65)
+        monkeypatch.setattr(wide.layers, "CHUNK_ALIGN", 16)
         lead, dims, cols = (85,), (40, 56, 24), 16
     else:
-        lead, dims, cols = (wide.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264), 256
+        lead, dims, cols = (wide.gated.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264), 256
     # h's chunks of `cols` columns, the last one narrower (56 = 3 x 16 + 8, 1144 = 4 x 256 + 120)
-    monkeypatch.setattr(wide, "GATED_H_CHUNK_BYTES", lead[0] * cols * 2)
-    chunks = wide._col_chunks(lead[0], dims[1], 2, wide.GATED_H_CHUNK_BYTES)
+    monkeypatch.setattr(wide.gated, "GATED_H_CHUNK_BYTES", lead[0] * cols * 2)
+    chunks = wide.layers._col_chunks(lead[0], dims[1], 2, wide.gated.GATED_H_CHUNK_BYTES)
     assert len(chunks) == (4 if dev.type == "cpu" else 5) and chunks[-1][1] == dims[1]
     run(impl, "silu", torch.bfloat16, lead=lead, dims=dims, recompute=recompute)
-    assert wide._gated_fwd_tma_kernel in ran
-    assert ran.count(wide._gated_bwd_tma_kernel) == len(chunks)  # each chunk stored its h
+    assert wide.gated_kernels._gated_fwd_tma_kernel in ran
+    # each chunk stored its h
+    assert ran.count(wide.gated_kernels._gated_bwd_tma_kernel) == len(chunks)
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])

@@ -1,4 +1,4 @@
-"""The Gluon recomputing backward (backends/triton/gluon_backward.py): on sm_90 GPUs every
+"""The Gluon recomputing backward (backends/triton/hopper_backward.py): on sm_90 GPUs every
 gradient against the float64 reference, into NaN-poisoned outputs, over depths,
 activations, in/out widths that TMA pads, dtypes, row counts with tails and several row
 blocks per program, strided x, and the gradients asked for; through FusedMLP's train
@@ -9,7 +9,8 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 from fusedmlp_xpu.backends import triton as tb
-from fusedmlp_xpu.backends.triton import gluon_backward, gluon_narrow
+from fusedmlp_xpu.backends.triton.narrow import backward as n_backward, tuning as n_tuning
+from fusedmlp_xpu.backends.triton.narrow import hopper_backward, hopper_forward
 from fusedmlp_xpu.spec import MLPSpec
 
 from conftest import (assert_close, chance_sum_size, make_params, on_a_new_thread,
@@ -18,7 +19,7 @@ from conftest import (assert_close, chance_sum_size, make_params, on_a_new_threa
 
 def _sm90() -> bool:
     return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-            and gluon_narrow.gluon is not None)
+            and hopper_forward.gluon is not None)
 
 
 sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's Gluon")
@@ -37,9 +38,9 @@ ROWS = [1, 127, 129, 1000, 2 ** 17 + 37]
 
 @pytest.fixture(autouse=True)
 def _fresh_plans():
-    tb._gluon_backward_plan.cache_clear()
+    n_backward._gluon_backward_plan.cache_clear()
     yield
-    tb._gluon_backward_plan.cache_clear()
+    n_backward._gluon_backward_plan.cache_clear()
 
 
 def _spec(net, act="relu", out_act="none", dtype=torch.float16, bias=False):
@@ -52,13 +53,13 @@ def _check(spec, rows, dev, gen, x=None, need=(True, True, True), call=lambda f:
     them) of fresh random data against the float64 reference, the derivatives taken at
     the kernel's pre-activations; ``call`` runs the kernel's call."""
     need = (need[0], need[1], need[2] and spec.bias)
-    plan = tb._gluon_backward_plan(spec, dev, *need)
-    assert plan is not None, gluon_backward.eligible(spec, dev)
+    plan = n_backward._gluon_backward_plan(spec, dev, *need)
+    assert plan is not None, hopper_backward.eligible(spec, dev)
     ws, bs = make_params(spec.widths, spec.bias, spec.dtype, dev, gen=gen)
     if x is None:
         x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
     gy = torch.randn(x.shape[0], spec.out_features, generator=gen).to(dev, spec.dtype)
-    out = call(lambda: tb._gluon_backward(plan, gy, x, ws, bs))
+    out = call(lambda: n_backward._gluon_backward(plan, gy, x, ws, bs))
     assert out is not None
     gx, gws, gbs = out
     kinks = saved_z(x, ws, bs, spec.activation, spec.output_activation, "triton")
@@ -134,9 +135,9 @@ def test_gluon_backward_partial_needs_and_strided_x(poison):
     wide = torch.randn(3001, 128, generator=gen).to(dev, spec.dtype)
     _check(spec, None, dev, gen, x=wide[:, 32:96])
     odd = torch.randn(500, 65, device=dev, dtype=spec.dtype)[:, :64]
-    plan = tb._gluon_backward_plan(spec, dev, True, True)
+    plan = n_backward._gluon_backward_plan(spec, dev, True, True)
     ws, _ = make_params(spec.widths, False, spec.dtype, dev)
-    assert tb._gluon_backward(plan, torch.randn(500, 64, device=dev, dtype=spec.dtype),
+    assert n_backward._gluon_backward(plan, torch.randn(500, 64, device=dev, dtype=spec.dtype),
                               odd, ws) is None
 
 
@@ -161,18 +162,18 @@ def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
     made dense first."""
     dev = torch.device("cuda")
     calls = []
-    real = gluon_backward.Plan.__call__
+    real = hopper_backward.Plan.__call__
 
     def counting(self, *a):
         calls.append(a[1].shape[0])
         return real(self, *a)
 
-    monkeypatch.setattr(gluon_backward.Plan, "__call__", counting)
+    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
     m = fm.FusedMLP(64, 64, 64, 4, bias=False, device=dev, dtype=torch.float16,
                     backend="triton")
-    big = tb.GLUON_MIN_ROWS + 5
+    big = n_tuning.GLUON_MIN_ROWS + 5
     tol = tolerance("triton", torch.float16)
-    for rows in (big, tb.GLUON_MIN_ROWS - 1):
+    for rows in (big, n_tuning.GLUON_MIN_ROWS - 1):
         x = torch.randn(rows, 64, device=dev, dtype=torch.float16, requires_grad=True)
         gy = torch.randn(rows, 64, device=dev, dtype=torch.float16)
         m.zero_grad()
@@ -208,17 +209,17 @@ def test_eligibility_rule_and_reasons(monkeypatch):
     """Which nets may take the kernel, and explain()'s reason where one may not."""
     cpu = torch.device("cpu")
     ok = _spec((64, 64, 64, 4))
-    assert gluon_backward.eligible(ok, cpu)[1].startswith("not a CUDA device")
+    assert hopper_backward.eligible(ok, cpu)[1].startswith("not a CUDA device")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cuda = torch.device("cuda", 0)
-    if gluon_narrow.gluon is None:
-        assert "no Gluon" in gluon_backward.eligible(ok, cuda)[1]
+    if hopper_forward.gluon is None:
+        assert "no Gluon" in hopper_backward.eligible(ok, cuda)[1]
         return
-    assert gluon_backward.eligible(ok, cuda) == (True, "")
+    assert hopper_backward.eligible(ok, cuda) == (True, "")
     for net in [(64, 32, 64, 4), (32, 16, 8, 3), (64, 64, 16, 4)]:
-        assert gluon_backward.eligible(_spec(net, bias=net[3] < 4), cuda) == (True, ""), net
-    assert gluon_backward.eligible(_spec((64, 64, 64, 4), bias=True), cuda) == (True, "")
+        assert hopper_backward.eligible(_spec(net, bias=net[3] < 4), cuda) == (True, ""), net
+    assert hopper_backward.eligible(_spec((64, 64, 64, 4), bias=True), cuda) == (True, "")
     for spec, why in [
             (_spec((64, 64, 64, 4), dtype=torch.float32), "fp16 and bf16"),
             (_spec((64, 48, 64, 4)), "hidden width 48"),
@@ -228,9 +229,9 @@ def test_eligibility_rule_and_reasons(monkeypatch):
             (_spec((64, 64, 64, 6)), "hidden-to-hidden"),
             (_spec((64, 64, 64, 4), "gelu"), "do not fit"),
             (_spec((64, 64, 64, 5), bias=True), "biases with more than 3")]:
-        assert why in gluon_backward.eligible(spec, cuda)[1], spec
-    monkeypatch.setenv(gluon_narrow.ENV, "0")
-    assert gluon_backward.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
+        assert why in hopper_backward.eligible(spec, cuda)[1], spec
+    monkeypatch.setenv(hopper_forward.ENV, "0")
+    assert hopper_backward.eligible(ok, cuda)[1] == f"{hopper_forward.ENV}=0"
 
 
 def test_tma_refuses_broadcast_and_misaligned_rows():
@@ -238,21 +239,21 @@ def test_tma_refuses_broadcast_and_misaligned_rows():
     a broadcast (zero row stride, a column sum's gradient), a transposed or a misaligned
     tensor takes the Triton kernels (or is made dense first)."""
     t = torch.zeros(300, 64, dtype=torch.float16)
-    assert gluon_narrow.tma_rows(t) and gluon_backward.Plan.accepts(t, t)
-    assert gluon_narrow.Plan.accepts(t)
+    assert hopper_forward.tma_rows(t) and hopper_backward.Plan.accepts(t, t)
+    assert hopper_forward.Plan.accepts(t)
     row = torch.zeros(64, dtype=torch.float16).expand(300, 64)  # strides (0, 1)
     for bad in (row, t.t(), torch.zeros(300, 65, dtype=torch.float16)[:, :64],
                 torch.zeros(300 * 64 + 1, dtype=torch.float16)[1:].view(300, 64)):
-        assert not gluon_narrow.tma_rows(bad)
-        assert not gluon_backward.Plan.accepts(t, bad)
-        assert not gluon_backward.Plan.accepts(bad, t)
-        assert not gluon_narrow.Plan.accepts(bad)
+        assert not hopper_forward.tma_rows(bad)
+        assert not hopper_backward.Plan.accepts(t, bad)
+        assert not hopper_backward.Plan.accepts(bad, t)
+        assert not hopper_forward.Plan.accepts(bad)
     # the backward makes grad_y dense where TMA cannot read its rows (a broadcast, a
     # column slice); a readable one is passed as it is
     for bad in (row, torch.zeros(300, 65, dtype=torch.float16)[:, :64]):
-        dense = gluon_backward.Plan.rows(bad)
-        assert gluon_narrow.tma_rows(dense) and torch.equal(dense, bad)
-    assert gluon_backward.Plan.rows(t) is t
+        dense = hopper_backward.Plan.rows(bad)
+        assert hopper_forward.tma_rows(dense) and torch.equal(dense, bad)
+    assert hopper_backward.Plan.rows(t) is t
 
 
 def test_tuning_fits_shared_memory():
@@ -262,39 +263,39 @@ def test_tuning_fits_shared_memory():
     for net in NETS + BIAS_NETS:
         for act in ("relu", "gelu"):
             spec = _spec(net, act, bias=net in BIAS_NETS)
-            t = gluon_backward.tuning(spec)
+            t = hopper_backward.tuning(spec)
             if t is None:
-                assert gluon_backward.smem_bytes(spec, 2, 1) > gluon_narrow.SMEM_BYTES
+                assert hopper_backward.smem_bytes(spec, 2, 1) > hopper_forward.SMEM_BYTES
                 continue
             chains, stages = t
-            assert gluon_backward.smem_bytes(spec, chains, stages) <= gluon_narrow.SMEM_BYTES
+            assert hopper_backward.smem_bytes(spec, chains, stages) <= hopper_forward.SMEM_BYTES
             if stages == 1:
-                assert gluon_backward.smem_bytes(spec, chains, 2) > gluon_narrow.SMEM_BYTES
+                assert hopper_backward.smem_bytes(spec, chains, 2) > hopper_forward.SMEM_BYTES
             if chains == 2 and net[1] <= 32:
-                assert gluon_backward.smem_bytes(spec, 3, 1) > gluon_narrow.SMEM_BYTES
-            if gluon_narrow.gluon is not None:
-                c = gluon_backward.kernel_consts(spec, True, True, spec.bias)
+                assert hopper_backward.smem_bytes(spec, 3, 1) > hopper_forward.SMEM_BYTES
+            if hopper_forward.gluon is not None:
+                c = hopper_backward.kernel_consts(spec, True, True, spec.bias)
                 assert (c["CHAINS"], c["X_STAGES"]) == t
                 assert (chains * c["CHAIN_REGS"] + c["SUM_REGS"]
-                        <= (chains + 1) * gluon_backward.maxnreg(chains))
-    assert gluon_backward.tuning(_spec((64, 64, 64, 4))) == (2, 2)
-    assert gluon_backward.tuning(_spec((64, 64, 64, 5))) == (2, 1)
-    assert gluon_backward.tuning(_spec((64, 64, 64, 2), "gelu")) == (2, 2)
-    assert gluon_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == (2, 1)
-    assert gluon_backward.tuning(_spec((64, 64, 64, 4), "gelu")) is None
-    assert gluon_backward.tuning(_spec((64, 64, 64, 4), bias=True)) == (2, 2)
-    assert gluon_backward.tuning(_spec((64, 32, 64, 4))) == (3, 1)
-    assert gluon_backward.tuning(_spec((32, 16, 8, 3))) == (3, 2)
-    assert gluon_backward.tuning(_spec((64, 32, 64, 4), "gelu", bias=True)) == (2, 2)
-    assert gluon_backward.maxnreg(2) == 168 and gluon_backward.maxnreg(3) == 128
+                        <= (chains + 1) * hopper_backward.maxnreg(chains))
+    assert hopper_backward.tuning(_spec((64, 64, 64, 4))) == (2, 2)
+    assert hopper_backward.tuning(_spec((64, 64, 64, 5))) == (2, 1)
+    assert hopper_backward.tuning(_spec((64, 64, 64, 2), "gelu")) == (2, 2)
+    assert hopper_backward.tuning(_spec((64, 64, 64, 3), "gelu")) == (2, 1)
+    assert hopper_backward.tuning(_spec((64, 64, 64, 4), "gelu")) is None
+    assert hopper_backward.tuning(_spec((64, 64, 64, 4), bias=True)) == (2, 2)
+    assert hopper_backward.tuning(_spec((64, 32, 64, 4))) == (3, 1)
+    assert hopper_backward.tuning(_spec((32, 16, 8, 3))) == (3, 2)
+    assert hopper_backward.tuning(_spec((64, 32, 64, 4), "gelu", bias=True)) == (2, 2)
+    assert hopper_backward.maxnreg(2) == 168 and hopper_backward.maxnreg(3) == 128
 
 
 def test_row_descriptors_kept_per_address_without_the_tensor():
     """Both Gluon plans keep x's, grad_y's and their outputs' TMA descriptors per (address,
     rows, row stride) (host time: the caching allocator hands the same blocks back), at
     most ROW_DESCS, and none keeps its tensor alive."""
-    if gluon_narrow.gluon is None:
-        pytest.skip(f"no Gluon: {gluon_narrow.IMPORT_ERROR}")
+    if hopper_forward.gluon is None:
+        pytest.skip(f"no Gluon: {hopper_forward.IMPORT_ERROR}")
     import gc
     import weakref
 
@@ -303,22 +304,22 @@ def test_row_descriptors_kept_per_address_without_the_tensor():
     lay = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
     cache = {}
     t = torch.zeros(300, 64, dtype=torch.float16)
-    d = gluon_narrow.row_desc(cache, t, [64, 64], lay)
+    d = hopper_forward.row_desc(cache, t, [64, 64], lay)
     assert list(d.shape) == [300, 64] and list(d.strides) == [64, 1]
     assert d.base.data_ptr() == t.data_ptr()
-    assert gluon_narrow.row_desc(cache, t, [64, 64], lay) is d
+    assert hopper_forward.row_desc(cache, t, [64, 64], lay) is d
     same = t.view(300, 64)  # another tensor at the same address: the same descriptor
-    assert gluon_narrow.row_desc(cache, same, [64, 64], lay) is d
-    fewer = gluon_narrow.row_desc(cache, t[:200], [64, 64], lay)
+    assert hopper_forward.row_desc(cache, same, [64, 64], lay) is d
+    fewer = hopper_forward.row_desc(cache, t[:200], [64, 64], lay)
     assert fewer is not d and list(fewer.shape) == [200, 64]
     strided = torch.zeros(300, 128, dtype=torch.float16)[:, 64:]
-    sd = gluon_narrow.row_desc(cache, strided, [64, 64], lay)
+    sd = hopper_forward.row_desc(cache, strided, [64, 64], lay)
     assert list(sd.strides) == [128, 1] and sd.base.data_ptr() == strided.data_ptr()
-    for i in range(2 * gluon_narrow.ROW_DESCS):
-        gluon_narrow.row_desc(cache, t[: i + 1], [64, 64], lay)
-        assert len(cache) <= gluon_narrow.ROW_DESCS
+    for i in range(2 * hopper_forward.ROW_DESCS):
+        hopper_forward.row_desc(cache, t[: i + 1], [64, 64], lay)
+        assert len(cache) <= hopper_forward.ROW_DESCS
     u = torch.zeros(100, 64, dtype=torch.float16)
-    gluon_narrow.row_desc(cache, u, [64, 64], lay)
+    hopper_forward.row_desc(cache, u, [64, 64], lay)
     ref = weakref.ref(u)
     del u
     gc.collect()

@@ -1,4 +1,4 @@
-"""The Gluon narrow inference forward (backends/triton/gluon_narrow.py): on sm_90 GPUs
+"""The Gluon narrow inference forward (backends/triton/hopper_forward.py): on sm_90 GPUs
 against the float64 reference, into NaN-poisoned outputs, over widths, depths,
 activations, biases, dtypes, row counts with tails and strided x; on every machine its
 selection rule and (ci/aot_narrow.py) its compile for sm_90."""
@@ -8,7 +8,8 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 from fusedmlp_xpu.backends import triton as tb
-from fusedmlp_xpu.backends.triton import gluon_narrow
+from fusedmlp_xpu.backends.triton.narrow import forward as n_forward, tuning as n_tuning
+from fusedmlp_xpu.backends.triton.narrow import hopper_forward
 from fusedmlp_xpu.spec import MLPSpec
 
 from conftest import (SERIALIZED, assert_close, make_params, on_a_new_thread, reference,
@@ -17,7 +18,7 @@ from conftest import (SERIALIZED, assert_close, make_params, on_a_new_thread, re
 
 def _sm90() -> bool:
     return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-            and gluon_narrow.gluon is not None)
+            and hopper_forward.gluon is not None)
 
 
 sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's Gluon")
@@ -33,12 +34,12 @@ ROWS = [1, 63, 64, 65, 128, 129, 1000, 2 ** 14 + 37]
 def _every_hidden_width(monkeypatch):
     """The kernel from hidden width 16 (the package takes it from MIN_HIDDEN), plans
     made afresh."""
-    monkeypatch.setattr(gluon_narrow, "MIN_HIDDEN", 16)
-    tb._gluon_plan.cache_clear()
-    tb._forward_plan.cache_clear()
+    monkeypatch.setattr(hopper_forward, "MIN_HIDDEN", 16)
+    n_forward._gluon_plan.cache_clear()
+    n_forward._forward_plan.cache_clear()
     yield
-    tb._gluon_plan.cache_clear()
-    tb._forward_plan.cache_clear()
+    n_forward._gluon_plan.cache_clear()
+    n_forward._forward_plan.cache_clear()
 
 
 def _spec(net, act, out_act, bias, dtype):
@@ -52,8 +53,8 @@ def _check(spec, rows, dev, x=None, gen=None, call=lambda f: f()):
     ws, bs = make_params(spec.widths, spec.bias, spec.dtype, dev, gen=gen)
     if x is None:
         x = torch.randn(rows, spec.in_features, generator=gen).to(dev, spec.dtype)
-    plan = tb._forward_plan(spec, dev, False)
-    assert plan.gluon is not None, gluon_narrow.eligible(spec, dev)
+    plan = n_forward._forward_plan(spec, dev, False)
+    assert plan.gluon is not None, hopper_forward.eligible(spec, dev)
     # from any row count (GLUON_MIN_ROWS is the caller's rule)
     y = call(lambda: plan._gluon(x, ws, bs))
     assert y is not None
@@ -106,7 +107,7 @@ def test_gluon_forward_strided_and_refused_inputs():
     wide = torch.randn(3001, 128, device=dev, dtype=torch.float16)
     _check(spec, None, dev, x=wide[:, 32:96])
     odd = torch.randn(500, 65, device=dev, dtype=torch.float16)[:, :64]
-    plan = tb._forward_plan(spec, dev, False)
+    plan = n_forward._forward_plan(spec, dev, False)
     ws, bs = make_params(spec.widths, True, spec.dtype, dev)
     assert not plan.gluon.accepts(odd)
     assert plan._gluon(odd, ws, bs) is None
@@ -126,18 +127,18 @@ def test_module_inference_takes_the_gluon_kernel_from_min_rows(monkeypatch):
     Gluon kernel from GLUON_MIN_ROWS rows and the Triton kernel below; both right."""
     dev = torch.device("cuda")
     calls = []
-    real = gluon_narrow.Plan.__call__
+    real = hopper_forward.Plan.__call__
 
     def counting(self, *a):
         calls.append(a[0].shape[0])
         return real(self, *a)
 
-    monkeypatch.setattr(gluon_narrow.Plan, "__call__", counting)
+    monkeypatch.setattr(hopper_forward.Plan, "__call__", counting)
     # silu: smooth, so the gradient check below has no mask flips at relu's kink
     m = fm.FusedMLP(64, 64, 64, 4, activation="silu", bias=True, device=dev,
                     dtype=torch.float16, backend="triton")
-    big = tb.GLUON_MIN_ROWS + 5
-    for rows in (big, big, tb.GLUON_MIN_ROWS - 1, big + 64):
+    big = n_tuning.GLUON_MIN_ROWS + 5
+    for rows in (big, big, n_tuning.GLUON_MIN_ROWS - 1, big + 64):
         x = torch.randn(rows, 64, device=dev, dtype=torch.float16)
         with torch.no_grad():
             y = m(x)
@@ -166,7 +167,7 @@ def test_gluon_forward_in_a_cuda_graph():
     """Captured and replayed on new data: TMA descriptors travel as kernel parameters."""
     dev = torch.device("cuda")
     m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16, backend="triton")
-    x = torch.randn(tb.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
+    x = torch.randn(n_tuning.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
     with torch.no_grad():
         m(x)
         torch.cuda.synchronize()
@@ -189,7 +190,7 @@ def test_gluon_forward_captured_on_a_new_thread():
 
     dev = torch.device("cuda")
     m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16, backend="triton")
-    x = torch.randn(tb.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
+    x = torch.randn(n_tuning.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
     with torch.no_grad():
         m(x)  # compiled, its launch kept
     torch.cuda.synchronize()
@@ -219,30 +220,30 @@ def test_eligibility_rule_and_reasons(monkeypatch):
     checks before the device's own are plain Python)."""
     cpu = torch.device("cpu")
     ok = _spec((64, 64, 64, 4), "relu", "none", False, torch.float16)
-    assert gluon_narrow.eligible(ok, cpu)[1].startswith("not a CUDA device")
+    assert hopper_forward.eligible(ok, cpu)[1].startswith("not a CUDA device")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cuda = torch.device("cuda", 0)
-    if gluon_narrow.gluon is None:
-        assert "no Gluon" in gluon_narrow.eligible(ok, cuda)[1]
+    if hopper_forward.gluon is None:
+        assert "no Gluon" in hopper_forward.eligible(ok, cuda)[1]
         return
-    assert gluon_narrow.eligible(ok, cuda) == (True, "")
+    assert hopper_forward.eligible(ok, cuda) == (True, "")
     for spec, why in [
             (_spec((64, 64, 64, 4), "relu", "none", False, torch.float32), "fp16 and bf16"),
             (_spec((64, 48, 64, 4), "relu", "none", False, torch.float16), "power of two"),
             (_spec((60, 64, 64, 4), "relu", "none", False, torch.float16), "multiples of 8"),
             (_spec((64, 64, 12, 4), "relu", "none", False, torch.float16), "multiples of 8"),
             (_spec((128, 128, 128, 16), "relu", "none", False, torch.float16), "do not fit")]:
-        assert why in gluon_narrow.eligible(spec, cuda)[1], spec
-    monkeypatch.setattr(gluon_narrow, "MIN_HIDDEN", 64)
+        assert why in hopper_forward.eligible(spec, cuda)[1], spec
+    monkeypatch.setattr(hopper_forward, "MIN_HIDDEN", 64)
     for spec, why in [
             (_spec((64, 32, 64, 4), "relu", "none", False, torch.float16), "measured faster")]:
-        assert why in gluon_narrow.eligible(spec, cuda)[1], spec
-    monkeypatch.setenv(gluon_narrow.ENV, "0")
-    assert gluon_narrow.eligible(ok, cuda)[1] == f"{gluon_narrow.ENV}=0"
+        assert why in hopper_forward.eligible(spec, cuda)[1], spec
+    monkeypatch.setenv(hopper_forward.ENV, "0")
+    assert hopper_forward.eligible(ok, cuda)[1] == f"{hopper_forward.ENV}=0"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
-    monkeypatch.delenv(gluon_narrow.ENV)
-    assert "sm_90 only" in gluon_narrow.eligible(ok, cuda)[1]
+    monkeypatch.delenv(hopper_forward.ENV)
+    assert "sm_90 only" in hopper_forward.eligible(ok, cuda)[1]
 
 
 def test_tuning_fills_shared_memory_without_overflowing_it():
@@ -250,40 +251,40 @@ def test_tuning_fills_shared_memory_without_overflowing_it():
     sm_90 limits; the bench's nets get what the H200 sweep measured fastest."""
     for net in NETS:
         spec = _spec(net, "relu", "none", False, torch.float16)
-        t = gluon_narrow.tuning(spec)
+        t = hopper_forward.tuning(spec)
         assert t is not None, net
         bm, stages, per_sm, warps = t
         assert warps * 16 == bm  # 64 rows a warpgroup
-        need = gluon_narrow.smem_bytes(spec, bm, stages)
-        assert need <= gluon_narrow.SMEM_BYTES
-        assert per_sm * (need + gluon_narrow.SMEM_RESERVED) <= gluon_narrow.SMEM_PER_SM
+        need = hopper_forward.smem_bytes(spec, bm, stages)
+        assert need <= hopper_forward.SMEM_BYTES
+        assert per_sm * (need + hopper_forward.SMEM_RESERVED) <= hopper_forward.SMEM_PER_SM
         if warps == 8:  # a deep net at hidden <= 64: no second 64-row program fits
             assert per_sm == 1 and net[1] <= 64
-            assert gluon_narrow.smem_bytes(spec, 64, 1) * 2 + 2 * gluon_narrow.SMEM_RESERVED \
-                > gluon_narrow.SMEM_PER_SM
+            assert hopper_forward.smem_bytes(spec, 64, 1) * 2 + 2 * hopper_forward.SMEM_RESERVED \
+                > hopper_forward.SMEM_PER_SM
             continue
         more = [(per_sm + 1, 1)] if per_sm < 3 else []
         more += [(per_sm, stages + 1)] if stages < 2 else []
         for p, s in more:  # one more program or one more stage would not fit
-            n = gluon_narrow.smem_bytes(spec, bm, s)
-            assert n > gluon_narrow.SMEM_BYTES or p * (n + gluon_narrow.SMEM_RESERVED) \
-                > gluon_narrow.SMEM_PER_SM, (net, p, s)
+            n = hopper_forward.smem_bytes(spec, bm, s)
+            assert n > hopper_forward.SMEM_BYTES or p * (n + hopper_forward.SMEM_RESERVED) \
+                > hopper_forward.SMEM_PER_SM, (net, p, s)
     w64 = _spec((64, 64, 64, 4), "relu", "none", False, torch.float16)
-    assert gluon_narrow.tuning(w64) == (64, 1, 3, 4)
+    assert hopper_forward.tuning(w64) == (64, 1, 3, 4)
     paper = _spec((64, 64, 64, 11), "relu", "none", False, torch.float16)
-    assert gluon_narrow.tuning(paper) == (128, 1, 1, 8)
+    assert hopper_forward.tuning(paper) == (128, 1, 1, 8)
     w128 = _spec((64, 128, 64, 4), "relu", "none", False, torch.float16)
-    assert gluon_narrow.tuning(w128) == (64, 2, 1, 4)
+    assert hopper_forward.tuning(w128) == (64, 2, 1, 4)
 
 
 def test_gluon_kernel_compiles_for_sm90():
     """ci/aot_narrow.py --quick compiles the Gluon forward and the warp-specialized Gluon
-    backward (gluon_backward.py) for sm_90 (no GPU needed) with this Triton, each with
+    backward (hopper_backward.py) for sm_90 (no GPU needed) with this Triton, each with
     the shared memory its tuning counted."""
     from conftest import run_aot_compile
 
-    if gluon_narrow.gluon is None:
-        pytest.skip(f"no Gluon: {gluon_narrow.IMPORT_ERROR}")
+    if hopper_forward.gluon is None:
+        pytest.skip(f"no Gluon: {hopper_forward.IMPORT_ERROR}")
     out = run_aot_compile("aot_narrow.py")
     lines = [ln for ln in out.splitlines() if ln.startswith("gluon")]
     assert len(lines) >= 3, out[-2000:]

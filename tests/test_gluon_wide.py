@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon GEMMs of the wide backward (backends/triton/gluon_wide.py):
+"""The warp-specialized Gluon GEMMs of the wide backward (backends/triton/hopper_gemm.py):
 the input gradient through an activation and the gated dh GEMM. On an sm_90 GPU their
 outputs against float64 into NaN-poisoned tensors, at shapes with partial tiles in M, N
 and K, one tile a program or several (both consumers, the ring wrapping), column-chunk
@@ -14,7 +14,7 @@ from fusedmlp_xpu import activations
 from conftest import assert_close, make_params, on_a_new_thread, reference, tolerance
 
 pytest.importorskip("triton")
-gw = pytest.importorskip("fusedmlp_xpu.backends.triton.gluon_wide")
+gw = pytest.importorskip("fusedmlp_xpu.backends.triton.wide.hopper_gemm")
 wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
 
 
@@ -64,7 +64,7 @@ def test_dx(shape, dtype, act):
     out_ref = _mm64(g, w) * d
     for store_h in (True, False):
         out, h = _nan(M, N, g), (_nan(M, N, g) if store_h else None)
-        gw.launch_ws(gw.DX, wide.act_id(act, g), g, w, z, None, out, None, h)
+        gw.launch_ws(gw.DX, wide.configs.act_id(act, g), g, w, z, None, out, None, h)
         assert_close(out, out_ref, TOL[dtype], f"out {shape}")
         if store_h:
             assert_close(h, h_ref, TOL[dtype], f"h {shape}")
@@ -82,7 +82,7 @@ def test_gated_dh(shape, dtype, act):
     a, d = _act64(act, g)
     dh, u64 = _mm64(dy, wd), u.double().cpu()
     refs = (dh * u64 * d, dh * a, a * u64)
-    aid = wide.act_id(act, g)
+    aid = wide.configs.act_id(act, g)
     dg, du = _nan(M, N, g), _nan(M, N, g)
     gw.launch_ws(gw.GATED, aid, dy, wd, g, u, dg, du, None)
     assert_close(dg, refs[0], TOL[dtype], "dg")
@@ -103,7 +103,7 @@ def test_every_activation(act):
     program)."""
     M, N, K = 2048, 2056, 200
     a, b, e0, e1 = _operands(M, N, K, torch.bfloat16)
-    aid = wide.act_id(act, a)
+    aid = wide.configs.act_id(act, a)
     h_ref, d = _act64(act, e0)
     prod, e1_64 = _mm64(a, b), e1.double().cpu()
     out, h = _nan(M, N, a), _nan(M, N, a)
@@ -128,7 +128,7 @@ def test_first_cuda_work_of_a_thread(monkeypatch):
     g, w, z, _ = _operands(M, N, K, torch.bfloat16)
     _, d = _act64("gelu_tanh", z)
     out = _nan(M, N, g)
-    aid = wide.act_id("gelu_tanh", g)
+    aid = wide.configs.act_id("gelu_tanh", g)
     on_a_new_thread(monkeypatch, lambda: gw.launch_ws(gw.DX, aid, g, w, z, None, out, None,
                                                       None),
                     between=lambda: out.fill_(float("nan")))
@@ -138,9 +138,9 @@ def test_first_cuda_work_of_a_thread(monkeypatch):
     ws, bs = make_params(spec.widths, True, spec.dtype, dev)
     x = torch.randn(2133, 1032, device=dev, dtype=spec.dtype)
     tma = []
-    real = wide._tma_launch
-    monkeypatch.setattr(wide, "_tma_launch", lambda *a: tma.append(1) or real(*a))
-    y, _ = on_a_new_thread(monkeypatch, lambda: wide.forward(x, ws, bs, spec, True))
+    real = wide.tma._tma_launch
+    monkeypatch.setattr(wide.tma, "_tma_launch", lambda *a: tma.append(1) or real(*a))
+    y, _ = on_a_new_thread(monkeypatch, lambda: wide.layers.forward(x, ws, bs, spec, True))
     assert len(tma) >= 2  # once a call
     assert_close(y, reference(x, ws, bs, "gelu_tanh", "none"),
                  tolerance("triton", torch.bfloat16))
@@ -184,30 +184,30 @@ def test_gated_train_step_takes_it(monkeypatch, recompute):
 
     monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "0")
     ran = _spy(monkeypatch)
-    lead, dims, cols = (wide.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264), 256
-    monkeypatch.setattr(wide, "GATED_H_CHUNK_BYTES", lead[0] * cols * 2)
-    chunks = wide._col_chunks(lead[0], dims[1], 2, wide.GATED_H_CHUNK_BYTES)
+    lead, dims, cols = (wide.gated.GATED_TMA_MIN_ROWS + 85,), (520, 1144, 264), 256
+    monkeypatch.setattr(wide.gated, "GATED_H_CHUNK_BYTES", lead[0] * cols * 2)
+    chunks = wide.layers._col_chunks(lead[0], dims[1], 2, wide.gated.GATED_H_CHUNK_BYTES)
     run(("triton", torch.device("cuda")), "silu", torch.bfloat16, lead=lead, dims=dims,
         recompute=recompute)
     assert ran.count(gw.GATED) == len(chunks) == 5
 
 
 def test_selection_rule(monkeypatch):
-    """CUDA sm_90 and fp16/bf16 only (the device check is gluon_narrow's), and off with
+    """CUDA sm_90 and fp16/bf16 only (the device check is hopper_forward's), and off with
     FUSEDMLP_GLUON_WIDE=0 or FUSEDMLP_GLUON=0; wide._warp_specialized never on the CPU."""
     cpu = torch.device("cpu")
     assert not gw.available(cpu, torch.bfloat16)
-    assert wide._warp_specialized(cpu, torch.bfloat16) is None
+    assert wide.layers._warp_specialized(cpu, torch.bfloat16) is None
     if gw.gluon is None:
         pytest.skip("no Gluon in this Triton")
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(gw, "_device_ok", lambda d, t: t in (torch.float16, torch.bfloat16))
     assert gw.available(cuda, torch.bfloat16) and gw.available(cuda, torch.float16)
     assert not gw.available(cuda, torch.float32)
-    assert wide._warp_specialized(cuda, torch.bfloat16) is gw
+    assert wide.layers._warp_specialized(cuda, torch.bfloat16) is gw
     monkeypatch.setenv(gw.ENV, "0")
     assert not gw.available(cuda, torch.bfloat16)
-    assert wide._warp_specialized(cuda, torch.bfloat16) is None
+    assert wide.layers._warp_specialized(cuda, torch.bfloat16) is None
     monkeypatch.setenv(gw.ENV, "1")
     monkeypatch.setenv("FUSEDMLP_GLUON", "0")
     assert not gw.available(cuda, torch.bfloat16)

@@ -10,6 +10,11 @@ import torch
 import fusedmlp_xpu as fm
 
 from conftest import BACKENDS, assert_close, reference, tolerance
+from fusedmlp_xpu.backends.triton.narrow import backward as n_backward
+from fusedmlp_xpu.backends.triton.narrow import forward as n_forward
+from fusedmlp_xpu.backends.triton.narrow import launchers as n_launchers
+from fusedmlp_xpu.backends.triton.narrow import reduce as n_reduce
+from fusedmlp_xpu.backends.triton.narrow import tuning as n_tuning
 
 launch = pytest.importorskip("fusedmlp_xpu.backends.triton.launch")
 
@@ -139,11 +144,11 @@ def test_fast_launches_follow_alignment_and_size_changes(backend, widths, monkey
     m = fm.FusedMLP(widths[0], widths[-1], widths[1], len(widths) - 2, device=dev, dtype=dt,
                     backend=name)
     tol = tolerance(name, dt)
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
 
     def lean_launches():
-        return sum(la.direct for la in [*tb._LAUNCHERS.values(), *wide._tuned.values()])
+        return sum(la.direct for la in [*n_launchers._LAUNCHERS.values(),
+                                        *wide.configs._tuned.values()])
     before = lean_launches()
     for rows, offset in [(1037, 0), (1037, 1), (16, 0), (1, 0), (1037, 0), (16, 1), (1037, 1)]:
         flat = torch.randn(rows * widths[0] + offset, device=dev, dtype=dt)
@@ -165,7 +170,6 @@ def test_bound_module_calls_follow_parameter_changes(backend):
     replaced, unpacked, moved to another dtype. Each result against the float64
     reference of the current parameters."""
     name, dev = backend
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     torch.manual_seed(0)
     m = fm.FusedMLP(64, 16, 64, 3, "tanh", bias=True, device=dev, dtype=torch.float16,
                     backend=name)
@@ -186,7 +190,7 @@ def test_bound_module_calls_follow_parameter_changes(backend):
                                                      renew(m.linears[1].weight))),
         ("to bf16", lambda: m.to(torch.bfloat16)),
     ]
-    direct = sum(la.direct for la in tb._LAUNCHERS.values())
+    direct = sum(la.direct for la in n_launchers._LAUNCHERS.values())
     for what, change in changes:
         with torch.no_grad():
             change()
@@ -196,7 +200,7 @@ def test_bound_module_calls_follow_parameter_changes(backend):
                 assert_close(y, reference(xs, m.weights(), m.biases(), "tanh", "none"),
                              tolerance(name, xs.dtype), what)
     assert m._bound is not None
-    assert sum(la.direct for la in tb._LAUNCHERS.values()) > direct
+    assert sum(la.direct for la in n_launchers._LAUNCHERS.values()) > direct
 
 
 @pytest.mark.gpu
@@ -207,14 +211,13 @@ def test_fast_backward_launches_follow_alignment_and_size_changes(backend):
     specialization (1, 16, 1037; 70001: more row blocks than programs), in an order
     that revisits each: every output and gradient against the float64 reference."""
     name, dev = backend
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     torch.manual_seed(0)
     dt = torch.float16
     m = fm.FusedMLP(64, 16, 32, 3, "tanh", bias=True, device=dev, dtype=dt, backend=name)
     tol = tolerance(name, dt)
 
     def direct():
-        return sum(la.direct for k, la in tb._LAUNCHERS.items() if k.startswith("bwd"))
+        return sum(la.direct for k, la in n_launchers._LAUNCHERS.items() if k.startswith("bwd"))
     before = direct()
     for rows, offset in [(1037, 0), (1037, 1), (16, 0), (1, 0), (1037, 0), (70001, 0),
                          (16, 1), (1037, 1), (70001, 0), (1037, 0)]:
@@ -232,7 +235,7 @@ def test_fast_backward_launches_follow_alignment_and_size_changes(backend):
         for i, (w, b) in enumerate(zip(m.weights(), m.biases())):
             assert_close(w.grad, rgw[i], tol, f"grad weights[{i}], {what}")
             assert_close(b.grad, rgb[i], tol, f"grad biases[{i}], {what}")
-    if tb._one_kernel(tb._split_backward(dev, m.spec(dt)), m.spec(dt)):
+    if n_tuning._one_kernel(n_tuning._split_backward(dev, m.spec(dt)), m.spec(dt)):
         assert direct() > before  # the revisited specializations launched directly
 
 
@@ -244,17 +247,17 @@ def test_reduce_grads_sums_every_partial_at_each_tuning(monkeypatch, tuning):
     over all programs' partials, unpadded; padded widths 16, 64 and 128, a program count
     that no step divides."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    if not tb._interpreting():
+    if not tb.common.interpreting():
         pytest.skip("the triton backend takes CPU tensors only under TRITON_INTERPRET=1")
-    monkeypatch.setattr(tb, "_reduce_tuning", lambda device_type: tuning)
-    monkeypatch.setattr(tb, "_reduce_layout",
-                        functools.lru_cache(maxsize=8)(tb._reduce_layout.__wrapped__))
+    monkeypatch.setattr(n_reduce, "_reduce_tuning", lambda device_type: tuning)
+    monkeypatch.setattr(n_reduce, "_reduce_layout",
+                        functools.lru_cache(maxsize=8)(n_reduce._reduce_layout.__wrapped__))
     for widths in [(16, 8, 8, 12), (64, 32, 32, 32, 64), (100, 128, 128, 3)]:
         spec = fm.MLPSpec(widths, "relu", "none", True, torch.float16)
-        T_P = tb._launch_meta(spec, "cpu")["H_P"]
+        T_P = n_launchers._launch_meta(spec, "cpu")["H_P"]
         W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
         acc = torch.randn(37, spec.n_layers, SLOT)
-        gws, gbs = tb._reduce_grads(acc, spec, T_P, W_SLOT, SLOT, True, True,
+        gws, gbs = n_reduce._reduce_grads(acc, spec, T_P, W_SLOT, SLOT, True, True,
                                     torch.empty(1, dtype=torch.float16))
         total = acc.double().sum(0)
         for i, (n, o) in enumerate(zip(widths[:-1], widths[1:])):
@@ -282,11 +285,11 @@ def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
     on x's rows and strides and the pointers' alignment only: a call that specializes like
     an earlier one is launched directly, with the same tensors, the right grid and sizes;
     any other call compiles (here: a stand-in kernel records compiles and launches)."""
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     kernels = {"fwd": _RecordingKernel(), "fwd_persistent": _RecordingKernel()}
-    monkeypatch.setattr(tb, "_LAUNCHERS", {k: launch.Launcher(f) for k, f in kernels.items()})
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(n_launchers, "_LAUNCHERS", {k: launch.Launcher(f) for k,
+                                                    f in kernels.items()})
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_launchers, "_SM_COUNT", {0: 132})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     from fusedmlp_xpu.backends import memory
     made = []  # outputs come from memory.new_empty (what the tests poison with NaN)
@@ -294,7 +297,7 @@ def test_forward_plan_reuses_a_kernel_only_for_the_same_specialization(
     monkeypatch.setattr(memory, "new_empty", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     spec = fm.MLPSpec((64,) + (32,) * hidden_layers + (16,), "relu", "none", True,
                       torch.float16)
-    plan = tb._NarrowForward(spec, fake_cuda, save)
+    plan = n_forward._NarrowForward(spec, fake_cuda, save)
     persistent = plan.persistent is not None
     assert persistent == (hidden_layers <= 4)
     k = kernels["fwd_persistent" if persistent else "fwd"]
@@ -359,21 +362,21 @@ def test_backward_plan_reuses_kernels_only_for_the_same_specialization(
     saved tensor's row stride, the row-block and program counts, the pointers'
     alignment. Any change there compiles (a stand-in kernel records compiles and
     launches); the gradients are views of the reduction's one output."""
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     kernels = {"bwd_recompute": _RecordingKernel(), "bwd_resident": _RecordingKernel(),
                "reduce": _RecordingKernel()}
-    monkeypatch.setattr(tb, "_LAUNCHERS", {k: launch.Launcher(f) for k, f in kernels.items()})
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(n_launchers, "_LAUNCHERS", {k: launch.Launcher(f) for k,
+                                                    f in kernels.items()})
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_launchers, "_SM_COUNT", {0: 132})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     from fusedmlp_xpu.backends import memory
     made = []
     real = memory.new_empty
     monkeypatch.setattr(memory, "new_empty", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     spec = fm.MLPSpec((64, 32, 32, 32, 16), "relu", "none", True, torch.float16)
-    split = tb._split_nvidia(spec)
-    assert tb._one_kernel(split, spec)
-    plan = tb._OneKernelBackward(spec, fake_cuda, split, needs, recompute)
+    split = n_tuning._split_nvidia(spec)
+    assert n_tuning._one_kernel(split, spec)
+    plan = n_backward._OneKernelBackward(spec, fake_cuda, split, needs, recompute)
     chain = kernels["bwd_recompute" if recompute else "bwd_resident"]
     red = kernels["reduce"]
     grads = needs[1] or needs[2]
@@ -443,20 +446,19 @@ def test_backward_plan_reuses_kernels_only_for_the_same_specialization(
 def test_one_kernel_register_cap_reaches_the_gpu_compile_only(fake_cuda, monkeypatch):
     """Split.g_maxnreg: the one-kernel backward compiles with maxnreg on CUDA (ptxas caps
     its registers); off CUDA (the interpreter takes no such option) nothing is added."""
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     spec = fm.MLPSpec((64, 32, 32, 32, 16), "relu", "none", False, torch.float16)
-    split = tb._split_nvidia(spec)._replace(g_maxnreg=168)
-    assert tb._one_kernel(split, spec)
+    split = n_tuning._split_nvidia(spec)._replace(g_maxnreg=168)
+    assert n_tuning._one_kernel(split, spec)
     chain, red = _RecordingKernel(), _RecordingKernel()
-    monkeypatch.setattr(tb, "_LAUNCHERS", {"bwd_recompute": launch.Launcher(chain),
+    monkeypatch.setattr(n_launchers, "_LAUNCHERS", {"bwd_recompute": launch.Launcher(chain),
                                            "reduce": launch.Launcher(red)})
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_launchers, "_SM_COUNT", {0: 132})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for device, want in ((fake_cuda, {"maxnreg": 168}), (torch.device("cpu"), {})):
-        assert tb._OneKernelBackward(spec, device, split, (True, True, False),
+        assert n_backward._OneKernelBackward(spec, device, split, (True, True, False),
                                      True).options == want
-    plan = tb._OneKernelBackward(spec, fake_cuda, split, (True, True, False), True)
+    plan = n_backward._OneKernelBackward(spec, fake_cuda, split, (True, True, False), True)
     ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
     for _ in range(2):  # a compile, then a direct launch of what it kept
         plan(torch.randn(45, 16, dtype=torch.float16), torch.randn(45, 64, dtype=torch.float16),
@@ -473,12 +475,13 @@ def test_bound_module_call_launches_with_the_current_addresses(fake_cuda, monkey
     the bound path (the plan then stacks a copy). A stand-in kernel records the launches;
     the module's tensors are CPU tensors standing for one device's."""
     tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    if not tb._interpreting():
+    if not tb.common.interpreting():
         pytest.skip("the triton backend takes CPU tensors only under TRITON_INTERPRET=1")
     k = _RecordingKernel()
-    monkeypatch.setattr(tb, "_LAUNCHERS", {"fwd": launch.Launcher(k)})
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_forward_plan", functools.lru_cache(maxsize=8)(tb._NarrowForward))
+    monkeypatch.setattr(n_launchers, "_LAUNCHERS", {"fwd": launch.Launcher(k)})
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_forward, "_forward_plan",
+                        functools.lru_cache(maxsize=8)(n_forward._NarrowForward))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # a CPU device's index
     m = fm.FusedMLP(64, 16, 32, 3, "tanh", bias=True, dtype=torch.float16, backend="triton")
     x = torch.randn(45, 64, dtype=torch.float16)
@@ -516,20 +519,19 @@ def test_forward_pads_each_width_on_its_own(fake_cuda, monkeypatch, hidden_layer
     """Both narrow forward kernels get in, hidden and out padded each to its own power of
     two (64 -> 32 -> 16 here: fewer multiply-adds than tiles of 64 throughout), and every
     tile at the widest with OWN_PADDING off."""
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     spec = fm.MLPSpec((64,) + (32,) * hidden_layers + (16,), "relu", "none", True,
                       torch.float16)
     ws = [torch.randn(o, i, dtype=torch.float16) for i, o in zip(spec.widths, spec.widths[1:])]
     bs = [torch.randn(o, dtype=torch.float16) for o in spec.widths[1:]]
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_launchers, "_SM_COUNT", {0: 132})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for own, pads in ((True, (64, 32, 16)), (False, (64, 64, 64))):
         kernels = {"fwd": _PadsKernel(), "fwd_persistent": _PadsKernel()}
-        monkeypatch.setattr(tb, "_LAUNCHERS",
+        monkeypatch.setattr(n_launchers, "_LAUNCHERS",
                             {k: launch.Launcher(f) for k, f in kernels.items()})
-        monkeypatch.setattr(tb, "OWN_PADDING", own)
-        plan = tb._NarrowForward(spec, fake_cuda, save)
+        monkeypatch.setattr(n_tuning, "OWN_PADDING", own)
+        plan = n_forward._NarrowForward(spec, fake_cuda, save)
         k = kernels["fwd_persistent" if plan.persistent is not None else "fwd"]
         for _ in range(2):  # the second launch is direct: the constexprs ride at its end
             plan(torch.randn(45, 64, dtype=torch.float16), ws, bs)
@@ -561,18 +563,19 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
         def launch(self, grid, args, consts, *rest, **kwargs):
             launched.append((self.mode, consts))
 
-    monkeypatch.setattr(tb, "_launcher", Recorder)
-    monkeypatch.setattr(tb, "_FIT", {})
-    monkeypatch.setattr(tb, "_split_backward", lambda device, spec: None if chain is None else
-                        tb.Split(64, 4, 2, g_block_m=64, g_warps=4, g_unroll=chain != "layer-loop",
+    monkeypatch.setattr(n_launchers, "_launcher", Recorder)
+    monkeypatch.setattr(n_launchers, "_FIT", {})
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: None if chain is None else
+                        n_tuning.Split(64, 4, 2, g_block_m=64, g_warps=4,
+                                       g_unroll=chain != "layer-loop",
                                  g_resident=chain in ("resident", "one-kernel"),
                                  g_dw=chain == "one-kernel"))
     widest = (128, 128, 128)
     for own, pads, dw in ((True, (128, 32, 16), (128, 64, 64)), (False, widest, widest)):
-        monkeypatch.setattr(tb, "OWN_PADDING", own)
+        monkeypatch.setattr(n_tuning, "OWN_PADDING", own)
         # the one-kernel plan reads the padding when it is made
-        monkeypatch.setattr(tb, "_backward_plan", functools.lru_cache(maxsize=8)(
-            tb._OneKernelBackward))
+        monkeypatch.setattr(n_backward, "_backward_plan", functools.lru_cache(maxsize=8)(
+            n_backward._OneKernelBackward))
         launched.clear()
         tb.TritonBackend().backward(gy, x, ws, bs, z, spec, (True, True, True))
         got = {m: tuple(c[k] for k in ("IN_P", "H_P", "OUT_P")) for m, c in launched
@@ -592,12 +595,11 @@ def test_backward_pads_each_width_on_its_own(monkeypatch, chain):
 def test_one_kernel_backward_pads_in_no_narrower_than_hidden(monkeypatch):
     """The one-kernel backward pads each width on its own, except in, which it pads no
     narrower than hidden (a NaN first-layer weight gradient on the H200 otherwise)."""
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
-    monkeypatch.setattr(tb, "OWN_PADDING", True)
-    pads = tb._one_kernel_pads(fm.MLPSpec((17, 33, 33, 33, 9), dtype=torch.float16))
+    monkeypatch.setattr(n_tuning, "OWN_PADDING", True)
+    pads = n_tuning._one_kernel_pads(fm.MLPSpec((17, 33, 33, 33, 9), dtype=torch.float16))
     assert pads == dict(IN_P=64, H_P=64, OUT_P=16)
-    assert tb._own_pads(fm.MLPSpec((17, 33, 33, 33, 9), dtype=torch.float16))["IN_P"] == 32
-    pads = tb._one_kernel_pads(fm.MLPSpec((64, 32, 32, 48), dtype=torch.float16))
+    assert n_tuning._own_pads(fm.MLPSpec((17, 33, 33, 33, 9), dtype=torch.float16))["IN_P"] == 32
+    pads = n_tuning._one_kernel_pads(fm.MLPSpec((64, 32, 32, 48), dtype=torch.float16))
     assert pads == dict(IN_P=64, H_P=32, OUT_P=64)
 
 
@@ -614,7 +616,7 @@ def _tuned_fake(wide, fn, block_n):
                 return fn[grid](*args, **kwargs)
             return run
 
-    return launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide._even_k},
+    return launch.TunedLauncher(Tuner(), fn, {"EVEN_K": wide.configs._even_k},
                                 tune=("M_BUCKET", "N", "K", "K2"))
 
 
@@ -632,10 +634,10 @@ def test_wide_linear_plan_reuses_a_kernel_only_for_the_same_specialization(
 
     # "tunes" BLOCK_N by the row bucket, like an autotuner would by timing
     kernel = _tuned_fake(wide, fn, lambda args: 32 if args[8] <= 16 else 64)
-    monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
+    monkeypatch.setattr(wide.configs, "_kernel", lambda name, device: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     N, K = 200, 96
-    plan = wide._LinearForward(fake_cuda, torch.float16, N, K, "gelu", True, False)
+    plan = wide.layers._LinearForward(fake_cuda, torch.float16, N, K, "gelu", True, False)
     w = torch.randn(N, K, dtype=torch.float16)
     b = torch.randn(N, dtype=torch.float16)
 
@@ -683,11 +685,11 @@ def test_wide_dx_plan_launches_directly_only_with_dense_strides(fake_cuda, monke
     fn = _RecordingKernel()
     fn.params = [_Param(n, False) for n in names]
     kernel = _tuned_fake(wide, fn, lambda args: 32 if args[12] <= 16 else 64)
-    monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
+    monkeypatch.setattr(wide.configs, "_kernel", lambda name, device: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     N, K = 96, 40  # w: [K, N] (the layer's [out, in])
-    plan = wide._DxLaunch(fake_cuda, torch.float16, N, K, K, "none", "gelu", False, True)
-    monkeypatch.setattr(wide, "_dx_plan", lambda *key: plan)
+    plan = wide.layers._DxLaunch(fake_cuda, torch.float16, N, K, K, "none", "gelu", False, True)
+    monkeypatch.setattr(wide.layers, "_dx_plan", lambda *key: plan)
     w = torch.randn(K, N, dtype=torch.float16)
 
     def call(rows, offset=0, cols=None):
@@ -695,7 +697,7 @@ def test_wide_dx_plan_launches_directly_only_with_dense_strides(fake_cuda, monke
         g = flat[offset:].view(rows, K)
         z = torch.randn(rows, N, dtype=torch.float16)
         ww, zz = (w, z) if cols is None else (w[:, :cols], z[:, :cols])
-        out, h = wide.grad_input(g, ww, zz, "gelu", store_h=True)
+        out, h = wide.layers.grad_input(g, ww, zz, "gelu", store_h=True)
         return g, ww, zz, out, h
 
     call(13)
@@ -738,11 +740,11 @@ def test_wide_gated_plan_reuses_a_kernel_only_for_the_same_specialization(
     fn.params = [_Param(n, False) for n in names]
 
     kernel = _tuned_fake(wide, fn, lambda args: 32)
-    monkeypatch.setattr(wide, "_kernel", lambda name, device: kernel)
+    monkeypatch.setattr(wide.configs, "_kernel", lambda name, device: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     H, K = 100, 48
     for save in (False, True):
-        plan = wide._GatedForward(fake_cuda, torch.float16, H, K, "silu", False, save)
+        plan = wide.gated._GatedForward(fake_cuda, torch.float16, H, K, "silu", False, save)
         wg, wu = torch.randn(H, K, dtype=torch.float16), torch.randn(H, K, dtype=torch.float16)
         before = (fn.compiles, len(fn.direct))
 

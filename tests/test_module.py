@@ -12,6 +12,7 @@ import fusedmlp_xpu as fm
 from fusedmlp_xpu.backends.reference import ReferenceBackend
 
 from conftest import assert_close, reference, tolerance
+from fusedmlp_xpu.backends.triton.narrow import operands as n_operands
 
 
 def test_layer_count_and_layout():
@@ -171,16 +172,15 @@ def test_hidden_layers_not_back_to_back_still_right(backend):
 
 
 def test_stacked_reads_in_place_only_when_back_to_back():
-    tb = pytest.importorskip("fusedmlp_xpu.backends.triton")
     buf = torch.randn(3, 4, 4)
     ws = list(buf)
-    assert tb._stacked(ws) is ws[0]
+    assert n_operands._stacked(ws) is ws[0]
     apart = [torch.randn(4, 4) for _ in range(3)]
-    out = tb._stacked(apart)
+    out = n_operands._stacked(apart)
     assert out.shape == (3, 4, 4) and torch.equal(out, torch.stack(apart))
-    assert not tb._stacked([ws[0], ws[2], ws[1]]).data_ptr() == ws[0].data_ptr()
+    assert not n_operands._stacked([ws[0], ws[2], ws[1]]).data_ptr() == ws[0].data_ptr()
     strided = list(torch.randn(3, 4, 8)[:, :, ::2])
-    assert tb._stacked(strided).is_contiguous()
+    assert n_operands._stacked(strided).is_contiguous()
 
 
 def test_one_layer_in_another_dtype_is_an_error(backend):

@@ -318,13 +318,13 @@ def test_wide_bench_times_backends_in_turn():
 @pytest.mark.parametrize("gluon", [True, False])
 def test_wide_bench_notes_the_backward_gemms(monkeypatch, gluon):
     """The wide bench's JSON notes say which kernel ran the train steps' activation input
-    gradient and gated dh GEMM on the GPU (gluon_wide's device check stubbed: the module is
+    gradient and gated dh GEMM on the GPU (hopper_gemm's device check stubbed: the module is
     built for a CUDA device name, nothing runs)."""
     from torch import nn
 
     from fusedmlp_xpu import bench_wide
 
-    gw = pytest.importorskip("fusedmlp_xpu.backends.triton.gluon_wide")
+    gw = pytest.importorskip("fusedmlp_xpu.backends.triton.wide.hopper_gemm")
     monkeypatch.setattr(gw, "available", lambda device, dtype: gluon)
     notes = []
     eager = nn.Sequential(nn.Linear(8, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8))

@@ -23,7 +23,7 @@ tl = triton.language
 
 def _devices():
     out = []
-    if wide.interpreting():
+    if wide.configs.interpreting():
         out.append(torch.device("cpu"))
     if torch.cuda.is_available():
         out.append(torch.device("cuda"))
@@ -60,14 +60,14 @@ def check(device, widths, dtype, act, out_act, bias=True, m=37, strided=True, gr
         else torch.randn(m, widths[0], device=device).to(dtype)
     spec = MLPSpec(tuple(widths), act, out_act, bias, dtype)
     tol = TOLERANCE[dtype]
-    y, saved = wide.forward(x, ws, bs, spec, grad)
+    y, saved = wide.layers.forward(x, ws, bs, spec, grad)
     if not grad:
         assert saved is None
         assert_close(y, reference(x, ws, bs, act, out_act), tol)
         return
     assert saved.shape == (m, sum(saved_widths(spec)))  # the Backend contract: one tensor
     gy = torch.randn_like(y)
-    gx, gw, gb = wide.backward(gy, x, ws, bs, saved if keep_saved else None, spec, needs)
+    gx, gw, gb = wide.layers.backward(gy, x, ws, bs, saved if keep_saved else None, spec, needs)
     # the reference's derivatives at the kernel's own pre-activations (see conftest.reference)
     kinks = list(saved.split(saved_widths(spec), dim=-1)) + ([y] if out_act == "none" else [])
     ref = reference(x, ws, bs, act, out_act, grad_y=gy, kinks_at=kinks)
@@ -124,20 +124,21 @@ def test_recompute_when_nothing_saved(device, bias):
 def test_hidden_grads_in_column_chunks(device, monkeypatch, m):
     """Weight gradients of hidden layers built from h in column chunks (the memory
     bound of wide layers), forced small here: chunks of 16 columns, a ragged last one."""
-    monkeypatch.setattr(wide, "H_CHUNK_BYTES", 37 * 16 * 4)
-    monkeypatch.setattr(wide, "CHUNK_ALIGN", 16)
-    assert len(wide._col_chunks(37, 40, 4)) == 3
+    monkeypatch.setattr(wide.layers, "H_CHUNK_BYTES", 37 * 16 * 4)
+    monkeypatch.setattr(wide.layers, "CHUNK_ALIGN", 16)
+    assert len(wide.layers._col_chunks(37, 40, 4)) == 3
     check(device, (16, 40, 24, 8), torch.float32, "gelu", "softplus", m=m)
 
 
 def test_col_chunks_cover_columns():
     for rows, cols, esize in [(8192, 16384, 2), (8192, 14336, 2), (16, 4096, 2), (8192, 300, 4)]:
-        chunks = wide._col_chunks(rows, cols, esize)
+        chunks = wide.layers._col_chunks(rows, cols, esize)
         assert chunks[0][0] == 0 and chunks[-1][1] == cols
         assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
-        assert all((c1 - c0) * rows * esize <= wide.H_CHUNK_BYTES or c1 - c0 <= wide.CHUNK_ALIGN
+        assert all((c1 - c0) * rows * esize <= wide.layers.H_CHUNK_BYTES
+                   or c1 - c0 <= wide.layers.CHUNK_ALIGN
                    for c0, c1 in chunks)
-    assert len(wide._col_chunks(8192, 16384, 2)) == 2  # wide-gelu train: 2 x 128 MiB
+    assert len(wide.layers._col_chunks(8192, 16384, 2)) == 2  # wide-gelu train: 2 x 128 MiB
 
 
 def test_forward_only(device):
@@ -152,28 +153,30 @@ def test_tile_order_covers_every_tile(device):
 
 
 def test_tuning_buckets():
-    assert [wide._bucket(m) for m in (1, 16, 17, 64, 65, 8192, 10**6)] == \
+    assert [wide.configs._bucket(m) for m in (1, 16, 17, 64, 65, 8192, 10**6)] == \
         [16, 16, 32, 64, 128, 8192, 8192]
     for m in range(1, 5000):  # the plain-int bucket against Triton's next_power_of_2
         p2 = triton.next_power_of_2(m)
-        assert wide._bucket(m) == (max(16, p2) if m <= 64 else min(p2, 8192)), m
+        assert wide.configs._bucket(m) == (max(16, p2) if m <= 64 else min(p2, 8192)), m
 
 
 def test_grid_counts_every_tile():
     meta = {"BLOCK_M": 64, "BLOCK_N": 128}
     for M, N in [(1, 1), (64, 128), (65, 129), (1000, 4096), (8192, 16384)]:
-        assert wide._grid(M, N)(meta) == (triton.cdiv(M, 64) * triton.cdiv(N, 128),)
+        assert wide.configs._grid(M, N)(meta) == (triton.cdiv(M, 64) * triton.cdiv(N, 128),)
 
 
 def test_config_lists_are_well_formed():
-    for fn in (wide._configs_nvidia, wide._configs_intel, wide._configs_interpreter):
+    for fn in (wide.configs._configs_nvidia, wide.configs._configs_intel,
+               wide.configs._configs_interpreter):
         for dual in (False, True):
             cfgs = fn(dual)
             assert cfgs, fn.__name__
             for c in cfgs:
                 assert c.kwargs["BLOCK_M"] >= 16 and c.kwargs["BLOCK_K"] >= 16, c
             # both the decode and the large-M prune keep at least one config
-            assert wide._prune(cfgs, {"M_BUCKET": 16}) and wide._prune(cfgs, {"M_BUCKET": 8192})
+            assert wide.configs._prune(cfgs, {"M_BUCKET": 16})
+            assert wide.configs._prune(cfgs, {"M_BUCKET": 8192})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -184,18 +187,19 @@ def test_prune_fits_shared_memory(monkeypatch, dtype, dual, m):
     the device's shared memory for the operands' element size: the 16-bit lists at fp32
     asked 245-295 KB on the H200 (limit 227 KB) and failed to launch."""
     limit = 227 * 1024
-    monkeypatch.setattr(wide, "_smem_limit", lambda device: limit)
+    monkeypatch.setattr(wide.configs, "_smem_limit", lambda device: limit)
     x = torch.empty(2, 2, dtype=dtype)
     for autotune in ("1", "0"):
         monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", autotune)
-        cfgs = wide._prune(wide._configs_nvidia(dual), {"x_ptr": x, "M_BUCKET": m}, dual=dual)
+        cfgs = wide.configs._prune(wide.configs._configs_nvidia(dual), {"x_ptr": x, "M_BUCKET": m},
+                                   dual=dual)
         assert cfgs
         for c in cfgs:
-            assert wide._smem_bytes(c, x.element_size(), dual) <= limit, c
+            assert wide.configs._smem_bytes(c, x.element_size(), dual) <= limit, c
     if dtype == torch.bfloat16:  # the lists were made for 16-bit operands: kept as they are
         monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "1")
-        cfgs = wide._configs_nvidia(dual)
-        assert wide._prune(cfgs, {"x_ptr": x, "M_BUCKET": m}, dual=dual) == \
+        cfgs = wide.configs._configs_nvidia(dual)
+        assert wide.configs._prune(cfgs, {"x_ptr": x, "M_BUCKET": m}, dual=dual) == \
             [c for c in cfgs if (c.kwargs["BLOCK_M"] <= 64) == (m <= 64)]
 
 
@@ -203,13 +207,13 @@ def test_kernels_compile_for_hopper():
     """The interpreter accepts code the GPU compiler may not: compile every kernel variant
     for sm_90 ahead of time (no GPU needed; one large and one decode config each)."""
     out = run_aot_compile("aot_wide.py")
-    assert out.count("wgmma") >= len(wide._KERNELS), out  # tensor cores, Hopper MMA
-    if wide.TensorDescriptor is not None:  # the TMA forward: tensor cores fed by TMA copies
+    assert out.count("wgmma") >= len(wide.configs._KERNELS), out  # tensor cores, Hopper MMA
+    if wide.tma.TensorDescriptor is not None:  # the TMA forward: tensor cores fed by TMA copies
         # fwd, fwd + z, gated, + g, u, dx, gated dh; fwd, fwd + z and dx with the hardware tanh
         assert out.count("wgmma tma ") == 9, out
         assert "sk_fixup " in out and "FAILED" not in out, out  # the stream-K fixup
     gluon = [ln for ln in out.splitlines() if ln.startswith("gluon-ws ")]
-    if gluon:  # the warp-specialized dx and gated dh (gluon_wide.py), with and without h
+    if gluon:  # the warp-specialized dx and gated dh (hopper_gemm.py), with and without h
         assert len(gluon) == 4 and all("wgmma setmaxnreg" in ln for ln in gluon), gluon
     # what runs at M 8192 (the TMA and Gluon kernels) keeps its MMAs pipelined (ptxas
     # serializes some configs of the pointer kernels' autotuning lists: NOTES wide history 20)
@@ -231,26 +235,26 @@ def test_device_wide_and_decode(m, dtype):
 def test_act_id_rule(monkeypatch):
     """The hardware tanh (act.APPROX) only for gelu_tanh and tanh with 16-bit operands on
     a compiled NVIDIA device, and not when switched off."""
-    monkeypatch.setattr(wide, "interpreting", lambda: False)
+    monkeypatch.setattr(wide.configs, "interpreting", lambda: False)
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.delenv(wide.APPROX_ENV, raising=False)
-    cuda, approx = torch.device("cuda", 0), wide.APPROX.value
+    monkeypatch.delenv(wide.configs.APPROX_ENV, raising=False)
+    cuda, approx = torch.device("cuda", 0), wide.configs.APPROX.value
     for act in ACTS:
         base = activations.ACTIVATIONS[act].id
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             want = base + approx * (act in ("gelu_tanh", "tanh") and dtype != torch.float32)
-            assert wide.act_id(act, cuda, dtype) == want, (act, dtype)
+            assert wide.configs.act_id(act, cuda, dtype) == want, (act, dtype)
         for dev in ("cpu", "xpu"):
-            assert wide.act_id(act, torch.device(dev), torch.bfloat16) == base
-    monkeypatch.setenv(wide.APPROX_ENV, "0")
-    assert wide.act_id("gelu_tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS[
+            assert wide.configs.act_id(act, torch.device(dev), torch.bfloat16) == base
+    monkeypatch.setenv(wide.configs.APPROX_ENV, "0")
+    assert wide.configs.act_id("gelu_tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS[
         "gelu_tanh"].id
-    monkeypatch.delenv(wide.APPROX_ENV)
-    monkeypatch.setattr(wide, "interpreting", lambda: True)
-    assert wide.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
-    monkeypatch.setattr(wide, "interpreting", lambda: False)
+    monkeypatch.delenv(wide.configs.APPROX_ENV)
+    monkeypatch.setattr(wide.configs, "interpreting", lambda: True)
+    assert wide.configs.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
+    monkeypatch.setattr(wide.configs, "interpreting", lambda: False)
     monkeypatch.setattr(torch.version, "hip", "6.0")  # ROCm devices are "cuda" too: no PTX
-    assert wide.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
+    assert wide.configs.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
 
 
 @triton.jit
@@ -276,7 +280,7 @@ def test_approx_tanh_activations(act):
     (dref,) = torch.autograd.grad(ref.sum(), zd)
     base = activations.ACTIVATIONS[act].id
     scale = z.abs().clamp(min=1)
-    for act_id, bound_y, bound_d in ((base + wide.APPROX.value, 1e-3, 5e-3),
+    for act_id, bound_y, bound_d in ((base + wide.configs.APPROX.value, 1e-3, 5e-3),
                                      (base, 1e-5, 1e-5)):
         y, d = (torch.full_like(z, float("nan"), dtype=torch.float32) for _ in range(2))
         _act_probe_kernel[(triton.cdiv(z.numel(), 1024),)](z.float(), y, d, z.numel(),
@@ -290,12 +294,12 @@ def test_approx_tanh_activations(act):
 def _tma_spy(monkeypatch):
     """The TMA kernels launched through wide._tma_launch, by name."""
     ran = []
-    launch = wide._tma_launch
+    launch = wide.tma._tma_launch
 
     def spy(kernel, *args, **kwargs):
         ran.append(getattr(kernel, "__name__", None) or kernel.fn.__name__)
         return launch(kernel, *args, **kwargs)
-    monkeypatch.setattr(wide, "_tma_launch", spy)
+    monkeypatch.setattr(wide.tma, "_tma_launch", spy)
     return ran
 
 
@@ -311,7 +315,7 @@ def test_tma_forward(device, monkeypatch, dtype, save):
     """The TMA forward kernel against the float64 reference, its saved pre-activations
     too; the spy proves it, not the pointer kernel, ran (cuBLAS's forward off)."""
     _needs_tma(device)
-    monkeypatch.setenv(wide.BLAS_ENV, "0")
+    monkeypatch.setenv(wide.cublas.BLAS_ENV, "0")
     ran = _tma_spy(monkeypatch)
     M, N, K = _tma_shape(device)
     x = torch.randn(M, K, device=device).to(dtype)
@@ -319,7 +323,7 @@ def test_tma_forward(device, monkeypatch, dtype, save):
     b = torch.randn(N, device=device).to(dtype)
     z_ref = x.double().cpu() @ w.double().cpu().t() + b.double().cpu()
     tol = TOLERANCE[dtype]
-    y, z = wide.linear(x, w, b, "gelu_tanh", save)
+    y, z = wide.layers.linear(x, w, b, "gelu_tanh", save)
     assert_close(y, activations.ACTIVATIONS["gelu_tanh"].fn(z_ref), tol)
     assert (z is not None) == save
     if save:
@@ -348,32 +352,32 @@ def test_tma_forward_stream_k(device, monkeypatch, save):
     sums are added in a fixed order); with FUSEDMLP_WIDE_STREAM_K=0 no tail is planned."""
     _needs_tma(device)
     fixups = []
-    fixup = wide._stream_k_fixup_kernel
+    fixup = wide.gemm_kernels._stream_k_fixup_kernel
 
     class Spy:
         def __getitem__(self, grid):
             fixups.append(grid)
             return fixup[grid]
-    monkeypatch.setattr(wide, "_stream_k_fixup_kernel", Spy())
+    monkeypatch.setattr(wide.gemm_kernels, "_stream_k_fixup_kernel", Spy())
     tol = TOLERANCE[torch.float16]
     for M, N, K in _stream_k_shapes(device):
-        cfg = wide._tma_config(device, "fwd_z" if save else "fwd")
-        sk = wide._stream_k_tiles(device, M, N, cfg)
-        assert 0 < sk < wide._programs(device)
+        cfg = wide.configs._tma_config(device, "fwd_z" if save else "fwd")
+        sk = wide.tma._stream_k_tiles(device, M, N, cfg)
+        assert 0 < sk < wide.tma._programs(device)
         x = torch.randn(M, K, device=device).to(torch.float16)
         w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.float16)
         b = torch.randn(N, device=device).to(torch.float16)
         z_ref = x.double().cpu() @ w.double().cpu().t() + b.double().cpu()
         before = len(fixups)
-        y, z = wide.linear(x, w, b, "tanh", save)
+        y, z = wide.layers.linear(x, w, b, "tanh", save)
         assert_close(y, torch.tanh(z_ref), tol, f"y {M}x{N}x{K}")
         if save:
             assert_close(z, z_ref, tol, f"z {M}x{N}x{K}")
         assert len(fixups) == before + 1 and fixups[-1][0] == sk  # this call's tail
-        y2, _ = wide.linear(x, w, b, "tanh", save)
+        y2, _ = wide.layers.linear(x, w, b, "tanh", save)
         assert torch.equal(y, y2)
-    monkeypatch.setenv(wide.STREAM_K_ENV, "0")
-    assert wide._stream_k_tiles(device, M, N, cfg) == 0
+    monkeypatch.setenv(wide.tma.STREAM_K_ENV, "0")
+    assert wide.tma._stream_k_tiles(device, M, N, cfg) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -383,7 +387,7 @@ def test_tma_train_step(device, monkeypatch, dtype):
     the TMA dx kernel, against the float64 reference (cuBLAS's GEMMs off: the second
     layer's forward would be torch.addmm)."""
     _needs_tma(device)
-    monkeypatch.setenv(wide.BLAS_ENV, "0")
+    monkeypatch.setenv(wide.cublas.BLAS_ENV, "0")
     monkeypatch.setenv("FUSEDMLP_GLUON_WIDE", "0")  # sm_90's dx: test_gluon_wide.py
     ran = _tma_spy(monkeypatch)
     widths, m = ((40, 56, 48), 130) if device.type == "cpu" else ((1032, 2296, 2056), 2133)
@@ -397,9 +401,9 @@ def _gated_tma_shape(device, monkeypatch):
     tiles, a K that is not whole K blocks. On the CPU the row threshold is lowered so the
     interpreter runs the kernel at a small shape."""
     if device.type == "cpu":
-        monkeypatch.setattr(wide, "GATED_TMA_MIN_ROWS", 65)
+        monkeypatch.setattr(wide.gated, "GATED_TMA_MIN_ROWS", 65)
         return 85, 56, 40
-    return wide.GATED_TMA_MIN_ROWS + 85, 9 * 128 - 8, 520
+    return wide.gated.GATED_TMA_MIN_ROWS + 85, 9 * 128 - 8, 520
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -419,7 +423,7 @@ def test_gated_tma_forward(device, monkeypatch, dtype, save, bias):
     if bias:
         wg, wu = wg.t().contiguous().t(), wu.t().contiguous().t()
         bg, bu = (torch.randn(2 * H, device=device).to(dtype)[::2] for _ in range(2))
-    h, saved = wide.gated_hidden(x, wg, wu, "silu", save, bg, bu)
+    h, saved = wide.gated.gated_hidden(x, wg, wu, "silu", save, bg, bu)
     x64, f64 = x.double().cpu(), lambda t: 0 if t is None else t.double().cpu()
     g_ref, u_ref = x64 @ f64(wg).t() + f64(bg), x64 @ f64(wu).t() + f64(bu)
     tol = TOLERANCE[dtype]
@@ -443,12 +447,12 @@ def test_gated_tma_only_where_it_applies(device, monkeypatch):
               torch.randn(M, K + 8, dtype=torch.float16)[:, :K - 4]):
         k = x.shape[1]
         wg, wu = (torch.randn(H, k) / k ** 0.5 for _ in range(2))
-        h, _ = wide.gated_hidden(x, wg.to(x.dtype), wu.to(x.dtype), "silu", False)
+        h, _ = wide.gated.gated_hidden(x, wg.to(x.dtype), wu.to(x.dtype), "silu", False)
         ref = torch.nn.functional.silu(x.double() @ wg.double().t()) * (x.double() @ wu.double().t())
         assert_close(h, ref, TOLERANCE[x.dtype])
     assert ran == []
     wg, wu = (torch.randn(H, K, dtype=torch.float16) for _ in range(2))
-    _tma_env_switch(monkeypatch, ran, "_gated_fwd_tma_kernel", lambda: wide.gated_hidden(
+    _tma_env_switch(monkeypatch, ran, "_gated_fwd_tma_kernel", lambda: wide.gated.gated_hidden(
         torch.randn(M, K, dtype=torch.float16), wg, wu, "silu", False))
 
 
@@ -475,13 +479,13 @@ def test_gated_tma_weight_pair(device, monkeypatch, layout):
     M, H, K = _gated_tma_shape(device, monkeypatch)
     ran = _tma_spy(monkeypatch)
     copies = []
-    real = wide.interleave
-    monkeypatch.setattr(wide, "interleave", lambda a, b: copies.append(a.dim()) or real(a, b))
+    real = wide.tma.interleave
+    monkeypatch.setattr(wide.tma, "interleave", lambda a, b: copies.append(a.dim()) or real(a, b))
     name, wg, wu, in_place = _pair_layouts(H, K, torch.bfloat16, device)[layout]
-    assert (wide.weight_pair(wg, wu) is not None) == in_place
+    assert (wide.tma.weight_pair(wg, wu) is not None) == in_place
     x = torch.randn(M, K, device=device).to(torch.bfloat16)
     bg, bu = (torch.randn(H, device=device).to(torch.bfloat16) for _ in range(2))
-    h, (g, u) = wide.gated_hidden(x, wg, wu, "gelu_tanh", True, bg, bu)
+    h, (g, u) = wide.gated.gated_hidden(x, wg, wu, "gelu_tanh", True, bg, bu)
     x64, f64 = x.double().cpu(), lambda t: t.double().cpu()
     g_ref, u_ref = x64 @ f64(wg).t() + f64(bg), x64 @ f64(wu).t() + f64(bu)
     tol = TOLERANCE[torch.bfloat16]
@@ -495,13 +499,13 @@ def test_gated_tma_weight_pair(device, monkeypatch, layout):
 def test_weight_pair_rules():
     """weight_pair's view where it exists (strides, base, swap) and None where it does not."""
     w = torch.randn(8, 16, dtype=torch.float16)
-    base, strides, swap = wide.weight_pair(w[:4], w[4:])
+    base, strides, swap = wide.tma.weight_pair(w[:4], w[4:])
     assert base.data_ptr() == w.data_ptr() and strides == (16, 64, 1) and not swap
-    base, strides, swap = wide.weight_pair(w[4:], w[:4])
+    base, strides, swap = wide.tma.weight_pair(w[4:], w[:4])
     assert base.data_ptr() == w.data_ptr() and strides == (16, 64, 1) and swap
-    assert wide.weight_pair(w[0::2], w[1::2])[1:] == ((32, 16, 1), False)
+    assert wide.tma.weight_pair(w[0::2], w[1::2])[1:] == ((32, 16, 1), False)
     a, b = torch.randn(4, 16).half(), torch.randn(4, 16).half()  # separate storages
-    assert wide.weight_pair(a, b) is not None
+    assert wide.tma.weight_pair(a, b) is not None
     flat = w.view(-1)
     for why, a, b in (("one tensor twice", w[:4], w[:4]),
                       ("shapes differ", w[:4], w[4:8, :8]),
@@ -511,14 +515,15 @@ def test_weight_pair_rules():
                       ("30-byte rows", flat[:60].view(4, 15), flat[64:124].view(4, 15)),
                       ("overlapping rows", flat.as_strided((4, 16), (8, 1)),
                        flat.as_strided((4, 16), (8, 1), 64))):
-        assert wide.weight_pair(a, b) is None, why
+        assert wide.tma.weight_pair(a, b) is None, why
 
 
 def test_interleave():
     a, b = torch.randn(3, 5), torch.randn(3, 5)
-    i = wide.interleave(a, b)
+    i = wide.tma.interleave(a, b)
     assert torch.equal(i[0::2], a) and torch.equal(i[1::2], b) and i.is_contiguous()
-    assert torch.equal(wide.interleave(a[:, 0], b[:, 0]), torch.stack((a[:, 0], b[:, 0]), 1).flatten())
+    assert torch.equal(wide.tma.interleave(a[:, 0], b[:, 0]), torch.stack((a[:, 0], b[:, 0]),
+                                                                          1).flatten())
 
 
 @pytest.mark.parametrize("subtile", [False, True], ids=["whole", "subtile"])
@@ -529,9 +534,9 @@ def test_tma_epilogue_halves(device, kind, subtile):
     gated dh GEMM with dg, du and h = silu(g) u stored. Against the float64 reference,
     every output NaN-poisoned, partial tiles at the edges."""
     _needs_tma(device)
-    if wide.TensorDescriptor is None:
+    if wide.tma.TensorDescriptor is None:
         pytest.skip("this Triton has no host tensor descriptors")
-    cfg = wide._tma_config(device, kind)[:5] + (subtile,)
+    cfg = wide.configs._tma_config(device, kind)[:5] + (subtile,)
     M, N, K = _tma_shape(device)
     dt = torch.bfloat16
     a = torch.randn(M, K, device=device).to(dt)
@@ -544,13 +549,13 @@ def test_tma_epilogue_halves(device, kind, subtile):
     if kind == "dx":
         act = torch.nn.functional.gelu(z64, approximate="tanh")
         refs = [acc * torch.autograd.grad(act.sum(), z64)[0], act.detach()]
-        assert wide._dx_tma(a, w, z, outs[0], outs[1], "gelu_tanh", cfg)
+        assert wide.tma._dx_tma(a, w, z, outs[0], outs[1], "gelu_tanh", cfg)
     else:
         u64 = u.double().cpu()
         act = torch.nn.functional.silu(z64)
         refs = [acc * u64 * torch.autograd.grad(act.sum(), z64)[0], acc * act.detach(),
                 act.detach() * u64]
-        assert wide._gated_bwd_tma(a, w, z, u, outs[0], outs[1], "silu", cfg, outs[2])
+        assert wide.tma._gated_bwd_tma(a, w, z, u, outs[0], outs[1], "silu", cfg, outs[2])
     for what, out, ref in zip(("out/dg", "h/du", "h"), outs, refs):
         assert_close(out, ref, TOLERANCE[dt], what)
 
@@ -584,16 +589,16 @@ def test_tma_launch_steps_stages_down(monkeypatch):
                 if num_stages > self.fits:
                     raise _Refused("shared memory")
             return run
-    monkeypatch.setattr(wide, "TensorDescriptor", type("D", (), {
+    monkeypatch.setattr(wide.tma, "TensorDescriptor", type("D", (), {
         "from_tensor": staticmethod(lambda t, block: (t, block))}))
-    monkeypatch.setattr(wide, "_TMA_FIT", {})
+    monkeypatch.setattr(wide.tma, "_TMA_FIT", {})
     t, dev = torch.empty(4, 4), torch.device("cpu")
     cfg = (16, 16, 16, 1, 3)
     fits = Kernel(1)
-    assert wide._tma_launch(fits, dev, cfg, 64, 64, [(t, "m", "k")], (), {"A": 1})
-    assert wide._tma_launch(fits, dev, cfg, 64, 64, [(t, "m", "k")], (), {"A": 1})
+    assert wide.tma._tma_launch(fits, dev, cfg, 64, 64, [(t, "m", "k")], (), {"A": 1})
+    assert wide.tma._tma_launch(fits, dev, cfg, 64, 64, [(t, "m", "k")], (), {"A": 1})
     assert tried == [3, 2, 1, 1]  # the second call starts at what fitted
-    assert not wide._tma_launch(Kernel(0), dev, cfg, 64, 64, [(t, "m", "k")], (), {"A": 1})
+    assert not wide.tma._tma_launch(Kernel(0), dev, cfg, 64, 64, [(t, "m", "k")], (), {"A": 1})
 
 
 def test_tma_path_is_taken_only_where_it_applies(device, monkeypatch):
@@ -607,9 +612,9 @@ def test_tma_path_is_taken_only_where_it_applies(device, monkeypatch):
     cases = [torch.randn(M, K), torch.randn(M, K + 1, dtype=torch.float16)[:, :K],
              torch.randn(64, K, dtype=torch.float16)]
     for x in cases:
-        y, _ = wide.linear(x, w.to(x.dtype), None, "relu", False)
+        y, _ = wide.layers.linear(x, w.to(x.dtype), None, "relu", False)
         assert_close(y, torch.relu(x.double() @ w.double().t()), TOLERANCE[x.dtype])
-    _tma_env_switch(monkeypatch, ran, "_linear_fwd_tma_kernel", lambda: wide.linear(
+    _tma_env_switch(monkeypatch, ran, "_linear_fwd_tma_kernel", lambda: wide.layers.linear(
         torch.randn(M, K, dtype=torch.float16), w, None, "relu", False))
 
 
@@ -617,10 +622,10 @@ def _tma_env_switch(monkeypatch, ran, kernel, call):
     """With nothing launched through TMA so far (``ran`` empty): FUSEDMLP_WIDE_TMA=0
     keeps ``call`` off the TMA kernels, =1 puts it on ``kernel``."""
     assert ran == []
-    monkeypatch.setenv(wide.TMA_ENV, "0")
+    monkeypatch.setenv(wide.tma.TMA_ENV, "0")
     call()
     assert ran == []
-    monkeypatch.setenv(wide.TMA_ENV, "1")
+    monkeypatch.setenv(wide.tma.TMA_ENV, "1")
     call()
     assert ran == [kernel]
 
@@ -628,21 +633,21 @@ def _tma_env_switch(monkeypatch, ran, kernel, call):
 def test_tma_rule_on_cuda_devices(monkeypatch):
     """The CUDA side of the TMA rule, without a GPU: a device before Hopper (no programs
     recorded) never takes it, and a Hopper-class one only with a full wave of tiles."""
-    if wide.TensorDescriptor is None:
+    if wide.tma.TensorDescriptor is None:
         pytest.skip("this Triton has no host tensor descriptors")
     cuda = torch.device("cuda", 0)
     x, w, y = torch.empty(4096, 512, dtype=torch.bfloat16), \
         torch.empty(1024, 512, dtype=torch.bfloat16), torch.empty(4096, 1024, dtype=torch.bfloat16)
-    cfg = wide._tma_config_nvidia("fwd")
+    cfg = wide.configs._tma_config_nvidia("fwd")
     tiles = triton.cdiv(4096, cfg[0]) * triton.cdiv(1024, cfg[1])  # 32 x 4
-    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): 0})
-    assert not wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
-    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): tiles})
-    assert wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
-    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): tiles + 1})
-    assert not wide._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
-    monkeypatch.setattr(wide, "_PROGRAMS", {("xpu", 0): 64})
-    assert not wide._tma_ok(torch.device("xpu", 0), 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide.tma, "_PROGRAMS", {("cuda", 0): 0})
+    assert not wide.tma._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide.tma, "_PROGRAMS", {("cuda", 0): tiles})
+    assert wide.tma._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide.tma, "_PROGRAMS", {("cuda", 0): tiles + 1})
+    assert not wide.tma._tma_ok(cuda, 4096, 1024, cfg, x, w, y)
+    monkeypatch.setattr(wide.tma, "_PROGRAMS", {("xpu", 0): 64})
+    assert not wide.tma._tma_ok(torch.device("xpu", 0), 4096, 1024, cfg, x, w, y)
 
 
 def test_stream_k_rule_on_cuda_devices(monkeypatch):
@@ -651,27 +656,27 @@ def test_stream_k_rule_on_cuda_devices(monkeypatch):
     waves of its second, whose split read more than it saved on the H200; none when the
     tiles fill whole waves or FUSEDMLP_WIDE_STREAM_K=0."""
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(wide, "_PROGRAMS", {("cuda", 0): 132})
-    cfg = wide._tma_config_nvidia("fwd")
-    assert wide._stream_k_tiles(cuda, 8192, 16384, cfg) == 4
-    assert wide._stream_k_tiles(cuda, 8192, 4096, cfg) == 0
-    assert wide._stream_k_tiles(cuda, 132 * 128, 256, cfg) == 0  # whole waves
-    assert wide._stream_k_tiles(cuda, 128, 7 * 256, cfg) == 0  # under one wave
-    monkeypatch.setenv(wide.STREAM_K_ENV, "0")
-    assert wide._stream_k_tiles(cuda, 8192, 16384, cfg) == 0
+    monkeypatch.setattr(wide.tma, "_PROGRAMS", {("cuda", 0): 132})
+    cfg = wide.configs._tma_config_nvidia("fwd")
+    assert wide.tma._stream_k_tiles(cuda, 8192, 16384, cfg) == 4
+    assert wide.tma._stream_k_tiles(cuda, 8192, 4096, cfg) == 0
+    assert wide.tma._stream_k_tiles(cuda, 132 * 128, 256, cfg) == 0  # whole waves
+    assert wide.tma._stream_k_tiles(cuda, 128, 7 * 256, cfg) == 0  # under one wave
+    monkeypatch.setenv(wide.tma.STREAM_K_ENV, "0")
+    assert wide.tma._stream_k_tiles(cuda, 8192, 16384, cfg) == 0
 
 
 def _pointer_kernel_spy(monkeypatch):
     """The names ("dx", "dw", ...) of the autotuned pointer kernels looked up to launch."""
     launched = []
-    real = wide._kernel
+    real = wide.configs._kernel
 
     def spy(name, dev):
         launched.append(name)
         return real(name, dev)
-    monkeypatch.setattr(wide, "_kernel", spy)
+    monkeypatch.setattr(wide.configs, "_kernel", spy)
     # grad_input's plans look their kernel up once: a fresh plan each call, so each looks
-    monkeypatch.setattr(wide, "_dx_plan", wide._DxLaunch)
+    monkeypatch.setattr(wide.layers, "_dx_plan", wide.layers._DxLaunch)
     return launched
 
 
@@ -684,13 +689,13 @@ def test_grad_weight_paths(device, monkeypatch, g_act):
     launched = _pointer_kernel_spy(monkeypatch)
     M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
     for blas in ("1", "0"):
-        monkeypatch.setenv(wide.BLAS_ENV, blas)
+        monkeypatch.setenv(wide.cublas.BLAS_ENV, blas)
         launched.clear()
         g = torch.randn(M, n_out, device=device).to(torch.bfloat16)
         gz = torch.randn(M, n_out, device=device).to(torch.bfloat16)
         h = torch.randn(M, n_in, device=device).to(torch.bfloat16)
         buf = torch.full((n_out, 2 * n_in), float("nan"), device=device, dtype=torch.bfloat16)
-        dw, db = wide.grad_weight(g, h, gz if g_act != "none" else None, g_act,
+        dw, db = wide.layers.grad_weight(g, h, gz if g_act != "none" else None, g_act,
                                   bias_grad=True, out=buf[:, n_in:])
         g64 = g.double().cpu()
         if g_act != "none":
@@ -710,13 +715,13 @@ def test_grad_input_paths(device, monkeypatch, dual):
     launched = _pointer_kernel_spy(monkeypatch)
     M, n_out, n_in = (70, 24, 40) if device.type == "cpu" else (1000, 384, 520)
     for blas in ("1", "0"):
-        monkeypatch.setenv(wide.BLAS_ENV, blas)
+        monkeypatch.setenv(wide.cublas.BLAS_ENV, blas)
         launched.clear()
         g, g2 = (torch.randn(M, n_out, device=device).to(torch.bfloat16) for _ in range(2))
         w, w2 = (torch.randn(n_out, n_in, device=device).to(torch.bfloat16) for _ in range(2))
         buf = torch.full((M, 2 * n_in), float("nan"), device=device, dtype=torch.bfloat16)
         kw = dict(g2=g2, w2=w2) if dual else {}
-        dx, h = wide.grad_input(g, w, out=buf[:, n_in:], **kw)
+        dx, h = wide.layers.grad_input(g, w, out=buf[:, n_in:], **kw)
         ref = g.double().cpu() @ w.double().cpu()
         if dual:
             ref = ref + g2.double().cpu() @ w2.double().cpu()
@@ -737,28 +742,30 @@ def test_forward_blas_paths(device, monkeypatch, request, act, bias):
     epilogues, a stored z and other devices run the Triton kernels. Each path against the
     float64 reference, into poisoned outputs."""
     ran = []
-    real = wide._blas_linear
-    monkeypatch.setattr(wide, "_blas_linear", lambda *a: ran.append(a[3]) or real(*a))
+    real = wide.cublas._blas_linear
+    monkeypatch.setattr(wide.cublas, "_blas_linear", lambda *a: ran.append(a[3]) or real(*a))
     big = device.type == "cuda"
     K, N = (40, 24) if not big else (520, 384)
     w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16)
     b = torch.randn(N, device=device).to(torch.bfloat16) if bias else None
     fn = activations.ACTIVATIONS[act].fn
-    request.addfinalizer(wide._linear_plan.cache_clear)  # no plan of FUSEDMLP_APPROX_TANH=0
+    request.addfinalizer(wide.layers._linear_plan.cache_clear)  # no plan of FUSEDMLP_APPROX_TANH=0
     # the hardware tanh is CUDA's alone: elsewhere the third pass would repeat the first
     for blas, approx in (("1", "1"), ("0", "1"), ("1", "0"))[:3 if big else 2]:
-        monkeypatch.setenv(wide.BLAS_ENV, blas)
-        monkeypatch.setenv(wide.APPROX_ENV, approx)
-        wide._linear_plan.cache_clear()  # the hardware tanh is a plan's choice
-        cases = [(wide.BLAS_FWD_MIN_ROWS, False), (wide.BLAS_FWD_MIN_ROWS + 200, False),
-                 (wide.BLAS_FWD_MIN_ROWS + 3, True), (wide.BLAS_LT_GELU_MAX_ROWS, False),
-                 (wide.BLAS_LT_GELU_MAX_ROWS + 1, False)]
-        if wide.BLAS_FWD_MIN_ROWS > 1:
-            cases.append((wide.BLAS_FWD_MIN_ROWS - 1, False))
+        monkeypatch.setenv(wide.cublas.BLAS_ENV, blas)
+        monkeypatch.setenv(wide.configs.APPROX_ENV, approx)
+        wide.layers._linear_plan.cache_clear()  # the hardware tanh is a plan's choice
+        cases = [(wide.cublas.BLAS_FWD_MIN_ROWS, False), (wide.cublas.BLAS_FWD_MIN_ROWS + 200,
+                                                          False),
+                 (wide.cublas.BLAS_FWD_MIN_ROWS + 3, True), (wide.cublas.BLAS_LT_GELU_MAX_ROWS,
+                                                             False),
+                 (wide.cublas.BLAS_LT_GELU_MAX_ROWS + 1, False)]
+        if wide.cublas.BLAS_FWD_MIN_ROWS > 1:
+            cases.append((wide.cublas.BLAS_FWD_MIN_ROWS - 1, False))
         for M, save in cases:
             ran.clear()
             x = torch.randn(M, K, device=device).to(torch.bfloat16)
-            y, z = wide.linear(x, w, b, act, save)
+            y, z = wide.layers.linear(x, w, b, act, save)
             z64 = x.double().cpu() @ w.double().cpu().t()
             if b is not None:
                 z64 = z64 + b.double().cpu()
@@ -766,7 +773,8 @@ def test_forward_blas_paths(device, monkeypatch, request, act, bias):
             assert (z is None) == (not save)
             # GELU(tanh) keeps the Triton kernel where that has the hardware tanh, past
             # BLAS_LT_GELU_MAX_ROWS rows
-            lt_gelu = act == "gelu_tanh" and (approx == "0" or M <= wide.BLAS_LT_GELU_MAX_ROWS)
-            want = (big and blas == "1" and not save and M >= wide.BLAS_FWD_MIN_ROWS
+            lt_gelu = act == "gelu_tanh" and (
+                approx == "0" or M <= wide.cublas.BLAS_LT_GELU_MAX_ROWS)
+            want = (big and blas == "1" and not save and M >= wide.cublas.BLAS_FWD_MIN_ROWS
                     and (act == "none" or (bias and (act == "relu" or lt_gelu))))
             assert ran == ([act] if want else []), (M, save, blas)

@@ -1,0 +1,81 @@
+"""What the benchmark harnesses share (bench.py's narrow suite, bench_wide.py's FFN
+blocks, and the scripts in benchmarks/): the environment a record is tagged with,
+back-to-back call timing with device events, and the lean-launch counts."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import platform
+import time
+
+import torch
+
+import fusedmlp_xpu as fm
+
+
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "python": platform.python_version(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.machine(), "fusedmlp_xpu": fm.__version__}
+    with contextlib.suppress(Exception):
+        env["triton"] = importlib.import_module("triton").__version__
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(device=p.name, vendor="nvidia", capability=f"{p.major}.{p.minor}",
+                   sm_count=p.multi_processor_count, memory_GB=round(p.total_memory / 1e9, 1))
+        with contextlib.suppress(Exception):
+            import subprocess
+            q = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit"
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+            env["driver"], env["clocks"] = out.split(",")[0].strip(), out
+    elif device.type == "xpu":
+        env.update(device=torch.xpu.get_device_name(device), vendor="intel")
+    else:
+        env.update(device=platform.processor() or platform.machine(), vendor="cpu",
+                   threads=torch.get_num_threads())
+    return env
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def calls_ms(device, fn, n: int, start: int = 0, lead: bool = False) -> float:
+    """ms per call of fn(i) for i in start..start+n-1, back to back: device events on GPUs,
+    a host clock between two synchronizations elsewhere. ``lead``: one untimed call first
+    (GPUs), so that the device is busy when the first event is recorded and the timed
+    calls are queued behind it: the host's latency to the first timed kernel (an idle
+    device waiting for it) is then not timed."""
+    if device.type in ("cuda", "xpu"):
+        mod = torch.cuda if device.type == "cuda" else torch.xpu
+        a, b = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+        if lead:
+            fn(start + n)
+        a.record()
+        for i in range(start, start + n):
+            fn(i)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / n
+    sync(device)
+    t = time.perf_counter()
+    for i in range(start, start + n):
+        fn(i)
+    sync(device)
+    return (time.perf_counter() - t) * 1e3 / n
+
+
+def lean_launches_note() -> str:
+    """How many Triton launches took the lean path (backends/triton/launch.py), per kernel."""
+    try:
+        from .backends.triton import launch
+    except Exception as e:  # noqa: BLE001 -- no Triton: nothing launched
+        return f"lean launches: none (Triton backend not importable: {type(e).__name__})"
+    counts = launch.stats()
+    return "lean launches: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                                or "none")
