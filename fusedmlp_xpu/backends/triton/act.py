@@ -1,7 +1,7 @@
-"""Activations for the Triton kernels (narrow.py, wide.py): act(z) and d act / dz by the
+"""Activations for the Triton kernels (narrow/, wide/): act(z) and d act / dz by the
 registry's integer id (fusedmlp_xpu/activations.py), on fp32 tiles.
 
-An id plus APPROX (chosen on the host, for NVIDIA CUDA devices only: see wide.act_id)
+An id plus APPROX (chosen on the host, for NVIDIA CUDA devices only: see wide/configs.act_id)
 computes the tanh-based activations (gelu_tanh, tanh) with the GPU's one-instruction
 tanh (PTX ``tanh.approx.f32``, absolute error about 5e-4) instead of a sigmoid (an
 exponential and a division). The id without it is the portable form: Triton's

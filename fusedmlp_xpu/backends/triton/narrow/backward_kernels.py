@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..act import act as _act
-from ..act import act_grad as _act_grad
+from ..act import times_act_grad as _times_act_grad
 from .tiles import _block_biases, _chain_tiles, _dot, _load_w, _resident_biases
 
 
@@ -69,7 +69,7 @@ def _bwd_rows(
     if OUT_ACT != 0:
         zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :], mask=omask,
                      other=0.0)
-        go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+        go = _times_act_grad(go, zo.to(tl.float32), OUT_ACT)
         if STORE_G:
             tl.store(g_ptr + (L_HID + 1) * H + rows[:, None] * s_gm + co[None, :],
                      go.to(dt), mask=omask)
@@ -85,7 +85,7 @@ def _bwd_rows(
         wl = wlt
     else:
         wl = _load_w(wl_ptr, H, OUT, H_P, OUT_P)
-    g = _dot(god, wl, F32, PREC) * _act_grad(zp, ACT)
+    g = _times_act_grad(_dot(god, wl, F32, PREC), zp, ACT)
     if STORE_G:
         tl.store(g_ptr + L_HID * H + rows[:, None] * s_gm + ch[None, :], g.to(dt),
                  mask=hmask)
@@ -150,7 +150,7 @@ def _bwd_hidden(g, l, wh_ptr, z_ptr, g_ptr, dwh, db, rows, hmask, H, s_zm, s_gm,
         w = wt
     else:
         w = _load_w(wh_ptr + l * H * H, H, H, H_P, H_P)
-    g = _dot(gh, w, F32, PREC) * _act_grad(zh, ACT)
+    g = _times_act_grad(_dot(gh, w, F32, PREC), zh, ACT)
     if STORE_G:
         tl.store(g_ptr + l * H + rows[:, None] * s_gm + ch[None, :], g.to(dt), mask=hmask)
     return g
@@ -366,13 +366,13 @@ def _mlp_bwd_resident_kernel(
                                                   d3, d4, dl, L_HID, ACT, OUT_ACT, HAS_BIAS,
                                                   F32, PREC)
             if OUT_ACT != 0:
-                go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+                go = _times_act_grad(go, zo.to(tl.float32), OUT_ACT)
             zp = _z_at(L_HID, z0, z1, z2, z3, z4).to(tl.float32)
         else:
             if OUT_ACT != 0:
                 zo = tl.load(z_ptr + (L_HID + 1) * H + rows[:, None] * s_zm + co[None, :],
                              mask=omask, other=0.0)
-                go = go * _act_grad(zo.to(tl.float32), OUT_ACT)
+                go = _times_act_grad(go, zo.to(tl.float32), OUT_ACT)
             zp = tl.load(z_ptr + L_HID * H + rows[:, None] * s_zm + ch[None, :], mask=hmask,
                          other=0.0).to(tl.float32)
         god = go.to(dt)
@@ -380,7 +380,7 @@ def _mlp_bwd_resident_kernel(
             al += _dot(tl.trans(god), _act(zp, ACT).to(dt), F32, PREC)
         if NEED_B:
             bl += _dot(tl.trans(god), ones, F32, PREC)
-        g = _dot(god, wlt, F32, PREC) * _act_grad(zp, ACT)
+        g = _times_act_grad(_dot(god, wlt, F32, PREC), zp, ACT)
         for j in tl.static_range(L_HID):
             l = L_HID - 1 - j  # hidden weight l maps z[l] -> z[l + 1]
             if RECOMPUTE:
@@ -394,7 +394,8 @@ def _mlp_bwd_resident_kernel(
                                          a1, a2, a3, a4)
             if NEED_B:
                 b1, b2, b3, b4 = _add_at(l, _dot(tl.trans(gh), ones, F32, PREC), b1, b2, b3, b4)
-            g = _dot(gh, _pick(l, w1t, w2t, w3t, w4t, True), F32, PREC) * _act_grad(zh, ACT)
+            g = _times_act_grad(_dot(gh, _pick(l, w1t, w2t, w3t, w4t, True), F32, PREC), zh,
+                                   ACT)
         gd = g.to(dt)
         if NEED_W:
             a0 += _dot(tl.trans(gd), x, F32, PREC)

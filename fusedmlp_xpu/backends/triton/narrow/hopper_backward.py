@@ -65,7 +65,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-    from ..act import act, act_grad
+    from ..act import act, act_grad, times_act_grad
     from .hopper_forward import _load_weights, _thread_barrier, _tma_load, _tma_store
 
     _keeps_z = gluon.constexpr_function(keeps_z)
@@ -92,7 +92,7 @@ if gluon is not None:
         """g * act'(z) of hidden layer l, from what _keep stored."""
         if Z_SMEM:
             z = zs.index(l).load(g.type.layout).to(gl.float32)
-            g = g * act_grad(z, ACT)
+            g = times_act_grad(g, z, ACT)
         elif ACT == 1:
             h = hs.index(l).load(g.type.layout)
             g = gl.where(h <= 0, 0.0, g)  # as torch's relu backward: NaN passes g
@@ -255,19 +255,19 @@ if gluon is not None:
                                     zero_h, use_acc=False)
                 acc = _add_bias(acc, bh_ptr + k * H_P, H_P, HAS_BIAS)
                 h = _keep(acc, hs, zs, hb + k + 1, ACT, Z_SMEM)
-            dgo = zero_o
+            zo = zero_o
             if OUT_ACT != 0:
                 zo = warpgroup_mma(gl.convert_layout(h, op_o), wl_s.permute((1, 0)), zero_o,
                                    use_acc=False)
-                dgo = act_grad(_add_bias(zo, bl_ptr, gy_desc.shape[1], HAS_BIAS), OUT_ACT)
+                zo = _add_bias(zo, bl_ptr, gy_desc.shape[1], HAS_BIAS)
             mbarrier.wait(gy_ready.index(c), j & 1)
             g = gy_s.load(mma_o).to(gl.float32)
             _thread_barrier()
             nxt = j + 1 < n_c
             mbarrier.expect(gy_ready.index(c), gy_desc.block_type.nbytes, pred=nxt)
             _tma_load(gy_desc, [row + NC * n_prog * BM, 0], gy_ready.index(c), gy_s, pred=nxt)
-            if OUT_ACT != 0:
-                g = g * dgo
+            if OUT_ACT != 0:  # (relu selects, as torch's backward: see act.times_act_grad)
+                g = times_act_grad(g, zo, OUT_ACT)
             gd = g.to(dt)
             if SUMS:
                 mbarrier.wait(go_free.index(c), (j & 1) ^ 1)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..act import act as _act
-from ..act import act_grad as _act_grad
+from ..act import times_act_grad as _times_act_grad
 
 
 # ---------------------------------------------------------------- shared pieces ---
@@ -87,7 +87,7 @@ def _mm(a_ptr, b_ptr, za_ptr, rows, cols, K,
         b = _load_k(b_ptrs, K - k0, 0, BLOCK_K, EVEN_K)
         if A_ACT != 0:
             za = _load_k(z_ptrs, K - k0, 1, BLOCK_K, EVEN_K).to(tl.float32)
-            a = (a.to(tl.float32) * _act_grad(za, A_ACT)).to(b.dtype)
+            a = _times_act_grad(a.to(tl.float32), za, A_ACT).to(b.dtype)
             z_ptrs += BLOCK_K * s_zk
         acc = _dot(a, b, acc, UPCAST, PRECISION)
         a_ptrs += BLOCK_K * s_ak
@@ -154,7 +154,7 @@ def _linear_dx_kernel(
                   acc, 0, UPCAST, PRECISION, BLOCK_K, EVEN_K)
     if ACT != 0:
         z = _load_mn(z_ptr, rows, cols, s_zm, s_zn, M, N)
-        acc = acc * _act_grad(z, ACT)
+        acc = _times_act_grad(acc, z, ACT)
         if STORE_H:
             _store(h_ptr, rows, cols, s_hm, s_hn, _act(z, ACT), M, N)
     _store(out_ptr, rows, cols, s_om, s_on, acc, M, N)
@@ -396,7 +396,7 @@ def _subtiles(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 def _dx_epilogue(acc, z_desc, out_desc, h_desc, off_m, off_n, ACT: tl.constexpr,
                  STORE_H: tl.constexpr):
     z = z_desc.load([off_m, off_n]).to(tl.float32)
-    out_desc.store([off_m, off_n], (acc * _act_grad(z, ACT)).to(out_desc.dtype))
+    out_desc.store([off_m, off_n], _times_act_grad(acc, z, ACT).to(out_desc.dtype))
     if STORE_H:
         h_desc.store([off_m, off_n], _act(z, ACT).to(h_desc.dtype))
 

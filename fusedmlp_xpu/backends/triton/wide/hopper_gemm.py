@@ -57,7 +57,7 @@ if gluon is not None:
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from ..act import act, act_grad
+    from ..act import act, act_grad, times_act_grad
     from ..narrow.hopper_forward import _tma_load, _tma_store
     from .gemm_kernels import _tile_pos
 
@@ -140,7 +140,7 @@ if gluon is not None:
             h = (a * u).to(dt)
         else:
             z = e_s.index(0).slice(col, W, dim=1).load(lay).to(gl.float32)
-            e_s.index(0).slice(col, W, dim=1).store((acc * act_grad(z, ACT)).to(dt))
+            e_s.index(0).slice(col, W, dim=1).store(times_act_grad(acc, z, ACT).to(dt))
             h = act(z, ACT).to(dt)
         return h
 
