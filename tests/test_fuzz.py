@@ -22,7 +22,7 @@ ACTS = sorted(activations.ACTIVATIONS)
 
 
 @st.composite
-def cases(draw, slow: bool):
+def cases(draw, slow: bool, dtype: torch.dtype):
     if slow:  # the interpreter: any width, tiny
         width, max_rows = st.integers(1, 40), 41
     else:  # a GPU: each new width compiles kernels (~1 s each), so a set of them
@@ -37,7 +37,7 @@ def cases(draw, slow: bool):
         strided=draw(st.booleans()),
         act=draw(st.sampled_from(ACTS)), out_act=draw(st.sampled_from(ACTS)),
         bias=draw(st.booleans()),
-        dtype=draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),
+        dtype=dtype,
         recompute=draw(st.sampled_from([None, True, False])),
         grad=draw(st.booleans()),
     )
@@ -79,13 +79,15 @@ def _check(name, dev, c):
         assert_close(g, r, max(tol, GRAD_VS_EAGER * eager[i]), f"gradient {i}", floor)
 
 
-def test_fuzz(backend):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_fuzz(backend, dtype):
+    """One test per dtype: under pytest-xdist the three run side by side."""
     name, dev = backend
     slow = is_slow(name, dev)
 
-    @settings(max_examples=12 if slow else 25, deadline=None, derandomize=False,
+    @settings(max_examples=5 if slow else 10, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(c=cases(slow))
+    @given(c=cases(slow, dtype))
     def run(c):
         _check(name, dev, c)
 
