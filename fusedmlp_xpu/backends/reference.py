@@ -85,7 +85,7 @@ def _times_grad(g, act, z):
     if act.name == "none":
         return g
     if act.name == "relu":
-        return torch.where(z <= 0, torch.zeros_like(g), g)
+        return g.masked_fill(z <= 0, 0)
     if act.name == "leaky_relu":
         return torch.where(z > 0, g, g * activations.LEAKY_RELU_SLOPE)
     wide = torch.promote_types(z.dtype, torch.float32)
