@@ -46,6 +46,7 @@ from torch import nn
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import gated
+from fusedmlp_xpu.backends.triton import wide_torch_train_rows
 from fusedmlp_xpu.benchtools import calls_ms, environment, sync
 
 SCHEMA = "fusedmlp-multi-gpu/1"
@@ -152,7 +153,7 @@ def backends(model: Net, batch, world) -> dict:
     # the gated module's choice: the wide Triton kernels ('triton') or the reference
     impl = gated.choose(tokens.device, model.ffn.backend)
     ffn = getattr(impl, "name", "triton")  # the wide kernels' module carries no name
-    rows = gated._torch_train_rows(tokens.device)
+    rows = wide_torch_train_rows(tokens.device)
     return {"narrow": gather_obj(narrow, world), "gated": gather_obj(ffn, world),
             "gated_train_as_torch_ops": tokens.shape[0] <= rows,
             "gated_torch_train_rows": rows}
