@@ -27,6 +27,7 @@ and, on CUDA, profiled for a device-time breakdown by phase.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -117,19 +118,12 @@ class Task:
             return loss
 
 
-class _no_range:  # noqa: N801 -- a stand-in for torch.profiler.record_function
-    def __init__(self, name):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
 def _phase(name):
     return torch.profiler.record_function(f"step:{name}")
+
+
+def _no_range(name):
+    return contextlib.nullcontext()
 
 
 class Trainer:
@@ -285,7 +279,8 @@ def breakdown(trainer, task, device, steps=5) -> dict:
             ranges.append((e.start_ns(), e.end_ns(), name[5:]))
         elif e.device_type() == torch.autograd.DeviceType.CUDA:
             kernels.append((e.correlation_id(), e.duration_ns()))
-        elif e.correlation_id():
+        elif name.startswith("cu"):  # the runtime/driver call that launched it (aten ops
+            # carry correlation ids of their own, from another numbering)
             launches[e.correlation_id()] = e.start_ns()
     out = dict.fromkeys(PHASES + ("other",), 0.0)
     for corr, dur in kernels:
@@ -321,6 +316,7 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
         if v.startswith("fused"):
             rec["backend"] = fm.explain(fused, torch.empty(2, ENCODED, device=device,
                                                            dtype=dtype)).backend
+        if v == "fused":  # the check covers every fused variant: the same module and step
             rec["check"] = chk
         skip = None
         if v.endswith("-captured") and device.type != "cuda":
