@@ -416,8 +416,9 @@ def cmd_bench(args) -> int:
 
 
 def _add_arguments(p):
-    p.add_argument("--suite", default="narrow", choices=sorted(SUITES) + ["wide"],
-                   help="narrow configs (this harness) or wide (bench_wide.py)")
+    p.add_argument("--suite", default="narrow", choices=sorted(SUITES) + ["steps", "wide"],
+                   help="narrow configs (this harness), wide (bench_wide.py) or whole "
+                        "training steps (bench_steps.py)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS))
     p.add_argument("--batch", action="append", type=configs.positive_int)
     p.add_argument("--dtype", action="append", choices=sorted(DTYPES))

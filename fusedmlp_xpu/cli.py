@@ -136,14 +136,19 @@ def _bench(args) -> int:
 
     check_device(args.device)
     check_writable(args.out, "--out")
+    if args.suite == "steps":  # whole training steps: their own harness (bench_steps.py)
+        from .bench_steps import cmd_steps
 
+        return cmd_steps(args)
     return cmd_bench(args)
 
 
 def _bench_arguments(p):
+    from . import bench_steps
     from .bench import cmd_bench
 
     cmd_bench.add_arguments(p)
+    bench_steps.add_arguments(p)
 
 
 _bench.add_arguments = _bench_arguments
