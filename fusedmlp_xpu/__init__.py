@@ -36,16 +36,29 @@ __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:
     """Which backend would run ``mlp_or_spec`` on input ``x``, and why the others would not.
 
-    mlp_or_spec: a FusedMLP or an MLPSpec; x: a sample input (its device and dtype count).
+    mlp_or_spec: a FusedMLP, GatedMLP(View) or an MLPSpec; x: a sample input (its device and
+    dtype count).
     """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if isinstance(mlp_or_spec, (GatedMLP, GatedMLPView)):
+        from . import gated
+
+        if isinstance(mlp_or_spec, GatedMLPView):
+            wg, _, bg, _ = mlp_or_spec.gate_up_params()
+            d_out = mlp_or_spec._modules[mlp_or_spec._down].weight.shape[0]
+        else:
+            wg, bg = mlp_or_spec.gate_proj.weight, mlp_or_spec.gate_proj.bias
+            d_out = mlp_or_spec.down_proj.weight.shape[0]
+        spec = MLPSpec((wg.shape[1], wg.shape[0], d_out), mlp_or_spec.activation, "none",
+                       bg is not None, x.dtype)
+        return gated.explain_choice(x.device, spec, backend or mlp_or_spec.backend)
     if isinstance(mlp_or_spec, FusedMLP):
         spec = mlp_or_spec.spec(x.dtype)
         backend = backend or mlp_or_spec.backend
     elif isinstance(mlp_or_spec, MLPSpec):
         spec = mlp_or_spec
     else:
-        raise TypeError(f"mlp_or_spec: expected FusedMLP or MLPSpec, "
+        raise TypeError(f"mlp_or_spec: expected FusedMLP, GatedMLP or MLPSpec, "
                         f"got {type(mlp_or_spec).__name__}")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     return dispatch.explain_choice(x.device, spec, dispatch.requested(backend))

@@ -113,6 +113,29 @@ def choose(device: torch.device, backend: str | None = None):
     raise ValueError(f"{src}: unknown backend {name!r}; the gated MLP knows {list(BACKENDS)}")
 
 
+def explain_choice(device: torch.device, spec, backend: str | None = None):
+    """dispatch.Explanation for a gated MLP: which implementation ``choose`` takes on
+    ``device`` (spec: MLPSpec with widths (d, hidden, d_out), for the header) and why not
+    the other."""
+    forced = backend or envvars.get(dispatch.ENV_VAR) or None
+    forced = None if forced == "auto" else forced
+    ex = dispatch.Explanation(device, spec, None, forced)
+    for name in (forced,) if forced else BACKENDS:
+        if name == "triton":
+            ok, why = _triton_usable(device, forced == "triton")
+            if ok:
+                why += (f"; plain eager training calls of <= {_torch_train_rows(device)} rows "
+                        "run as torch ops (measured faster there)")
+        elif name == "reference":
+            ok, why = True, "composite torch ops (F.linear, act(gate) * up), any device"
+        else:
+            ok, why = False, f"no gated-MLP kernels; the gated MLP knows {list(BACKENDS)}"
+        taken = ok and ex.backend is None
+        ex.backend = name if taken else ex.backend
+        ex.considered.append(dispatch.Consideration(name, taken, why))
+    return ex
+
+
 def _torch_autograd(x, backend: str | None) -> bool:
     """Whether a plain eager training call runs as the reference's torch ops with torch's
     own autograd graph (as fused_mlp's, op._torch_autograd): with the wide kernels chosen

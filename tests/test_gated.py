@@ -439,3 +439,25 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     with torch.no_grad():
         fm.fused_gated_mlp(torch.randn(4, 8, dtype=torch.float64), *ws)
     assert calls == [("forward", 4, False)]
+
+
+def test_explain_gated_modules():
+    """explain() takes a GatedMLP and a converted (packed) GatedMLPView, saying which
+    implementation runs and why not the other; a forced backend that cannot run says so."""
+    g = fm.GatedMLP(8, 16, 4, bias=True)
+    ex = fm.explain(g, torch.randn(2, 8))
+    assert ex.spec.widths == (8, 16, 4) and ex.spec.bias
+    assert ex.backend in ("triton", "reference") and len(ex.considered) == 2
+    assert all(c.reason for c in ex.considered)
+    assert fm.explain(g, torch.randn(2, 8), backend="reference").backend == "reference"
+
+    class Packed(nn.Module):  # Phi-3's layout
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Linear(8, 32, bias=False)
+            self.down_proj = nn.Linear(16, 8, bias=False)
+            self.activation_fn = nn.SiLU()
+
+    view = fm.fuse_gated_mlps(nn.Sequential(Packed()))[0]
+    assert isinstance(view, fm.GatedMLPView)
+    assert fm.explain(view, torch.randn(3, 8)).spec.widths == (8, 16, 8)
