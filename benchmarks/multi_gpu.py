@@ -50,7 +50,7 @@ from fusedmlp_xpu.backends.triton import wide_torch_train_rows
 from fusedmlp_xpu.benchtools import calls_ms, environment, sync
 
 SCHEMA = "fusedmlp-multi-gpu/1"
-CONFIGS = {"narrow-w64": 64, "narrow-w128": 128}  # BENCHMARKS.md names: hidden width W
+CONFIGS = {"narrow-w64": 64, "narrow-w128": 128}  # the benchmark configs' names: hidden width W
 # per-device batch and the gated block's size: rows of points, tokens, d, hidden
 SHAPES = {"gpu": dict(rows=2**18, tokens=8192, d=4096, hidden=14336),
           "tiny": dict(rows=64, tokens=16, d=32, hidden=96)}

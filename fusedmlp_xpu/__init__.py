@@ -29,8 +29,8 @@ def _register_optional_backends() -> None:
 
 _register_optional_backends()
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
-           "fuse_gated_mlps", "GatedMLPView", "FusionReport", "explain", "backends", "MLPSpec", "BackendUnavailableError",
-           "activations", "tcnn", "__version__"]
+           "fuse_gated_mlps", "GatedMLPView", "FusionReport", "explain", "backends", "MLPSpec",
+           "BackendUnavailableError", "activations", "tcnn", "__version__"]
 
 
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:

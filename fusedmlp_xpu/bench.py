@@ -1,4 +1,5 @@
-"""`fusedmlp bench`: the benchmark harness of BENCHMARKS.md, writing JSON with the environment.
+"""`fusedmlp bench`: the benchmark harness (protocol: benchmarks/README.md), writing JSON
+with the environment.
 
 Per config x batch x dtype x mode it times eager nn.Sequential, torch.compile and the fused
 op (the backend the dispatcher picks, named), after checking the fused output against a

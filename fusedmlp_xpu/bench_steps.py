@@ -1,4 +1,4 @@
-"""`fusedmlp bench --suite steps`: whole training steps timed end to end (BENCHMARKS.md's
+"""`fusedmlp bench --suite steps`: whole training steps timed end to end (the benchmark's
 `loop-image` and `sdf-eikonal`), writing JSON with the environment.
 
 One step samples its inputs on the device, encodes them (a frequency encoding to 32

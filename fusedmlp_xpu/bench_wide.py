@@ -1,4 +1,4 @@
-"""The wide-MLP benchmark: wide-gelu and wide-swiglu (BENCHMARKS.md), one command.
+"""The wide-MLP benchmark: wide-gelu and wide-swiglu (configs: benchmarks/README.md), one command.
 
     fusedmlp bench --suite wide --out wide.json    # on a CUDA GPU, ~3-4 min on an H200
     python -m fusedmlp_xpu.bench_wide --out wide.json [--rows 16 8192] [--configs ...]

@@ -1,4 +1,4 @@
-"""The standard benchmark configs of BENCHMARKS.md, in one table that profile and bench share.
+"""The standard benchmark configs (benchmarks/README.md), in one table that profile and bench share.
 
 Names are the ones used in code, JSON and reports. Only configs a ``FusedMLP`` can
 express live here; ``wide-swiglu`` is a gated MLP and joins when the gated module does.
@@ -23,7 +23,7 @@ class MLPConfig:
     activation: str = "relu"
     output_activation: str = "none"
     bias: bool = False
-    #: the batch sizes (rows) BENCHMARKS.md sweeps for this config
+    #: the batch sizes (rows) the benchmark sweeps for this config
     batches: tuple[int, ...] = ()
     #: the regime of DESIGN.md: "narrow" (every width <= 128) or "wide"
     regime: str = "narrow"

@@ -34,7 +34,7 @@ STEP = "fusedmlp.profile.step"
 #: enough that the whole command (torch.compile included, ~20 s of it) stays under a
 #: minute on 2 cores.
 CPU_BATCH = 4096
-#: GPU default: 2^20 rows, the batch where BENCHMARKS.md's narrow targets start.
+#: GPU default: 2^20 rows, the batch where the narrow targets (targets.py) start.
 GPU_BATCH = 2**20
 
 # Wall-clock budget per timed repeat: long enough to hide timer and launch jitter.
@@ -121,7 +121,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def default_batch(device: torch.device, cfg: configs.MLPConfig | None = None) -> int:
     if cfg is not None and cfg.regime == "wide":
-        # BENCHMARKS.md's two token counts: 16 (launch-bound) on the CPU, where one
+        # the wide benchmark's two token counts: 16 (launch-bound) on the CPU, where one
         # 8192-token step of a 4096x16384 FFN takes minutes; 8192 on a GPU
         return min(cfg.batches) if device.type == "cpu" else max(cfg.batches)
     return CPU_BATCH if device.type == "cpu" else GPU_BATCH
@@ -136,7 +136,7 @@ def _first_line(e: BaseException) -> str:
 def _step_fn(module: Callable, x: torch.Tensor, params: list[torch.Tensor], train: bool,
              grad_y: torch.Tensor | None):
     """One call of the profiled mode: a forward under inference_mode, or forward + backward
-    for the input and every parameter (no optimizer step, as BENCHMARKS.md's train mode)."""
+    for the input and every parameter (no optimizer step, as the benchmark's train mode)."""
     if not train:
         def step():
             with torch.inference_mode():

@@ -27,7 +27,7 @@ BASELINES = ("eager", "compile")
 NOT_COMPETING = BASELINES + ("bare",)
 RECORD_KEYS = ("config", "N", "dtype", "mode", "backend", "timing", "pass", "median_ms",
                "rows_per_s", "floor_ms", "x_floor")
-#: two passes of one measurement further apart than this suggest throttling (BENCHMARKS.md)
+#: two passes of one measurement further apart than this suggest throttling (benchmarks/README.md, protocol)
 PASS_SPREAD = 0.05
 
 #: Intel, "Fully-fused multi-layer perceptrons on Intel data center GPUs", arXiv
@@ -35,7 +35,7 @@ PASS_SPREAD = 0.05
 #: figures from other hardware: shown apart, labelled, never mixed with measurements.
 PUBLISHED = {
     "source": "Intel, arXiv 2403.17607, Table I, for the MLP this package calls "
-              "paper-table1 (width 64, 11 hidden layers; see BENCHMARKS.md)",
+              "paper-table1 (width 64, 11 hidden layers; see benchmarks/README.md)",
     "rows": [
         # (implementation, hardware, inference s / 1000, training s / 1000)
         ("PyTorch", "NVIDIA H100", 1.543, 4.32),
@@ -156,7 +156,7 @@ def _ms(v) -> str:
 
 
 def _pow2(n: int) -> str:
-    """2^k for powers of two (how BENCHMARKS.md names batches), else the number."""
+    """2^k for powers of two (how the benchmark configs name batches), else the number."""
     if n > 0 and n & (n - 1) == 0:
         return f"2^{n.bit_length() - 1}"
     return str(n)
@@ -347,7 +347,7 @@ def _targets_table(machines: list[Machine]) -> list[str]:
     def span(r):
         lo, hi = ("-", "-") if r is None else (f"{r[0]:#.4g}", f"{r[1]:#.4g}")
         return lo if lo == hi else f"{lo} - {hi}"
-    # the targets are the GPUs' (BENCHMARKS.md): a CPU file's numbers are not checked
+    # the targets are the GPUs' (targets.py): a CPU file's numbers are not checked
     rows = [[v.target, m.label, v.config, span(v.python), span(v.device), v.unit, str(v.n),
              f"**{v.status}**" if v.status == "missed" else v.status]
             for m in machines if m.env.get("vendor") != "cpu" for v in targets.check(m.raw)]

@@ -1,4 +1,4 @@
-"""The benchmark targets (BENCHMARKS.md, "Targets") as data, checked against bench records.
+"""The benchmark targets (benchmarks/README.md) as data, checked against bench records.
 
 ``check(records)`` takes every record of one bench file, all passes, and returns one
 ``Verdict`` per target and config that the file has numbers for. A verdict gives the

@@ -31,12 +31,6 @@ PERSISTENT_RESIDENT_128 = 64 * 1024
 OWN_PADDING = True
 
 
-# True: the input-gradient chain that loads its weights per row block pads its own way
-# too; wrong input gradients on the H200 (history 19), so off (benchmarks/repro_padding.py,
-# in git history)
-OWN_PADDING_CHAIN_PER_BLOCK = False
-
-
 def _own_pads(spec) -> dict:
     """IN_P, H_P and OUT_P, each width padded to its own power of two (OWN_PADDING; fewer
     FLOPs where in, hidden and out differ: narrow-w32's 64 -> 32 -> 64 does 2.9x fewer,
@@ -431,10 +425,10 @@ def _one_kernel_pads(spec) -> dict:
 def _chain_pads(spec, resident: bool) -> dict:
     """The split backward's input-gradient chain's tile widths over _launch_meta's (every
     tile at the widest): the resident chain pads each width on its own; a chain that loads
-    its weights per row block keeps the widest unless OWN_PADDING_CHAIN_PER_BLOCK (with in
-    padded narrower than hidden it gave wrong input gradients on the H200: history 19 of
-    benchmarks/NOTES.md)."""
-    return _own_pads(spec) if resident or OWN_PADDING_CHAIN_PER_BLOCK else {}
+    its weights per row block keeps the widest (padding each width on its own there gave
+    wrong input gradients on the H200 with in narrower than hidden: benchmarks/NOTES.md,
+    narrow backward; the switch that kept that variant is in git history)."""
+    return _own_pads(spec) if resident else {}
 
 
 #: the no-grad narrow forward takes the Gluon kernel from this many rows (fewer are
