@@ -11,8 +11,8 @@ This file is the backend class and its dispatch rules. The kernels live in two f
               gated.py (host side), gemm_kernels.py / gated_kernels.py (Triton),
               hopper_gemm.py (Gluon on sm_90), configs.py, tma.py, cublas.py (routing)
 
-launch.py (the lean launch path), act.py (activations in the kernels) and common.py are
-shared by both. Everything here is plain Python: importable without Triton.
+launch.py (the lean launch path), act.py (activations in the kernels), gluon.py (Gluon's
+Hopper API, the FUSEDMLP_GLUON switch, the device check) and common.py are shared by both. Everything here is plain Python: importable without Triton.
 """
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-    from ..act import act, act_grad, times_act_grad
+    from ..act import act, times_act_grad
     from .hopper_forward import _load_weights, _thread_barrier, _tma_load, _tma_store
 
     _keeps_z = gluon.constexpr_function(keeps_z)

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import torch
 
-from .... import envvars
 from .. import launch
 from ..common import pow2
+# the shared Gluon floor; ENV (0: every forward on forward_kernels.py), Addr and device_ok
+# are read through this module by its callers and tests
+from ..gluon import ENV, IMPORT_ERROR, Addr, device_ok, gluon  # noqa: F401
 from ..launch import int_key
-
-#: set to 0 to keep every narrow forward on the Triton kernel (forward_kernels.py)
-ENV = "FUSEDMLP_GLUON"
 SMEM_BYTES = 227 * 1024  # per program at most, sm_90
 SMEM_PER_SM = 228 * 1024
 SMEM_RESERVED = 1024  # per program, by the driver
@@ -46,24 +45,13 @@ MIN_HIDDEN = 64
 # TMA coordinates are 32-bit: the last pair's second block starts below 2^31
 MAX_ROWS = 2 ** 31 - 512
 
-try:  # Gluon's Hopper API (Triton >= 3.5); without it every forward takes forward_kernels.py
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    # the TMA copies' names: async_load / async_store from Triton 3.7 on
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # 3.9: barrier
-    IMPORT_ERROR = None
-except Exception as e:  # noqa: BLE001  (any failure means: not available)
-    gluon = None
-    IMPORT_ERROR = f"{type(e).__name__}: {e}"
-
-
-if gluon is not None:
+if gluon is not None:  # without Gluon every forward takes forward_kernels.py
     from ..act import act
+    from ..gluon import (TensorDescriptor, fence_async_shared, gl, mbarrier, tma,
+                         warpgroup_mma, warpgroup_mma_wait)
+    from ..gluon import thread_barrier as _thread_barrier  # noqa: F401 (the backward's)
+    from ..gluon import tma_load as _tma_load
+    from ..gluon import tma_store as _tma_store
 
     @gluon.jit
     def _epilogue(acc, b_ptr, N, ACT: gl.constexpr, HAS_BIAS: gl.constexpr):
@@ -204,20 +192,6 @@ if gluon is not None:
     _LAUNCHER = launch.Launcher(_fwd_kernel)
 
 
-class Addr:
-    """A tensor's address and dtype without the tensor (Triton takes any object with
-    ``data_ptr()`` and ``dtype`` as a pointer; TMA descriptors read the same two): kept
-    descriptors and bound forwards do not keep parameters alive."""
-
-    __slots__ = ("ptr", "dtype")
-
-    def __init__(self, t):
-        self.ptr, self.dtype = t.data_ptr(), t.dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
 def _pads(spec) -> tuple[int, int, int]:
     return pow2(spec.in_features), spec.widths[1], pow2(spec.out_features)
 
@@ -251,22 +225,6 @@ def tuning(spec) -> tuple[int, int, int, int] | None:
                     return 128, 1, 1, 8
                 return 64, stages, per_sm, 4
     return None
-
-
-def device_ok(spec, device: torch.device) -> tuple[bool, str]:
-    """The checks every Gluon kernel here shares: Gluon's Hopper API, not turned off, an
-    sm_90 CUDA device, fp16/bf16."""
-    if gluon is None:
-        return False, f"no Gluon in this Triton ({IMPORT_ERROR})"
-    if envvars.get(ENV, "1") == "0":
-        return False, f"{ENV}=0"
-    if device.type != "cuda" or envvars.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return False, "not a CUDA device (or under Triton's interpreter)"
-    if torch.cuda.get_device_capability(device)[0] != 9:
-        return False, "warpgroup MMAs are sm_90 only"
-    if spec.dtype not in (torch.float16, torch.bfloat16):
-        return False, f"{spec.dtype} (fp16 and bf16 only)"
-    return True, ""
 
 
 def eligible(spec, device: torch.device) -> tuple[bool, str]:

@@ -32,8 +32,8 @@ import torch
 
 from .... import envvars
 from .. import launch
-from ..narrow import hopper_forward
-from ..narrow.hopper_forward import Addr, gluon
+from .. import gluon as _gluon
+from ..gluon import Addr, gluon
 from .tma import _programs
 
 #: FUSEDMLP_GLUON_WIDE=0 keeps the wide backward on the Triton kernels (tma.py)
@@ -58,7 +58,8 @@ if gluon is not None:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ..act import act, act_grad, times_act_grad
-    from ..narrow.hopper_forward import _tma_load, _tma_store
+    from ..gluon import tma_load as _tma_load
+    from ..gluon import tma_store as _tma_store
     from .gemm_kernels import _tile_pos
 
     @gluon.jit
@@ -271,14 +272,14 @@ def stages(epi: int, store_h: bool) -> int:
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether these kernels may run: Gluon's Hopper API, not turned off
     (FUSEDMLP_GLUON_WIDE=0, FUSEDMLP_GLUON=0), an sm_90 CUDA device, fp16/bf16 operands."""
-    if envvars.get(ENV, "1") == "0" or envvars.get(hopper_forward.ENV, "1") == "0":
+    if envvars.get(ENV, "1") == "0" or envvars.get(_gluon.ENV, "1") == "0":
         return False
     return _device_ok(device, dtype)
 
 
 @functools.lru_cache(maxsize=16)
 def _device_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    return hopper_forward.device_ok(types.SimpleNamespace(dtype=dtype), device)[0]
+    return _gluon.device_ok(types.SimpleNamespace(dtype=dtype), device)[0]
 
 
 def _desc(t: torch.Tensor, block):
