@@ -82,6 +82,8 @@ _ENTRIES = [
 ACTIVATIONS: dict[str, Activation] = {a.name: a for a in _ENTRIES}
 BY_ID: dict[int, Activation] = {a.id: a for a in _ENTRIES}
 ALIASES = {None: "none", "identity": "none", "linear": "none", "swish": "silu"}
+#: the activations a gated MLP (act(x Wg^T) * (x Wu^T)) runs: SwiGLU and GEGLU
+GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
 def get(name) -> Activation:

@@ -29,7 +29,7 @@ from .op import DEVICE_TYPES, _autocast
 from .spec import check_backend, check_recompute, check_size
 from .backends.triton import wide_torch_train_rows as _torch_train_rows
 
-GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+GATE_ACTIVATIONS = activations.GATE_ACTIVATIONS
 BACKENDS = ("triton", "reference")
 
 

@@ -28,7 +28,7 @@ APPROX_ENV = "FUSEDMLP_APPROX_TANH"
 _APPROX_ACTS = ("gelu_tanh", "tanh")
 
 
-GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+GATE_ACTIVATIONS = activations.GATE_ACTIVATIONS
 
 
 # Pointer offsets are 32-bit in the kernels (cheaper address math in the K loop);
