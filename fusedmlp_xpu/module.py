@@ -144,8 +144,7 @@ class FusedMLP(nn.Module):
                         return y
         weights, biases = self.weights(), self.biases()
         lean = (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.widths[0]
-                and x.device.type in op.DEVICE_TYPES
-                and not torch.is_autocast_enabled(x.device.type))
+                and not x.is_meta and not torch.is_autocast_enabled(x.device.type))
         if lean:  # every parameter on x's device and dtype (one layer moved alone is not)
             dt, dev = x.dtype, x.device
             for t in weights if biases is None else weights + biases:

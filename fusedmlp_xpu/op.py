@@ -334,7 +334,7 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         x.requires_grad or any(w.requires_grad for w in weights)
         or (biases is not None and any(b.requires_grad for b in biases))
     )
-    if not torch.compiler.is_compiling() and (transformed() or x.device.type == "meta"):
+    if not torch.compiler.is_compiling() and (transformed() or x.is_meta):
         # (meta tensors: shapes only, as for a model built on the meta device)
         return composite_forward(x, weights, biases, spec)
     if plain_eager(x):
