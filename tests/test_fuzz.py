@@ -21,6 +21,13 @@ from hypothesis import strategies as st  # noqa: E402
 ACTS = sorted(activations.ACTIVATIONS)
 
 
+@pytest.fixture(autouse=True)
+def _first_config(monkeypatch):
+    """Correctness, not speed: the first config of each wide tuning list, no timing runs
+    on a GPU (each new shape would otherwise autotune)."""
+    monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "0")
+
+
 @st.composite
 def cases(draw, slow: bool, dtype: torch.dtype):
     if slow:  # the interpreter: any width, tiny

@@ -20,6 +20,13 @@ ACTS = sorted(activations.ACTIVATIONS)
 SHAPES = {"narrow": (32, 64, 64, 16), "wide": (256, 512, 256)}
 
 
+@pytest.fixture(autouse=True)
+def _first_config(monkeypatch):
+    """Correctness, not speed: the first config of each wide tuning list, no timing runs
+    on a GPU (each new shape would otherwise autotune)."""
+    monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "0")
+
+
 def _eager(x, ws, bs, act, out_act):
     h = x
     for i, w in enumerate(ws):

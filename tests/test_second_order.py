@@ -16,6 +16,13 @@ from conftest import (GRAD_VS_EAGER, assert_close, devices, is_slow, make_params
 ACTS = sorted(activations.ACTIVATIONS)
 
 
+@pytest.fixture(autouse=True)
+def _first_config(monkeypatch):
+    """Correctness, not speed: the first config of each wide tuning list, no timing runs
+    on a GPU (each new shape would otherwise autotune)."""
+    monkeypatch.setenv("FUSEDMLP_WIDE_AUTOTUNE", "0")
+
+
 @pytest.fixture(params=[True, False], ids=["eager-path", "op-path"])
 def op_path(request, monkeypatch):
     """Both call paths: the eager autograd.Function and the custom ops' autograd."""
