@@ -11,6 +11,7 @@ casts x, weights and biases to the region's dtype before the op (like nn.Linear)
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Sequence
 
 import torch
@@ -377,11 +378,12 @@ def fused_mlp(
     torch's own ops (``Backend.torch_train_rows``: wide layers on CUDA up to 4096 rows,
     measured faster there) unless a backend is forced or ``recompute=True``.
     """
-    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
+    # any iterable of tensors (a list, a tuple, a generator of parameters)
+    if isinstance(weights, (torch.Tensor, str)) or not isinstance(weights, Iterable):
         raise TypeError(f"weights: expected a list of 2-D tensors [out, in], got "
                         f"{type(weights).__name__}")
-    if biases is not None and (isinstance(biases, torch.Tensor)
-                               or not isinstance(biases, Sequence)):
+    if biases is not None and (isinstance(biases, (torch.Tensor, str))
+                               or not isinstance(biases, Iterable)):
         raise TypeError(f"biases: expected None or a list of 1-D tensors, got "
                         f"{type(biases).__name__}")
     weights = list(weights)

@@ -171,3 +171,10 @@ def test_triton_interpreter_from_threads():
         t.join()
     assert not errors, errors[0]
     assert len(same) == 8 and all(same)
+
+
+def test_weights_as_any_iterable():
+    """A generator of weights (e.g. from a module's parameters) is accepted, as before."""
+    x = torch.randn(2, 3)
+    ws = [torch.randn(4, 3), torch.randn(2, 4)]
+    torch.testing.assert_close(fm.fused_mlp(x, (w for w in ws)), fm.fused_mlp(x, ws))
