@@ -11,7 +11,7 @@ from .module import FusedMLP
 from .op import fused_mlp
 from .spec import MLPSpec
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 def _register_optional_backends() -> None:
     """Backends whose dependencies may be missing register even so: their modules import

@@ -118,3 +118,22 @@ def test_no_file_over_max_lines():
     long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines (split them into named modules): {long}"
+
+
+#: the floors above the backends: a backend or kernel module importing one of these (or the
+#: package's face, fusedmlp_xpu itself) is an arrow pointing up
+ABOVE_BACKENDS = {"fusedmlp_xpu", "fusedmlp_xpu.module", "fusedmlp_xpu.gated",
+                  "fusedmlp_xpu.op", "fusedmlp_xpu.convert", "fusedmlp_xpu.tcnn",
+                  "fusedmlp_xpu.dispatch", "fusedmlp_xpu.cli", "fusedmlp_xpu.bench",
+                  "fusedmlp_xpu.bench_wide", "fusedmlp_xpu.bench_steps",
+                  "fusedmlp_xpu.profiling", "fusedmlp_xpu.report"}
+
+
+def test_backends_import_nothing_above_them():
+    """Data flows module -> op -> dispatch -> backend -> kernel: no backend or kernel file
+    imports a module, an op, the dispatcher or the package face."""
+    known = _modules()
+    up = {m: sorted(_imports(m, p, known) & ABOVE_BACKENDS) for m, p in known.items()
+          if m.startswith("fusedmlp_xpu.backends")}
+    up = {m: u for m, u in up.items() if u}
+    assert not up, f"backends importing floors above them: {up}"

@@ -124,7 +124,7 @@ def _cache_dir() -> Path:
 
 def _build_shim(tc: dict) -> Path:
     """Compile fmlp_sycl_shim.cpp once per (sources, compiler, runtime version); return the .so."""
-    from .. import __version__
+    from .._version import __version__
 
     key = hashlib.sha256()
     for p in (SHIM_SOURCE, PARAMS_HEADER):

@@ -1,0 +1,3 @@
+"""The package version (its own module, so that a backend can read it without importing
+the package face above it)."""
+__version__ = "0.1.0"
