@@ -267,15 +267,26 @@ def _(grad_y, x, w_gate, w_up, w_down, biases, saved, activation, backend, need_
 
 
 # --- autograd ------------------------------------------------------------------------
+def _backward_rows(impl, grad_y, x, w_gate, w_up, w_down, saved, activation, needs, biases):
+    """``impl.gated_backward`` on inputs of any leading dims (flattened to rows, grad_x
+    shaped back like x). Returns (grad_x | None, grad_weights, grad_biases)."""
+    flat = x.dim() == 2  # [rows, d] already: no reshapes (host time at decode sizes)
+    if not flat:
+        n = x.shape[:-1].numel()
+        grad_y = grad_y.reshape(n, grad_y.shape[-1])
+        saved = [s.reshape(n, s.shape[-1]) for s in saved or ()]
+    gx, gw, gb = impl.gated_backward(
+        grad_y if grad_y.is_contiguous() else grad_y.contiguous(),
+        x if flat else x.reshape(-1, x.shape[-1]), w_gate, w_up, w_down, saved, activation,
+        needs, biases)
+    return (gx if gx is None or flat else gx.reshape(x.shape)), gw, gb
+
+
 def _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases, activation, needs):
     """The backward as the reference's composite torch ops, recomputing g and u from x, so
-    that autograd records it (``create_graph=True``; as op.differentiable_backward).
-    Any leading dims; returns (grad_x | None, grad_weights, grad_biases)."""
-    n = x.shape[:-1].numel()
-    gx, gw, gb = _Reference.gated_backward(
-        grad_y.reshape(n, grad_y.shape[-1]), x.reshape(n, x.shape[-1]), w_gate, w_up, w_down,
-        None, activation, needs, biases)
-    return (None if gx is None else gx.reshape(x.shape)), gw, gb
+    that autograd records it (``create_graph=True``; as op.differentiable_backward)."""
+    return _backward_rows(_Reference, grad_y, x, w_gate, w_up, w_down, None, activation,
+                          needs, biases)
 
 
 def _setup(ctx, inputs, saved):
@@ -349,26 +360,14 @@ class _EagerGated(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_ws, need_bs = need[3], need[4:7], need[7:]
         need_w, need_b = any(need_ws), any(need_bs)
-        if op._create_graph():  # create_graph=True: a backward autograd can differentiate
-            gx, gw, gb = _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases,
-                                                  ctx.activation, (need_x, need_w, need_b))
-            gw = [g if k else None for g, k in zip(gw, need_ws)] if need_w else [None] * 3
-            gb = [g if k else None for g, k in zip(gb, need_bs)] if need_b else [None] * n_b
-            return None, None, None, gx, *gw, *gb
-        saved = list(t[4 + n_b:])
-        flat = x.dim() == 2  # [rows, d] already: no reshapes (host time at decode sizes)
-        if not flat:
-            n = x.shape[:-1].numel()
-            grad_y = grad_y.reshape(n, grad_y.shape[-1])
-            x = x.reshape(n, x.shape[-1])
-            saved = [s.reshape(n, s.shape[-1]) for s in saved]
-        gx, gw, gb = ctx.impl.gated_backward(
-            grad_y if grad_y.is_contiguous() else grad_y.contiguous(), x,
-            w_gate, w_up, w_down, saved, ctx.activation, (need_x, need_w, need_b), biases)
+        # create_graph=True: a backward autograd can differentiate (the reference's, which
+        # recomputes g and u from x); else the implementation that ran forward
+        impl, saved = ((_Reference, None) if op._create_graph()
+                       else (ctx.impl, list(t[4 + n_b:])))
+        gx, gw, gb = _backward_rows(impl, grad_y, x, w_gate, w_up, w_down, saved,
+                                    ctx.activation, (need_x, need_w, need_b), biases)
         gw = [g if k else None for g, k in zip(gw, need_ws)] if need_w else [None] * 3
         gb = [g if k else None for g, k in zip(gb, need_bs)] if need_b else [None] * n_b
-        if need_x and not flat:
-            gx = gx.reshape(t[0].shape)
         return None, None, None, gx if need_x else None, *gw, *gb
 
 

@@ -124,19 +124,28 @@ def _(grad_y, x, weights, biases, saved, activation, output_activation, backend,
 
 
 # --- autograd ------------------------------------------------------------------------
+def backward_rows(be, grad_y, x, weights, biases, saved, spec: MLPSpec, needs):
+    """``be.backward`` on inputs of any leading dims (flattened to rows, grad_x shaped back
+    like x). Returns (grad_x | None, grad_weights, grad_biases)."""
+    flat = x.dim() == 2  # [rows, in] already: no reshapes (host time at decode sizes)
+    if not flat:
+        rows = x.shape[:-1].numel()
+        grad_y = grad_y.reshape(rows, spec.out_features)
+        saved = None if saved is None else saved.reshape(rows, saved.shape[-1])
+    gx, gw, gb = be.backward(
+        grad_y if grad_y.is_contiguous() else grad_y.contiguous(),
+        x if flat else x.reshape(-1, spec.in_features), weights, biases, saved, spec, needs)
+    return (gx if gx is None or flat else gx.reshape(x.shape)), gw, gb
+
+
 def differentiable_backward(grad_y, x, weights, biases, spec: MLPSpec, needs):
     """The backward as composite torch ops (the reference's formula, recomputing the
     pre-activations from x), on x's device and dtype, recorded by autograd: what backward
     runs when autograd asks for a graph of it (``create_graph=True``: second derivatives,
     eikonal losses). The saved pre-activations of a fused forward are not used (they carry
-    no graph back to x and the weights). Returns (grad_x | None, grad_weights, grad_biases)
-    as ``Backend.backward`` does; any leading dims."""
-    ref = dispatch.REGISTRY["reference"]
-    n = x.shape[:-1].numel()
-    gx, gw, gb = ref.backward(grad_y.reshape(n, spec.out_features),
-                              x.reshape(n, spec.in_features), weights, biases, None, spec,
-                              needs)
-    return (None if gx is None else gx.reshape(x.shape)), gw, gb
+    no graph back to x and the weights)."""
+    return backward_rows(dispatch.REGISTRY["reference"], grad_y, x, weights, biases, None,
+                         spec, needs)
 
 
 def _create_graph() -> bool:
@@ -246,25 +255,14 @@ class _EagerMLP(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_w = need[3], any(need[4 : 4 + n])
         need_b = spec.bias and any(need[4 + n :])
-        if _create_graph():
-            gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
-                                                 (need_x, need_w, need_b))
-            gw = list(gw) if need_w else [None] * n
-            gb = (list(gb) if need_b else [None] * n) if spec.bias else []
-            return (None, None, None, gx, *gw, *gb)
-        flat = x.dim() == 2  # [rows, in] already: no reshapes (host time at decode sizes)
-        if not flat:
-            rows = x.shape[:-1].numel()
-            grad_y = grad_y.reshape(rows, spec.out_features)
-            x = x.reshape(rows, spec.in_features)
-            saved = None if saved is None else saved.reshape(rows, saved.shape[-1])
-        gx, gw, gb = ctx.be.backward(
-            grad_y if grad_y.is_contiguous() else grad_y.contiguous(), x, weights, biases,
-            saved, spec, (need_x, need_w, need_b))
+        if _create_graph():  # create_graph=True: a backward autograd can differentiate
+            be, saved = dispatch.REGISTRY["reference"], None
+        else:
+            be = ctx.be
+        gx, gw, gb = backward_rows(be, grad_y, x, weights, biases, saved, spec,
+                                   (need_x, need_w, need_b))
         gw = list(gw) if need_w else [None] * n
         gb = (list(gb) if need_b else [None] * n) if spec.bias else []
-        if gx is not None and not flat:
-            gx = gx.reshape(t[0].shape)
         return (None, None, None, gx, *gw, *gb)
 
 
