@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import gc
 import importlib
-import json
 import math
 import os
 import statistics
@@ -26,7 +25,7 @@ import torch
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import configs
-from fusedmlp_xpu.benchtools import calls_ms, environment, lean_launches_note
+from fusedmlp_xpu.benchtools import calls_ms, environment, lean_launches_note, write_json
 from fusedmlp_xpu.benchtools import sync as _sync
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -405,9 +404,7 @@ def cmd_bench(args) -> int:
         if out is None:
             vendor = result["env"].get("vendor", "x")
             out = os.path.join("benchmarks", "results", f"bench-{vendor}-{args.suite}-{stamp}.json")
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(out, result)
 
     result = run_bench(args, checkpoint=write)
     write(result)

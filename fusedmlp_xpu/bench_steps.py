@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import os
 import statistics
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu.benchtools import calls_ms, environment, sync
+from fusedmlp_xpu.benchtools import calls_ms, environment, sync, write_json
 
 SCHEMA = "fusedmlp-bench-steps/1"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -430,9 +429,7 @@ def cmd_steps(args) -> int:
     out = args.out or os.path.join("benchmarks", "results", "bench-steps.json")
 
     def write(result):  # after every case: a run cut short keeps what it timed
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(out, result)
 
     result = run_steps(args, checkpoint=write)
     write(result)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
+import json
+import os
 import platform
 import time
 
@@ -36,6 +38,14 @@ def environment(device: torch.device) -> dict:
         env.update(device=platform.processor() or platform.machine(), vendor="cpu",
                    threads=torch.get_num_threads())
     return env
+
+
+def write_json(path: str, result: dict) -> None:
+    """``result`` as indented JSON at ``path`` (its folder made); the harnesses call it after
+    every case, so a run cut short keeps what it timed."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def sync(device):
