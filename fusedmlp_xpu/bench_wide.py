@@ -41,6 +41,13 @@ TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-5}  # tests'
 # name: (d, hidden, bias, gated)
 CONFIGS = {"wide-gelu": (4096, 16384, True, False), "wide-swiglu": (4096, 14336, False, True)}
 TINY = {"wide-gelu": (32, 160, True, False), "wide-swiglu": (32, 144, False, True)}
+# --sweep: the d / hidden pairs of released models (TinyLlama 1.1B, Llama-3.2 1B,
+# Llama-3.2 3B, Llama-2 7B, Llama-3 8B / Mistral 7B, Llama-2 13B) and the token counts
+# between a decode step and a long prefill
+REAL_DIMS = ((2048, 5632), (2048, 8192), (3072, 8192), (4096, 11008), (4096, 14336),
+             (5120, 13824))
+SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # --- the models ---------------------------------------------------------------------
@@ -133,6 +140,14 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
     for lin, src in zip(ours.linears, (eager[0], eager[2])):
         lin.weight, lin.bias = src.weight, src.bias
     return ours, name
+
+
+def _route(ours, x, mode) -> str:
+    """What the package ran for this call: its backend and, for wide layers, the path for
+    this many rows (fm.explain)."""
+    ex = fm.explain(ours, x)
+    return f"{ex.backend}: {ex.route(x, train=mode == 'train')}" if hasattr(ex, "route") \
+        else str(ex.backend)
 
 
 def _note(notes, text):
@@ -346,6 +361,11 @@ def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backe
                             errs[backend], peaks[backend])
                 if "bare" in ts:
                     r["x_bare_paired"] = statistics.median(a / b for a, b in zip(v, ts["bare"]))
+                if backend != "eager" and "eager" in ts:  # > 1: faster than eager
+                    r["eager_over_paired"] = statistics.median(
+                        e / a for a, e in zip(v, ts["eager"]))
+                if backend == "triton":
+                    r["route"] = _route(ours, xs[0], mode)
                 records.append(r)
         if m <= 64 and mode == "inference" and device.type == "cuda" and not args.no_graphs:
             for backend, step in steps.items():
@@ -387,23 +407,24 @@ def _record(config, m, dtype, mode, backend, timing, p, t, floor, flops, err, pe
     if t is not None:
         med, lo, hi = t
         r.update(median_ms=med, min_ms=lo, max_ms=hi, rows_per_s=m / (med * 1e-3),
-                 tflops=flops / (med * 1e-3) / 1e12, x_floor=med / floor)
+                 tflops=flops / (med * 1e-3) / 1e12, x_floor=med / floor if floor else None)
     return r
 
 
 def _relate(records, notes):
     """x_bare against the bare row of the same config, N, mode, timing and pass; flag
     passes that disagree by more than 5%."""
-    bare = {(r["config"], r["N"], r["mode"], r["timing"], r["pass"]): r["median_ms"]
+    bare = {(r["config"], r["N"], r["dtype"], r["mode"], r["timing"], r["pass"]): r["median_ms"]
             for r in records if r["backend"] == "bare"}
     for r in records:
-        b = bare.get((r["config"], r["N"], r["mode"], r["timing"], r["pass"]))
+        b = bare.get((r["config"], r["N"], r["dtype"], r["mode"], r["timing"], r["pass"]))
         if b and r["median_ms"]:
             r["x_bare"] = r["median_ms"] / b
     by = {}
     for r in records:
         if r["median_ms"]:
-            by.setdefault((r["config"], r["N"], r["mode"], r["backend"], r["timing"]), []).append(r["median_ms"])
+            by.setdefault((r["config"], r["N"], r["dtype"], r["mode"], r["backend"], r["timing"]),
+                          []).append(r["median_ms"])
     for k, v in by.items():
         if len(v) > 1 and max(v) > 1.05 * min(v):
             notes.append(f"{' '.join(map(str, k))}: passes disagree by "
@@ -411,18 +432,93 @@ def _relate(records, notes):
 
 
 def table(records) -> str:
-    lines = [f"{'config':<12}{'N':>6} {'mode':<10}{'backend':<9}{'timing':<7}{'pass':>4}"
-             f"{'median ms':>12}{'x bare':>9}{'paired':>8}{'x floor':>9}{'TFLOP/s':>10}{'peak MB':>10}"
-             f"{'rel err':>10}"]
+    lines = [f"{'config':<12}{'N':>6} {'dtype':<9}{'mode':<10}{'backend':<9}{'timing':<7}"
+             f"{'pass':>4}{'median ms':>12}{'x bare':>9}{'paired':>8}{'eager/':>8}{'x floor':>9}"
+             f"{'TFLOP/s':>10}{'peak MB':>10}{'rel err':>10}"]
     for r in records:
         def f(k, fmt):
             width = int(fmt.split(".")[0])
             return format(r[k], fmt) if r.get(k) is not None else "-".rjust(width)
-        lines.append(f"{r['config']:<12}{r['N']:>6} {r['mode']:<10}{r['backend']:<9}"
-                     f"{r['timing']:<7}{r['pass']:>4} {f('median_ms', '11.4f')} {f('x_bare', '8.3f')}"
-                     f" {f('x_bare_paired', '7.3f')} {f('x_floor', '8.2f')} {f('tflops', '9.1f')} {f('peak_mem_MB', '9.0f')}"
+        lines.append(f"{r['config']:<12}{r['N']:>6} {r['dtype']:<9}{r['mode']:<10}"
+                     f"{r['backend']:<9}{r['timing']:<7}{r['pass']:>4} {f('median_ms', '11.4f')}"
+                     f" {f('x_bare', '8.3f')} {f('x_bare_paired', '7.3f')}"
+                     f" {f('eager_over_paired', '7.3f')} {f('x_floor', '8.2f')} {f('tflops', '9.1f')} {f('peak_mem_MB', '9.0f')}"
                      f" {f('max_rel_error', '9.1e')}")
     return "\n".join(lines)
+
+
+def llama_prefill(shape, device, dtype, notes) -> list[dict]:
+    """A HF Llama decoder stack (transformers' LlamaModel from its config, random weights)
+    prefilling 4 sequences: eager against a deep copy after fm.fuse_gated_mlps, outputs
+    checked against each other, the two timed in turn (no-grad forward, sdpa attention)."""
+    import copy as _copy
+
+    try:
+        import transformers
+    except ImportError as e:
+        notes.append(f"llama prefill skipped: {e}")
+        return []
+    d, hidden, layers, tokens = shape
+    cfg = transformers.LlamaConfig(hidden_size=d, intermediate_size=hidden,
+                                   num_hidden_layers=layers, num_attention_heads=d // 128,
+                                   num_key_value_heads=max(1, d // 512), vocab_size=32000,
+                                   max_position_embeddings=max(4096, tokens))
+    torch.manual_seed(0)
+    with torch.device(device):
+        eager = transformers.LlamaModel(cfg).to(dtype).eval()
+    fused = _copy.deepcopy(eager)
+    report = fm.fuse_gated_mlps(fused, report=True)[1]
+    ids = torch.randint(0, cfg.vocab_size, (4, tokens), device=device)
+    label = f"llama-prefill:{d}x{hidden}x{layers}L"
+    fns = {}
+    for name, model in (("eager", eager), ("triton", fused)):
+        def step(i, model=model):
+            with torch.inference_mode():
+                return model(input_ids=ids, use_cache=False).last_hidden_state
+        fns[name] = step
+    err = rel(fns["triton"](0), fns["eager"](0))
+    ts = time_interleaved(_Clock(device), fns, 9, 20.0)
+    out = []
+    for name, v in ts.items():
+        r = _record(label, 4 * tokens, dtype, "inference", name, "python", 1,
+                    (statistics.median(v), min(v), max(v)), None, 0, err if name == "triton"
+                    else None, None)
+        r["mlps_swapped"] = len(report.swapped)
+        out.append(r)
+    med = {r["backend"]: r["median_ms"] for r in out}
+    notes.append(f"{label} {str(dtype)[6:]}: 4 x {tokens} tokens, eager {med['eager']:.3f} ms, "
+                 f"fused MLPs {med['triton']:.3f} ms ({med['eager'] / med['triton']:.3f}x), "
+                 f"{len(report.swapped)} MLPs swapped, rel error vs eager {err:.1e}")
+    del eager, fused
+    return out
+
+
+def _parse_dims(p, specs):
+    """--dims: None (each config's own) or a list of (d, hidden)."""
+    if not specs:
+        return None
+    out = []
+    for s in specs:
+        if s == "real":
+            out += REAL_DIMS
+            continue
+        try:
+            d, h = (int(v) for v in s.lower().split("x"))
+        except ValueError:
+            p.error(f"--dims: {s!r} is not DxH (e.g. 2048x5632) or 'real'")
+        if d <= 0 or h <= 0:
+            p.error(f"--dims: {s!r}: both sizes must be positive")
+        out.append((d, h))
+    return out
+
+
+def _shapes(config, dims_list, tiny):
+    """(label, (d, hidden, bias, gated)) for one config: its own shape, or each pair of
+    --dims (labelled config:DxH)."""
+    d, hidden, bias, gated = (TINY if tiny else CONFIGS)[config]
+    if dims_list is None:
+        return [(config, (d, hidden, bias, gated))]
+    return [(f"{config}:{dd}x{hh}", (dd, hh, bias, gated)) for dd, hh in dims_list]
 
 
 def main(argv=None) -> int:
@@ -441,9 +537,31 @@ def main(argv=None) -> int:
                    help="max rel error vs fp32 accepted before timing (default: tests' table)")
     p.add_argument("--budget-s", type=float, default=180.0,
                    help="skip compile cases once this much time has passed")
+    p.add_argument("--stop-s", type=float, default=float("inf"),
+                   help="time no further shapes once this much time has passed (the JSON "
+                        "keeps what was timed)")
     p.add_argument("--no-graphs", action="store_true", help="skip CUDA-graph rows at M <= 64")
     p.add_argument("--device", default=None)
+    p.add_argument("--dims", nargs="+", default=None, metavar="DxH",
+                   help="d x hidden pairs instead of each config's own (e.g. 2048x5632); "
+                        "'real' = the pairs of released models (REAL_DIMS)")
+    p.add_argument("--sweep", action="store_true",
+                   help="every M in SWEEP_M and d/hidden in REAL_DIMS (unless --rows/--dims "
+                        "say otherwise), one pass of 5 batches, no graphs, no compile")
+    p.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(DTYPES))
+    p.add_argument("--llama", action="store_true",
+                   help="also time a HF Llama prefill (transformers, random weights), eager "
+                        "against fuse_gated_mlps, at --llama-shape")
+    p.add_argument("--llama-shape", nargs=4, type=int, default=[2048, 5632, 4, 512],
+                   metavar=("D", "H", "LAYERS", "TOKENS"), help="4 sequences of TOKENS")
     args = p.parse_args(argv)
+    if args.sweep:
+        args.rows = args.rows or list(SWEEP_M)
+        args.dims = args.dims or ["real"]
+        args.passes, args.repeats = 1, min(args.repeats, 5)
+        args.target_ms = min(args.target_ms, 10.0)
+        args.no_graphs, args.compile = True, "none"
+    dims_list = _parse_dims(p, args.dims)
     t_start = time.perf_counter()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else
                                           "xpu" if hasattr(torch, "xpu") and torch.xpu.is_available()
@@ -455,29 +573,38 @@ def main(argv=None) -> int:
         if device.index is None:
             device = torch.device(device.type, mod.current_device())
         mod.set_device(device)
-    dtype = torch.bfloat16
-    args.check_tol = args.check_tol or TOL[dtype]
+    dtypes = [DTYPES[n] for n in args.dtype]
+    dtype = dtypes[0]
     if args.tiny:
         global WARMUP
         args.passes, args.repeats, args.target_ms, WARMUP = min(args.passes, 1), 7, 1.0, 1
     rows = args.rows or ([16, 40] if args.tiny else [16, 8192])
     notes = []
+    tol = args.check_tol
     copy, mm = ceilings(device, dtype, args.tiny)
     ceil = {"copy": copy, "matmul": mm}
     records = []
-    for config in args.configs:
-        dims = (TINY if args.tiny else CONFIGS)[config]
-        for m in rows:
-            records += run_config(config, dims, m, args, device, dtype, ceil, notes, t_start,
-                                  ("bare", "eager", "triton"))
+    cases = [(dt, label, dims, m) for dt in dtypes for config in args.configs
+             for label, dims in _shapes(config, dims_list, args.tiny) for m in rows]
+    for dt, label, dims, m in cases:
+        if time.perf_counter() - t_start > args.stop_s:
+            notes.append(f"stopped before {label} M {m} {dt}: past --stop-s")
+            break
+        args.check_tol = tol or TOL[dt]
+        records += run_config(label, dims, m, args, device, dt, ceil, notes, t_start,
+                              ("bare", "eager", "triton"))
+    if args.llama and device.type == "cuda":
+        for dt in dtypes:
+            records += llama_prefill(args.llama_shape, device, dt, notes)
+    args.check_tol = tol or TOL[dtype]
     # torch.compile's max-autotune takes ~1 min a shape: it runs last, largest M first (the
     # targets), within --budget-s; its x_bare is against the bare rows timed earlier
     if args.compile != "none" and device.type != "cpu":
         for m in sorted(rows, reverse=True):
             for config in args.configs:
-                dims = CONFIGS[config]
-                records += run_config(config, dims, m, args, device, dtype, ceil, notes,
-                                      t_start, ("compile",))
+                for label, dims in _shapes(config, dims_list, args.tiny):
+                    records += run_config(label, dims, m, args, device, dtype, ceil, notes,
+                                          t_start, ("compile",))
     _relate(records, notes)
     notes.append(lean_launches_note())
     notes.append("peak_mem_MB: torch.cuda.max_memory_allocated during one train step minus "

@@ -471,3 +471,24 @@ def test_report_plots_label_log_axes_and_tell_dtypes_apart():
         f16, b16 = lines["triton float16"], lines["triton bfloat16"]
         assert f16.get_color() != b16.get_color() and f16.get_marker() != b16.get_marker()
         plt.close(fig)
+
+
+def test_wide_bench_dims_and_sweep_arguments():
+    """--dims takes DxH pairs or 'real' (the released models' pairs), labels each shape
+    config:DxH, and refuses what is not a pair of positive sizes, naming the option."""
+    import argparse
+
+    from fusedmlp_xpu import bench_wide
+
+    p = argparse.ArgumentParser()
+    assert bench_wide._parse_dims(p, None) is None
+    assert bench_wide._parse_dims(p, ["2048x5632", "real"]) == [(2048, 5632),
+                                                                *bench_wide.REAL_DIMS]
+    shapes = bench_wide._shapes("wide-swiglu", [(2048, 5632)], False)
+    assert shapes == [("wide-swiglu:2048x5632", (2048, 5632, False, True))]
+    assert bench_wide._shapes("wide-gelu", None, False) == [
+        ("wide-gelu", bench_wide.CONFIGS["wide-gelu"])]
+    for bad in ("2048", "2048x0", "ax5"):
+        with pytest.raises(SystemExit):
+            bench_wide._parse_dims(p, [bad])
+    assert set(bench_wide.SWEEP_M) >= {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
