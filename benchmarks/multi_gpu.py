@@ -46,7 +46,6 @@ from torch import nn
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import gated
-from fusedmlp_xpu.backends.triton import wide_torch_train_rows
 from fusedmlp_xpu.benchtools import calls_ms, environment, sync
 
 SCHEMA = "fusedmlp-multi-gpu/1"
@@ -153,10 +152,9 @@ def backends(model: Net, batch, world) -> dict:
     # the gated module's choice: the wide Triton kernels ('triton') or the reference
     impl = gated.choose(tokens.device, model.ffn.backend)
     ffn = getattr(impl, "name", "triton")  # the wide kernels' module carries no name
-    rows = wide_torch_train_rows(tokens.device)
+    route = fm.explain(model.ffn, tokens).route(tokens, train=True)
     return {"narrow": gather_obj(narrow, world), "gated": gather_obj(ffn, world),
-            "gated_train_as_torch_ops": tokens.shape[0] <= rows,
-            "gated_torch_train_rows": rows}
+            "gated_train_route": gather_obj(route, world)}
 
 
 def reference_train(model: Net, batch, steps, lr, compute_dtype) -> Net:
@@ -393,8 +391,8 @@ def main(argv=None) -> int:
                 "same arithmetic (reference_train), relative L2 error against the suite's "
                 "tolerance; rel_error_of_update relates it to the parameters' movement",
                 "backends: fm.explain(model.narrow, points).backend and the GatedMLP's own "
-                "choice, per rank; gated_train_as_torch_ops: eager train calls of up to "
-                "gated_torch_train_rows rows run as torch ops even where 'triton' is chosen",
+                "choice, per rank; gated_train_route: what an eager train call of these rows "
+                "runs (torch ops at the row counts backends/triton/routes.py names)",
                 f"torch.compile backend: {args.compile_backend}",
             ]
             if device.type == "cpu":

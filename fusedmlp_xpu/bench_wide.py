@@ -110,14 +110,14 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
     else:
         name = "triton"
     # on a GPU the dispatcher's own choice (what a user gets): the wide Triton kernels,
-    # but plain eager training calls of few rows as torch ops (torch_train_rows)
+    # but plain eager calls of the row counts in backends/triton/routes.py as torch ops
     call_name = name
     if device.type != "cpu":
         call_name = None
-        from .backends.triton import WIDE_TORCH_TRAIN_ROWS
+        from .backends.triton import routes_note
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
-                     f"wide Triton kernels, except train steps of <= {WIDE_TORCH_TRAIN_ROWS}"
-                     " rows, which run as torch ops with torch's autograd (faster there)")
+                     "wide Triton kernels" + (routes_note(device, gated) or "") +
+                     "; each row's 'route' says which path it took")
         from .backends.triton.wide import hopper_gemm
         _note(notes, "train steps' activation input gradient and gated dh GEMM: " + (
             "the warp-specialized Gluon kernel (wide/hopper_gemm.py)"

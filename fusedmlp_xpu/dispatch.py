@@ -7,6 +7,7 @@ Decisions are cached per (device, spec, forced name).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,32 @@ class Explanation:
     backend: str | None
     forced: str | None = None
     considered: list[Consideration] = field(default_factory=list)
+    #: train -> the row ranges where plain eager calls run as torch ops instead of the
+    #: chosen backend's kernels (Backend.torch_rows); None: never
+    torch_rows: Callable[[bool], tuple] | None = None
+
+    def route(self, x: torch.Tensor | int, train: bool = False) -> str:
+        """What a plain eager call with ``x`` (or that many rows) runs: the chosen
+        backend's kernels, or torch ops where those were measured faster at that row
+        count (compiled calls, a forced backend and ``recompute=True`` training always
+        take the backend)."""
+        if isinstance(x, torch.Tensor):
+            rows = x.shape[:-1].numel()
+        elif isinstance(x, int) and not isinstance(x, bool):
+            rows = x
+        else:
+            raise TypeError(f"x: expected a tensor or a row count, got {type(x).__name__}")
+        what = f"{rows} rows, {'training' if train else 'inference'}: "
+        if self.backend is None:
+            return what + "no backend can run it"
+        ranges = self.torch_rows(train) if self.torch_rows is not None else ()
+        if any(lo <= rows <= hi for lo, hi in ranges):
+            return what + ("torch ops (cuBLAS GEMMs, eager's epilogues" +
+                           (", torch's autograd" if train else "") +
+                           f"), measured faster than the {self.backend} kernels there")
+        if self.backend == "reference":
+            return what + "the reference's torch ops"
+        return what + f"the {self.backend} kernels"
 
     def __str__(self) -> str:
         head = f"device {self.device}, widths {list(self.spec.widths)}, {self.spec.dtype}, " \
@@ -112,6 +139,8 @@ def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = Non
         taken = ok and ex.backend is None
         if taken:
             ex.backend = name
+            if forced is None:
+                ex.torch_rows = lambda train, be=be: be.torch_rows(spec, device, train)
         ex.considered.append(Consideration(name, taken, why))
     if forced is None:
         # name the backends that are never tried on this device type, for completeness

@@ -27,7 +27,8 @@ from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
 from .spec import check_backend, check_recompute, check_size
-from .backends.triton import wide_torch_train_rows as _torch_train_rows
+from .backends.triton import routes as _routes
+from .backends.triton import routes_note as _routes_note
 
 GATE_ACTIVATIONS = activations.GATE_ACTIVATIONS
 BACKENDS = ("triton", "reference")
@@ -123,26 +124,33 @@ def explain_choice(device: torch.device, spec, backend: str | None = None):
     for name in (forced,) if forced else BACKENDS:
         if name == "triton":
             ok, why = _triton_usable(device, forced == "triton")
-            if ok:
-                why += (f"; plain eager training calls of <= {_torch_train_rows(device)} rows "
-                        "run as torch ops (measured faster there)")
+            if ok and forced is None:
+                why += _routes_note(device, gated=True)
         elif name == "reference":
             ok, why = True, "composite torch ops (F.linear, act(gate) * up), any device"
         else:
             ok, why = False, f"no gated-MLP kernels; the gated MLP knows {list(BACKENDS)}"
         taken = ok and ex.backend is None
         ex.backend = name if taken else ex.backend
+        if taken and name == "triton" and forced is None:
+            ex.torch_rows = lambda train: _torch_rows(device, train)
         ex.considered.append(dispatch.Consideration(name, taken, why))
     return ex
 
 
-def _torch_autograd(x, backend: str | None) -> bool:
-    """Whether a plain eager training call runs as the reference's torch ops with torch's
-    own autograd graph (as fused_mlp's, op._torch_autograd): with the wide kernels chosen
-    automatically, up to _torch_train_rows rows. (Those ops save eager's four [rows,
-    hidden] tensors where the op's node keeps g and u.) The cheap tests first: most
-    calls leave before the choice is looked up."""
-    return (op.rows_within(x, _torch_train_rows(x.device)) and not backend
+def _torch_rows(device: torch.device, train: bool):
+    """The row ranges where plain eager calls on ``device`` run as torch ops when the
+    wide kernels are chosen automatically (backends/triton/routes.py)."""
+    return _routes.torch_rows(device, True, train)
+
+
+def _torch_ops(x, backend: str | None, train: bool) -> bool:
+    """Whether a plain eager call runs as the reference's torch ops (a training one with
+    torch's own autograd graph), as fused_mlp's do (op._torch_ops): with the wide kernels
+    chosen automatically, for _torch_rows's row counts. (Those ops save eager's four
+    [rows, hidden] tensors where the op's node keeps g and u.) The cheap tests first:
+    most calls leave before the choice is looked up."""
+    return (op.rows_in(x, _torch_rows(x.device, train)) and not backend
             and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
             and choose(x.device) is not _Reference)
 
@@ -407,8 +415,10 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     # host time a call on the H200 host, all of a decode step's cost
     if op.plain_eager(x):
         if not needs_grad:
+            if _torch_ops(x, backend, False):
+                return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
             return _run_forward(x, w_gate, w_up, w_down, biases, act, backend or "", False)[0]
-        if not recompute and _torch_autograd(x, backend):
+        if not recompute and _torch_ops(x, backend, True):
             return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
         return _EagerGated.apply(act, backend or "", recompute, x, w_gate, w_up, w_down,
                                  *(biases or ()))

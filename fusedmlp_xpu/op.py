@@ -311,20 +311,23 @@ def _recomputes(device, widths, activation, output_activation, bias, dtype, back
     return dispatch.choose(device, spec, backend).recomputes(spec, device)
 
 
-def _torch_autograd(x, spec: MLPSpec, be, backend: str | None) -> bool:
-    """Whether a plain eager training call runs as the reference's torch ops, with torch's
-    own autograd graph rather than the op's autograd node: for as many rows as the chosen
-    backend ``be`` names (``Backend.torch_train_rows``), unless a backend was forced.
+def _torch_ops(x, spec: MLPSpec, be, backend: str | None, train: bool) -> bool:
+    """Whether a plain eager call runs as the reference's torch ops (a training one with
+    torch's own autograd graph rather than the op's autograd node): for the row counts
+    the chosen backend ``be`` names (``Backend.torch_rows``), unless a backend was forced.
     (Those ops save what eager saves: for a two-layer MLP both z and act(z), where the
-    op's node keeps z alone.) Most calls leave at the first test (limit 0)."""
-    return (rows_within(x, be.torch_train_rows(spec, x.device))
+    op's node keeps z alone.) Most calls leave at the first test (no ranges)."""
+    return (rows_in(x, be.torch_rows(spec, x.device, train))
             and dispatch.requested(backend) is None)
 
 
-def rows_within(x, limit: int) -> bool:
-    """Whether x ([..., features]) has at most ``limit`` rows; False for limit 0, at once
-    (the usual case: no reshape or numel on that path)."""
-    return limit > 0 and (x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()) <= limit
+def rows_in(x, ranges) -> bool:
+    """Whether x ([..., features]) has a row count within one of ``ranges`` (inclusive
+    (lo, hi) pairs); False for none, at once (the usual case: no reshape or numel)."""
+    if not ranges:
+        return False
+    n = x.shape[0] if x.dim() == 2 else x.shape[:-1].numel()
+    return any(lo <= n <= hi for lo, hi in ranges)
 
 
 def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool | None):
@@ -340,10 +343,12 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         # Plain eager calls: exactly what the ops' kernels and autograd do, without the
         # custom-op layer (~30 us a no-grad call, ~200 us a train step of host time on a
         # 2-core CPU). Compiled, traced and fake-tensor calls all go through the ops.
-        if not needs_grad:
-            return _run_forward(x, weights, biases, spec, backend, False)
         be = dispatch.choose(x.device, spec, backend)
-        if not recompute and _torch_autograd(x, spec, be, backend):
+        if not needs_grad:
+            if _torch_ops(x, spec, be, backend, False):
+                return composite_forward(x, weights, biases, spec)
+            return _run_forward(x, weights, biases, spec, backend, False, be)
+        if not recompute and _torch_ops(x, spec, be, backend, True):
             # F.linear takes any leading dims: no reshapes, no second dispatch (host time)
             return dispatch.REGISTRY["reference"].forward(x, weights, biases, spec, False)[0]
         return _EagerMLP.apply(spec, be, recompute, x, *weights, *(biases or ()))
@@ -372,9 +377,10 @@ def fused_mlp(
     $FUSEDMLP_BACKEND, else the dispatcher's choice); ``recompute=True`` trades the saved
     hidden activations of training for recomputing them in backward, False saves them,
     None lets the backend choose (``Backend.recomputes``; under torch.compile, once,
-    when the graph is traced). Plain eager training calls with few rows may run as
-    torch's own ops (``Backend.torch_train_rows``: wide layers on CUDA up to 4096 rows,
-    measured faster there) unless a backend is forced or ``recompute=True``.
+    when the graph is traced). Plain eager calls of some row counts may run as torch's
+    own ops (``Backend.torch_rows``: wide layers on CUDA where those were measured
+    faster, ``explain(...).route(x)`` says) unless a backend is forced or, for
+    training, ``recompute=True``.
     """
     # any iterable of tensors (a list, a tuple, a generator of parameters)
     if isinstance(weights, (torch.Tensor, str)) or not isinstance(weights, Iterable):

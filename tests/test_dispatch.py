@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 import fusedmlp_xpu as fm
@@ -55,9 +56,10 @@ def test_envvars_reads_what_os_environ_holds(monkeypatch):
     assert envvars.get(name, "x") == "x"
 
 
-def _fake_backend(rows):
-    """A backend that wins the CPU dispatch, names ``rows`` for torch's autograd, and
-    records each forward (it computes nothing right: it must not be what trains)."""
+def _fake_backend(rows, infer_rows=()):
+    """A backend that wins the CPU dispatch, names the row ranges ``rows`` (training) and
+    ``infer_rows`` (no-grad) for torch ops, and records each forward (it computes nothing
+    right: it must not be what runs)."""
     from fusedmlp_xpu.backends import Backend
 
     class Fake(Backend):
@@ -81,8 +83,8 @@ def _fake_backend(rows):
             return (None, [torch.zeros_like(w) for w in weights],
                     [torch.zeros_like(b) for b in biases or ()])
 
-        def torch_train_rows(self, spec, device):
-            return rows
+        def torch_rows(self, spec, device, train):
+            return rows if train else infer_rows
 
     return Fake()
 
@@ -93,7 +95,7 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     rows, no-grad calls and a forced backend go to the backend itself."""
     from fusedmlp_xpu.backends.reference import ReferenceBackend
 
-    be = _fake_backend(16)
+    be = _fake_backend(((1, 16),))
     monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
     monkeypatch.setitem(dispatch.ORDER, "cpu", (be.name, "reference"))
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
@@ -137,6 +139,65 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
         dispatch._decisions.clear()
 
 
+def test_no_grad_calls_in_the_backends_ranges_run_torch_ops(monkeypatch):
+    """No-grad calls whose row count lies in the backend's inference ranges run as the
+    reference's torch ops (right values, the backend untouched); rows outside them, and a
+    forced backend, run the backend; explain().route says which, row count by row count."""
+    from fusedmlp_xpu.backends.reference import ReferenceBackend
+
+    be = _fake_backend((), ((4, 8), (32, 32)))
+    monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
+    monkeypatch.setitem(dispatch.ORDER, "cpu", (be.name, "reference"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch._decisions.clear()
+    try:
+        torch.manual_seed(0)
+        ws = [torch.randn(32, 8, dtype=torch.float64), torch.randn(4, 32, dtype=torch.float64)]
+        bs = [torch.randn(32, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+        spec = y_spec(ws, bs)
+        ex = fm.explain(spec, torch.empty(1, 8, dtype=torch.float64))
+        for rows, torch_ops in ((3, False), (4, True), (8, True), (9, False), (32, True)):
+            be.calls.clear()
+            x = torch.randn(rows, 8, dtype=torch.float64)
+            with torch.no_grad():
+                y = fm.fused_mlp(x, ws, bs, "gelu_tanh")
+            route = ex.route(x)
+            assert route.startswith(f"{rows} rows, inference: ")
+            if torch_ops:
+                assert be.calls == [] and "torch ops" in route, (rows, be.calls, route)
+                torch.testing.assert_close(y, ReferenceBackend().forward(x, ws, bs, spec,
+                                                                         False)[0])
+            else:
+                assert be.calls == [("forward", rows, False)] and "fake-rows kernels" in route
+        assert "training: the fake-rows kernels" in ex.route(4, train=True)
+        be.calls.clear()
+        with torch.no_grad():  # forced: the backend's own kernels at every row count
+            fm.fused_mlp(torch.randn(4, 8, dtype=torch.float64), ws, bs, backend=be.name)
+        assert be.calls == [("forward", 4, False)]
+        forced = fm.explain(spec, torch.empty(1, 8, dtype=torch.float64), backend=be.name)
+        assert "fake-rows kernels" in forced.route(4)
+        with pytest.raises(TypeError, match="x: expected a tensor or a row count"):
+            ex.route("4")
+    finally:
+        dispatch._decisions.clear()
+
+
 def y_spec(ws, bs):
     return fm.MLPSpec((ws[0].shape[1], ws[0].shape[0], ws[1].shape[0]), "gelu_tanh",
                       "none", True, torch.float64)
+
+
+def test_wide_routes_name_their_ranges():
+    """backends/triton/routes.py: the ranges read back as words for explain(), and a device
+    with no rule (the CPU) runs the kernels at every row count."""
+    from fusedmlp_xpu.backends.triton import routes
+
+    assert routes.describe(((1, 4096),)) == "1-4096 rows"
+    assert routes.describe(((128, 2048), (16384, 16384))) == "128-2048 and 16384 rows"
+    assert routes.describe(((1, 1), (8, 9), (64, 64))) == "1, 8-9 and 64 rows"
+    for gated in (False, True):
+        for train in (False, True):
+            assert routes.torch_rows(torch.device("cpu"), gated, train) == ()
+    for rules in routes.CUDA_RULES.values():  # every rule names its measurement
+        assert all(r.source.endswith(".json") and r.rows for r in rules)
+        assert all(1 <= lo <= hi for r in rules for lo, hi in r.rows)

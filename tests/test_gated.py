@@ -393,7 +393,7 @@ def test_device_decode_and_wide(m):
 
 
 def test_small_training_calls_record_torch_autograd(monkeypatch):
-    """Plain eager training calls of <= _torch_train_rows rows, with the wide kernels
+    """Plain eager training calls of _torch_rows's row counts, with the wide kernels
     chosen automatically, run as the reference's torch ops under torch's autograd (right
     gradients, the kernels untouched); more rows, no-grad calls and a forced backend run
     the kernels."""
@@ -418,7 +418,8 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     real_choose = gated.choose
     monkeypatch.setattr(gated, "choose", lambda device, backend=None: (
         Kernels if backend in (None, "", "triton") else real_choose(device, backend)))
-    monkeypatch.setattr(gated, "_torch_train_rows", lambda device: 16)
+    monkeypatch.setattr(gated, "_torch_rows",
+                        lambda device, train: ((1, 16),) if train else ((32, 64),))
     monkeypatch.delenv(fm.dispatch.ENV_VAR, raising=False)
     ws, _ = make(8, 24, 8, False, torch.float64, torch.device("cpu"))
     for rows in (1, 16):
@@ -439,6 +440,17 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     with torch.no_grad():
         fm.fused_gated_mlp(torch.randn(4, 8, dtype=torch.float64), *ws)
     assert calls == [("forward", 4, False)]
+    calls.clear()
+    # no-grad calls in the inference ranges: torch ops, right values, kernels untouched
+    for rows in (32, 64):
+        x = torch.randn(rows, 8, dtype=torch.float64)
+        with torch.no_grad():
+            y = fm.fused_gated_mlp(x, *ws)
+        torch.testing.assert_close(y, gated_reference(x, ws, None, "silu"))
+    assert calls == []
+    with torch.no_grad():
+        fm.fused_gated_mlp(torch.randn(32, 8, dtype=torch.float64), *ws, backend="triton")
+    assert calls == [("forward", 32, False)]
 
 
 def test_explain_gated_modules():

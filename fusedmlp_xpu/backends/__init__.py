@@ -49,13 +49,15 @@ class Backend:
         and backward reads them back."""
         return False
 
-    def torch_train_rows(self, spec: MLPSpec, device: torch.device) -> int:
-        """Up to how many rows a plain eager training call (not compiled, not forced to
-        this backend) runs as the reference's torch ops instead, recording torch's own
-        autograd graph: where those were measured faster (a host-bound step pays for the
-        op's Python autograd node; the vendor library's GEMMs may beat the kernels). 0:
-        never."""
-        return 0
+    def torch_rows(self, spec: MLPSpec, device: torch.device,
+                   train: bool) -> tuple[tuple[int, int], ...]:
+        """The row ranges (inclusive (lo, hi) pairs) where a plain eager call (not
+        compiled, not forced to this backend) runs as the reference's torch ops instead,
+        a training call recording torch's own autograd graph: where those were measured
+        faster (a host-bound step pays for the op's Python autograd node; the vendor
+        library's GEMMs with a separate epilogue may beat the kernels at some shapes).
+        ``train``: for training calls, else for no-grad ones. Empty: never."""
+        return ()
 
     def backward(
         self, grad_y: torch.Tensor, x: torch.Tensor, weights: Sequence[torch.Tensor],

@@ -11,8 +11,10 @@ This file is the backend class and its dispatch rules. The kernels live in two f
               gated.py (host side), gemm_kernels.py / gated_kernels.py (Triton),
               hopper_gemm.py (Gluon on sm_90), configs.py, tma.py, cublas.py (routing)
 
-launch.py (the lean launch path), act.py (activations in the kernels), gluon.py (Gluon's
-Hopper API, the FUSEDMLP_GLUON switch, the device check) and common.py are shared by both. Everything here is plain Python: importable without Triton.
+routes.py (which plain eager calls of wide layers run as torch ops instead), launch.py
+(the lean launch path), act.py (activations in the kernels), gluon.py (Gluon's Hopper
+API, the FUSEDMLP_GLUON switch, the device check) and common.py are shared by both.
+Everything here is plain Python: importable without Triton.
 """
 from __future__ import annotations
 
@@ -22,21 +24,22 @@ from .. import Backend
 from .common import interpreting
 from .narrow import backward as narrow_backward
 from .narrow import forward as narrow_forward
+from . import routes as wide_routes
 from .narrow import tuning
 
-# Wide layers on CUDA: plain eager training calls of up to this many rows run as torch
-# ops with torch's autograd graph (Backend.torch_train_rows), measured faster there (H200,
-# bf16, h200-probe-small-train-20261201b.json, NOTES.md wide history 13): the Triton train
-# path took wide-gelu 742 / 1403 / 5180 us at 16 / 1024 / 4096 rows against torch's ops'
-# 595 / 1295 / 4933 (eager 496 / 1322 / 5041). Few rows are host-bound (the op's Python
-# autograd node); more rows run cuBLAS's GEMMs, faster than these Triton kernels. From
-# 8192 rows the kernels were level with eager there, with less memory (904 vs 1092 MB).
-WIDE_TORCH_TRAIN_ROWS = 4096
 
-
-def wide_torch_train_rows(device: torch.device) -> int:
-    """torch_train_rows for wide layers (fused_mlp's and the gated MLP's)."""
-    return WIDE_TORCH_TRAIN_ROWS if device.type == "cuda" else 0
+def routes_note(device: torch.device, gated: bool) -> str:
+    """explain()'s words on the plain eager calls that run as torch ops (routes.py)."""
+    parts = []
+    for train, what in ((False, "inference"), (True, "training")):
+        r = wide_routes.torch_rows(device, gated, train)
+        if r:
+            parts.append(f"{what} of {wide_routes.describe(r)}")
+    if not parts:
+        return ""
+    return ("; plain eager calls: " + " and ".join(parts) + " run as torch ops (cuBLAS GEMMs, "
+            "eager's epilogues, torch's autograd), measured faster there ("
+            + ", ".join(wide_routes.sources(device, gated)) + ")")
 
 
 class TritonBackend(Backend):
@@ -61,10 +64,7 @@ class TritonBackend(Backend):
         if not tuning._narrow(spec):
             why = ("wide layers: one GEMM per layer with bias and activation fused in the "
                    "epilogue (wide/)")
-            rows = self.torch_train_rows(spec, device)
-            if rows:
-                why += (f"; plain eager training calls of <= {rows} rows run as torch ops "
-                        "with torch's autograd (measured faster there)")
+            why += routes_note(device, gated=False)
             if device.type == "cuda":
                 from .wide import hopper_gemm
 
@@ -121,8 +121,9 @@ class TritonBackend(Backend):
         return tuning.RECOMPUTE_ON_CHIP and tuning._narrow(spec) and tuning._one_kernel(
             tuning._split_backward(device, spec), spec)
 
-    def torch_train_rows(self, spec, device):
-        return 0 if tuning._narrow(spec) else wide_torch_train_rows(device)
+    def torch_rows(self, spec, device, train):
+        """Wide layers: routes.py's measured ranges; narrow nets: never."""
+        return () if tuning._narrow(spec) else wide_routes.torch_rows(device, False, train)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Narrow nets: narrow/backward.py (which runs this backend's forward again where
