@@ -10,6 +10,7 @@ from .gated import GatedMLP, GatedMLPView, fused_gated_mlp
 from .module import FusedMLP
 from .op import fused_mlp
 from .spec import MLPSpec
+from .warmup import warmup
 
 from ._version import __version__
 
@@ -30,7 +31,7 @@ def _register_optional_backends() -> None:
 _register_optional_backends()
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
            "fuse_gated_mlps", "GatedMLPView", "FusionReport", "explain", "backends", "MLPSpec",
-           "BackendUnavailableError", "activations", "tcnn", "__version__"]
+           "BackendUnavailableError", "activations", "tcnn", "warmup", "__version__"]
 
 
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:

@@ -773,3 +773,33 @@ def test_wide_gated_plan_reuses_a_kernel_only_for_the_same_specialization(
         call(11, offset=1)  # misaligned: never kept, so the general path again
         assert len(fn.direct) == before[1] + 1 + 1  # ...which launch.py takes directly
         assert len(plan._direct.entries) == 4
+
+
+def test_a_slow_first_launch_says_once_what_it_compiled(monkeypatch, capsys, caplog):
+    """A launch through Triton's own path that takes COMPILE_NOTE_S or longer (a first
+    call compiling) prints one line on stderr a process, naming the kernel and the time;
+    every such launch goes to the "fusedmlp_xpu" logger at INFO; FUSEDMLP_QUIET=1 keeps
+    stderr quiet; a fast launch says nothing."""
+    import logging
+    import time
+
+    monkeypatch.setattr(launch, "_told", [])
+    monkeypatch.setattr(launch, "COMPILE_NOTE_S", 0.05)
+    monkeypatch.setattr(launch.LOG, "hasHandlers", lambda: False)  # pytest adds handlers
+    monkeypatch.delenv(launch.QUIET_ENV, raising=False)
+    caplog.set_level(logging.INFO, logger="fusedmlp_xpu")
+    slow = lambda: time.sleep(0.06) or "compiled"  # noqa: E731
+    assert launch._through_triton("_fast_kernel", lambda: 3) == 3
+    assert capsys.readouterr().err == "" and not caplog.records
+    assert launch._through_triton("_fwd_kernel", slow) == "compiled"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiled _fwd_kernel in 0." in err
+    assert "fusedmlp_xpu.warmup" in err and launch.QUIET_ENV in err
+    launch._through_triton("_bwd_kernel", slow)
+    assert capsys.readouterr().err == ""  # once a process
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "fusedmlp_xpu: compiled _fwd_kernel", "fusedmlp_xpu: compiled _bwd_kernel"]
+    monkeypatch.setattr(launch, "_told", [])
+    monkeypatch.setenv(launch.QUIET_ENV, "1")
+    launch._through_triton("_fwd_kernel", slow)
+    assert capsys.readouterr().err == ""

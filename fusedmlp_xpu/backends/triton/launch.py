@@ -18,7 +18,10 @@ XPU launcher is not verified here), under the interpreter, or with
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 import threading
+import time
 
 import torch
 
@@ -36,6 +39,40 @@ _INTERPRETER = threading.Lock()
 def _interpreted(device: torch.device):
     """The lock interpreted launches hold (the CPU), else a no-op context."""
     return _INTERPRETER if device.type == "cpu" else contextlib.nullcontext()
+
+
+#: FUSEDMLP_QUIET=1: no line on stderr when a first call compiles kernels (the logger
+#: "fusedmlp_xpu" still gets it at INFO)
+QUIET_ENV = "FUSEDMLP_QUIET"
+#: a launch through Triton's own path that takes this long compiled (or autotuned)
+COMPILE_NOTE_S = 0.5
+LOG = logging.getLogger("fusedmlp_xpu")
+_told = []  # whether stderr has had its one line this process
+
+
+def note_compile(name: str, seconds: float) -> None:
+    """Say that a first call compiled ``name``: once a process on stderr (unless
+    FUSEDMLP_QUIET=1 or logging is configured, then only to the logger), every time to the
+    "fusedmlp_xpu" logger at INFO."""
+    msg = (f"fusedmlp_xpu: compiled {name} in {seconds:.1f} s: the first call of a new shape "
+           f"compiles its kernels, later calls reuse them (fusedmlp_xpu.warmup compiles "
+           f"ahead; {QUIET_ENV}=1 silences this line)")
+    LOG.info(msg)
+    if _told or envvars.get(QUIET_ENV) == "1" or LOG.hasHandlers():
+        return
+    _told.append(True)
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _through_triton(name: str, run):
+    """``run()`` (a launch through Triton's own path: compiles on a first call), noting a
+    slow one (note_compile)."""
+    t = time.perf_counter()
+    out = run()
+    dt = time.perf_counter() - t
+    if dt >= COMPILE_NOTE_S:
+        note_compile(name, dt)
+    return out
 
 
 try:
@@ -219,12 +256,16 @@ class Launcher:
     def launch(self, grid, args: tuple, consts: dict, device: torch.device, **options):
         if not enabled(device):
             with _interpreted(device):
-                self.fn[grid](*args, **consts, **options)
+                if device.type == "cpu":  # the interpreter compiles nothing
+                    self.fn[grid](*args, **consts, **options)
+                else:
+                    _through_triton(_name(self.fn), lambda: self.fn[grid](*args, **consts,
+                                                                           **options))
             return
         key = self._key(args, consts, device, options)
         if self._take(key, grid, args, device):
             return
-        ck = self.fn[grid](*args, **consts, **options)
+        ck = _through_triton(_name(self.fn), lambda: self.fn[grid](*args, **consts, **options))
         if not _hooked():
             if self._names is None:
                 self._prepare()
@@ -280,14 +321,18 @@ class TunedLauncher(Launcher):
     def launch(self, grid, args: tuple, consts: dict, device: torch.device):
         if not enabled(device):
             with _interpreted(device):
-                self.tuner[grid](*args, **consts)
+                if device.type == "cpu":
+                    self.tuner[grid](*args, **consts)
+                else:
+                    _through_triton(_name(self.fn), lambda: self.tuner[grid](*args, **consts))
             return
         if self._names is None:
             self._prepare()
         key = self._key(args, consts, device, None)
         if self._take(key, grid, args, device):
             return
-        ck = self.tuner[grid](*args, **consts)
+        ck = _through_triton(_name(self.fn) + " (autotuning)",
+                             lambda: self.tuner[grid](*args, **consts))
         cfg = getattr(self.tuner, "best_config", None)
         if cfg is None or _hooked() or cfg.pre_hook is not None:
             return

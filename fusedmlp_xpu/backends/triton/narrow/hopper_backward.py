@@ -645,8 +645,8 @@ class Plan:
         if entry is not None and launch.direct_ok(self.device.index):
             _LAUNCHER.launch_entry(entry, (P,), args, self.device.index)
         else:
-            ck = _bwd_kernel[(P,)](*args, **self.consts, num_warps=4,
-                                   maxnreg=maxnreg(self.consts["CHAINS"]))
+            ck = launch._through_triton("the Gluon narrow backward", lambda: _bwd_kernel[(P,)](
+                *args, **self.consts, num_warps=4, maxnreg=maxnreg(self.consts["CHAINS"])))
             if self.lean:
                 e = launch._entry(ck, launch._constexpr_names(_bwd_kernel),
                                   dict(self.consts, num_warps=4))

@@ -346,7 +346,8 @@ class Plan:
         if entry is not None and launch.direct_ok(self.device.index):
             _LAUNCHER.launch_entry(entry, grid, args, self.device.index)
             return y
-        ck = _fwd_kernel[grid](*args, **self.consts, num_warps=self.warps)
+        ck = launch._through_triton("the Gluon narrow forward", lambda: _fwd_kernel[grid](
+            *args, **self.consts, num_warps=self.warps))
         if self.lean:
             e = launch._entry(ck, launch._constexpr_names(_fwd_kernel),
                               dict(self.consts, num_warps=self.warps))

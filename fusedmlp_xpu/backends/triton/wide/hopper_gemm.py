@@ -303,7 +303,7 @@ def launch_ws(epi: int, act_id: int, a, b, e0, e1, o0, o1, h, n_stages: int | No
           _desc(o1 if o1 is not None else o0, tile), _desc(h if store_h else o0, tile))
     tiles = -(-M // BLOCK_M) * -(-N // BLOCK_N)
     progs = _programs(a.device)
-    _ws_gemm_kernel[(min(progs, tiles),)](
+    launch._through_triton("the Gluon wide GEMM", lambda: _ws_gemm_kernel[(min(progs, tiles),)](
         *ds, M, N, K, EPI=epi, ACT=act_id, STORE_H=store_h,
         STAGES=n_stages or stages(epi, store_h), GROUP=group, C_REGS=regs,
-        L_REGS=LOADER_REGS, num_warps=4, maxnreg=MAXNREG)
+        L_REGS=LOADER_REGS, num_warps=4, maxnreg=MAXNREG))

@@ -9,7 +9,7 @@ import torch
 from .... import envvars
 from ... import memory
 from ..common import cdiv
-from ..launch import bind_context, fitting
+from ..launch import _name, _through_triton, bind_context, fitting
 from . import configs, gemm_kernels
 from .configs import _meta, act_id
 from .gated_kernels import _gated_bwd_tma_kernel, _gated_fwd_tma_kernel
@@ -84,9 +84,9 @@ def _tma_launch(kernel, device, cfg, M, N, descs, args, consts) -> bool:
           else TensorDescriptor(d[0], d[1], d[2], [size[r] for r in d[3]]) for d in descs]
     progs = min(_programs(device), cdiv(M, bm) * cdiv(N, bn))
     return fitting(_TMA_FIT, (kernel, device.index, cfg, tuple(consts.items())), stages,
-                   lambda s: kernel[(progs,)](
+                   lambda s: _through_triton(_name(kernel), lambda: kernel[(progs,)](
                        *ds, *args, **consts, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                       PROGRAMS=progs, num_warps=warps, num_stages=s))
+                       PROGRAMS=progs, num_warps=warps, num_stages=s)))
 
 
 #: FUSEDMLP_WIDE_STREAM_K=0: the TMA forward leaves its last wave of tiles partial
