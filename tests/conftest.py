@@ -179,6 +179,20 @@ def chance_sum_size(terms: torch.Tensor) -> float:
     return (t.mean(0) * t.shape[0] ** 0.5).norm().item()
 
 
+def term_size(x, weights, biases) -> float:
+    """The size of the terms an MLP's output sums, as a norm: |x| through |W_l| and |b_l|
+    layer by layer, no activation (every registered activation has |act(z)| <= |z| + 1
+    and a slope below 1.2). The forward's rounding error scales with it, not with the
+    output: an output that cancels to near zero (one row through width-1 layers) has a
+    relative error of its own that says nothing (rel_error's floor for the output)."""
+    a = x.detach().to("cpu", torch.float64).abs().reshape(-1, x.shape[-1])
+    for i, w in enumerate(weights):
+        a = a @ w.detach().to("cpu", torch.float64).abs().t()
+        if biases is not None:
+            a = a + biases[i].detach().to("cpu", torch.float64).abs()
+    return a.norm().item()
+
+
 def assert_close(out, ref, tol, what="output", floor: float = 0.0):
     err = rel_error(out, ref, floor)
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"

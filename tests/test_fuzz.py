@@ -12,7 +12,7 @@ import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 
 from conftest import (GRAD_VS_EAGER, assert_close, chance_sum_size, eager_errors, is_slow,
-                      make_params, reference, saved_z, tolerance)
+                      make_params, reference, saved_z, term_size, tolerance)
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -64,8 +64,10 @@ def _check(name, dev, c):
     y = fm.fused_mlp(x, ws, bs, act, out_act, backend=name, recompute=c["recompute"])
     assert y.shape == (*c["lead"], widths[-1]) and y.dtype == dtype
     tol = tolerance(name, dtype)
+    # relative to the size of the terms summed where the output cancels below it
+    size = term_size(x, ws, bs) if x.numel() else 0.0
     if not c["grad"] or y.numel() == 0:
-        assert_close(y, reference(x, ws, bs, act, out_act), tol)
+        assert_close(y, reference(x, ws, bs, act, out_act), tol, floor=size)
         return
     gy = torch.randn_like(y)
     y.backward(gy)
@@ -73,7 +75,7 @@ def _check(name, dev, c):
     # a wrong gradient (conftest.reference)
     kinks = saved_z(x, ws, bs, act, out_act, name)
     ref = reference(x, ws, bs, act, out_act, grad_y=gy, kinks_at=kinks)
-    assert_close(y, ref[0], tol)
+    assert_close(y, ref[0], tol, floor=size)
     got = [x.grad, *[w.grad for w in ws], *[b.grad for b in bs or []]]
     want = [ref[1], *ref[2], *ref[3]]
     # half precision: within GRAD_VS_EAGER x eager's own error in that dtype (a few rows

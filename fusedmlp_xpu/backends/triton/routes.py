@@ -34,10 +34,16 @@ class Rule:
 #: wide history 13): the Triton train path took wide-gelu 742 / 1403 / 5180 us at 16 /
 #: 1024 / 4096 rows against torch's ops' 595 / 1295 / 4933; from 8192 rows the kernels
 #: were level with eager with less memory.
+#: Gated inference of 128-2048 rows: H200, bf16, the d/hidden pairs of six released models
+#: (h200-sweep-swiglu-bf16-20261203.json, eager / fused paired per batch): the fused
+#: kernels ran 0.76-0.94x eager's speed from 256 to 2048 rows on every pair (their tiles
+#: fill the 132 SMs poorly there) and 0.98-1.01x at 128; from 1 to 64 rows and from 4096
+#: they were 0.97-1.58x and 1.04-1.14x.
 CUDA_RULES: dict[tuple[int, int] | None, tuple[Rule, ...]] = {
     None: (
         Rule(False, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
         Rule(True, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
+        Rule(True, False, ((128, 2048),), "h200-sweep-swiglu-bf16-20261203.json"),
     ),
 }
 
