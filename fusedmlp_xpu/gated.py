@@ -291,10 +291,17 @@ def _backward_rows(impl, grad_y, x, w_gate, w_up, w_down, saved, activation, nee
 
 
 def _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases, activation, needs):
-    """The backward as the reference's composite torch ops, recomputing g and u from x, so
-    that autograd records it (``create_graph=True``; as op.differentiable_backward)."""
-    return _backward_rows(_Reference, grad_y, x, w_gate, w_up, w_down, None, activation,
-                          needs, biases)
+    """The backward as autograd records it (``create_graph=True``; as
+    op.differentiable_backward): the reference's torch ops recompute the forward from x
+    and torch differentiates them (op.grads_by_recompute)."""
+    need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    gx, gw, gb = op.grads_by_recompute(
+        lambda: _Reference.gated_forward(x, w_gate, w_up, w_down, activation, False,
+                                         biases)[0], grad_y,
+        [[x] if need_x else [], [w_gate, w_up, w_down] if need_w else [],
+         list(biases) if need_b else []])
+    return (gx[0] if need_x else None), gw, gb
 
 
 def _setup(ctx, inputs, saved):
@@ -368,12 +375,13 @@ class _EagerGated(torch.autograd.Function):
         need = ctx.needs_input_grad
         need_x, need_ws, need_bs = need[3], need[4:7], need[7:]
         need_w, need_b = any(need_ws), any(need_bs)
-        # create_graph=True: a backward autograd can differentiate (the reference's, which
-        # recomputes g and u from x); else the implementation that ran forward
-        impl, saved = ((_Reference, None) if op._create_graph()
-                       else (ctx.impl, list(t[4 + n_b:])))
-        gx, gw, gb = _backward_rows(impl, grad_y, x, w_gate, w_up, w_down, saved,
-                                    ctx.activation, (need_x, need_w, need_b), biases)
+        needs = (need_x, need_w, need_b)
+        if op._create_graph():  # a backward autograd can differentiate (torch's own)
+            gx, gw, gb = _differentiable_backward(grad_y, x, w_gate, w_up, w_down, biases,
+                                                  ctx.activation, needs)
+        else:  # the implementation that ran forward
+            gx, gw, gb = _backward_rows(ctx.impl, grad_y, x, w_gate, w_up, w_down,
+                                        list(t[4 + n_b:]), ctx.activation, needs, biases)
         gw = [g if k else None for g, k in zip(gw, need_ws)] if need_w else [None] * 3
         gb = [g if k else None for g, k in zip(gb, need_bs)] if need_b else [None] * n_b
         return None, None, None, gx if need_x else None, *gw, *gb

@@ -138,14 +138,44 @@ def backward_rows(be, grad_y, x, weights, biases, saved, spec: MLPSpec, needs):
     return (gx if gx is None or flat else gx.reshape(x.shape)), gw, gb
 
 
+def grads_by_recompute(fn, grad_y, groups):
+    """The gradients, for each tensor in ``groups`` (lists of tensors), of ``fn()`` (a
+    torch-ops forward of them) against ``grad_y``: ``fn`` runs again under grad mode and
+    torch's autograd differentiates that graph with ``create_graph=True``. So a backward
+    that autograd must record (second derivatives, eikonal losses) is torch's own: eager's
+    derivative formulas, their second derivatives, fused kernels and NaN behaviour, at
+    eager's cost plus one forward. A tensor that requires no grad gets zeros."""
+    with torch.enable_grad():
+        y = fn()
+    flat = [t for g in groups for t in g]
+    live = [i for i, t in enumerate(flat) if t.requires_grad]
+    got = torch.autograd.grad(y, [flat[i] for i in live], grad_y.reshape(y.shape),
+                              create_graph=True, allow_unused=True) if live else ()
+    out = [None] * len(flat)
+    for i, g in zip(live, got):
+        out[i] = g
+    out = [torch.zeros_like(t) if g is None else g for g, t in zip(out, flat)]
+    res, k = [], 0
+    for g in groups:
+        res.append(out[k:k + len(g)])
+        k += len(g)
+    return res
+
+
 def differentiable_backward(grad_y, x, weights, biases, spec: MLPSpec, needs):
-    """The backward as composite torch ops (the reference's formula, recomputing the
-    pre-activations from x), on x's device and dtype, recorded by autograd: what backward
-    runs when autograd asks for a graph of it (``create_graph=True``: second derivatives,
-    eikonal losses). The saved pre-activations of a fused forward are not used (they carry
-    no graph back to x and the weights)."""
-    return backward_rows(dispatch.REGISTRY["reference"], grad_y, x, weights, biases, None,
-                         spec, needs)
+    """The backward as autograd records it (``create_graph=True``: second derivatives,
+    eikonal losses): the reference's torch ops recompute the forward from x (the saved
+    pre-activations of a fused forward carry no graph back to x and the weights) and
+    torch differentiates them (grads_by_recompute). Returns (grad_x | None, grad_weights,
+    grad_biases) as ``backward_rows``."""
+    need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    ref = dispatch.REGISTRY["reference"]
+    gx, gw, gb = grads_by_recompute(
+        lambda: ref.forward(x, weights, biases, spec, False)[0], grad_y,
+        [[x] if need_x else [], list(weights) if need_w else [],
+         list(biases) if need_b else []])
+    return (gx[0] if need_x else None), gw, gb
 
 
 def _create_graph() -> bool:
@@ -256,11 +286,11 @@ class _EagerMLP(torch.autograd.Function):
         need_x, need_w = need[3], any(need[4 : 4 + n])
         need_b = spec.bias and any(need[4 + n :])
         if _create_graph():  # create_graph=True: a backward autograd can differentiate
-            be, saved = dispatch.REGISTRY["reference"], None
+            gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
+                                                 (need_x, need_w, need_b))
         else:
-            be = ctx.be
-        gx, gw, gb = backward_rows(be, grad_y, x, weights, biases, saved, spec,
-                                   (need_x, need_w, need_b))
+            gx, gw, gb = backward_rows(ctx.be, grad_y, x, weights, biases, saved, spec,
+                                       (need_x, need_w, need_b))
         gw = list(gw) if need_w else [None] * n
         gb = (list(gb) if need_b else [None] * n) if spec.bias else []
         return (None, None, None, gx, *gw, *gb)
