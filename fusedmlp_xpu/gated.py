@@ -133,24 +133,26 @@ def explain_choice(device: torch.device, spec, backend: str | None = None):
         taken = ok and ex.backend is None
         ex.backend = name if taken else ex.backend
         if taken and name == "triton" and forced is None:
-            ex.torch_rows = lambda train: _torch_rows(device, train)
+            d, hidden = spec.widths[0], spec.widths[1]
+            ex.torch_rows = lambda train: _torch_rows(device, train, d, hidden)
         ex.considered.append(dispatch.Consideration(name, taken, why))
     return ex
 
 
-def _torch_rows(device: torch.device, train: bool):
-    """The row ranges where plain eager calls on ``device`` run as torch ops when the
-    wide kernels are chosen automatically (backends/triton/routes.py)."""
-    return _routes.torch_rows(device, True, train)
+def _torch_rows(device: torch.device, train: bool, d: int, hidden: int):
+    """The row ranges where plain eager calls on ``device`` of a d -> hidden gated MLP run
+    as torch ops when the wide kernels are chosen automatically (backends/triton/routes.py)."""
+    return _routes.torch_rows(device, True, train, d, hidden)
 
 
-def _torch_ops(x, backend: str | None, train: bool) -> bool:
+def _torch_ops(x, w_gate, backend: str | None, train: bool) -> bool:
     """Whether a plain eager call runs as the reference's torch ops (a training one with
     torch's own autograd graph), as fused_mlp's do (op._torch_ops): with the wide kernels
     chosen automatically, for _torch_rows's row counts. (Those ops save eager's four
     [rows, hidden] tensors where the op's node keeps g and u.) The cheap tests first:
     most calls leave before the choice is looked up."""
-    return (op.rows_in(x, _torch_rows(x.device, train)) and not backend
+    return (op.rows_in(x, _torch_rows(x.device, train, w_gate.shape[1], w_gate.shape[0]))
+            and not backend
             and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
             and choose(x.device) is not _Reference)
 
@@ -423,10 +425,10 @@ def fused_gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     # host time a call on the H200 host, all of a decode step's cost
     if op.plain_eager(x):
         if not needs_grad:
-            if _torch_ops(x, backend, False):
+            if _torch_ops(x, w_gate, backend, False):
                 return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
             return _run_forward(x, w_gate, w_up, w_down, biases, act, backend or "", False)[0]
-        if not recompute and _torch_ops(x, backend, True):
+        if not recompute and _torch_ops(x, w_gate, backend, True):
             return _Reference.gated_forward(x, w_gate, w_up, w_down, act, False, biases)[0]
         return _EagerGated.apply(act, backend or "", recompute, x, w_gate, w_up, w_down,
                                  *(biases or ()))

@@ -35,6 +35,8 @@ def test_one_record_per_variant(result, config):
     recs = _records(result, config)
     want = VARIANTS + (["fused-first-order"] if config == "sdf-eikonal" else [])
     assert sorted(recs) == sorted(want)
+    order = [r["variant"] for r in result["records"] if r["config"] == config]
+    assert order[-1] == "compile"  # nothing timed from Python runs after a compile
     for r in recs.values():
         assert r["N"] == 2 ** 10 and r["dtype"] == "float32"
         if "skipped" in r:

@@ -188,17 +188,33 @@ def y_spec(ws, bs):
                       "none", True, torch.float64)
 
 
-def test_wide_routes_name_their_ranges():
-    """backends/triton/routes.py: the ranges read back as words for explain(), and a device
-    with no rule (the CPU) runs the kernels at every row count."""
+def test_wide_routes_name_their_ranges(monkeypatch):
+    """backends/triton/routes.py: the ranges read back as words for explain(); a rule's
+    work bounds (rows x d x hidden) cut its rows per layer size; a device with no rule (the
+    CPU) runs the kernels at every row count."""
     from fusedmlp_xpu.backends.triton import routes
 
     assert routes.describe(((1, 4096),)) == "1-4096 rows"
     assert routes.describe(((128, 2048), (16384, 16384))) == "128-2048 and 16384 rows"
     assert routes.describe(((1, 1), (8, 9), (64, 64))) == "1, 8-9 and 64 rows"
+    cpu = torch.device("cpu")
     for gated in (False, True):
         for train in (False, True):
-            assert routes.torch_rows(torch.device("cpu"), gated, train) == ()
+            assert routes.torch_rows(cpu, gated, train, 2048, 5632) == ()
+    rules = (routes.Rule(True, False, ((1, 2048),), "a.json", min_work=1e6),
+             routes.Rule(False, False, ((1, 2048),), "b.json", max_work=1e6),
+             routes.Rule(False, True, ((1, 64), (100, 200)), "c.json"))
+    monkeypatch.setattr(routes, "_rules", lambda device: rules)
+    monkeypatch.setattr(routes, "_cache", {})
+    assert routes.torch_rows(cpu, True, False, 100, 100) == ((100, 2048),)  # >= 1e6 of work
+    assert routes.torch_rows(cpu, True, False, 1000, 1000) == ((1, 2048),)
+    assert routes.torch_rows(cpu, True, False, 1, 1) == ()  # 2048 rows: 2e3 of work
+    assert routes.torch_rows(cpu, False, False, 100, 100) == ((1, 99),)  # < 1e6
+    assert routes.torch_rows(cpu, False, False, 1000, 1000) == ()
+    assert routes.torch_rows(cpu, False, True, 8, 8) == ((1, 64), (100, 200))
+    assert routes.describe_rules(cpu, True, False) == \
+        "1-2048 rows where rows x d x hidden >= 1e+06"
+    assert routes.describe_rules(cpu, True, True) == ""
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     for rules in routes.CUDA_RULES.values():  # every rule names its committed measurement
         assert all(r.rows and (results / r.source).is_file() for r in rules), rules

@@ -419,7 +419,7 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     monkeypatch.setattr(gated, "choose", lambda device, backend=None: (
         Kernels if backend in (None, "", "triton") else real_choose(device, backend)))
     monkeypatch.setattr(gated, "_torch_rows",
-                        lambda device, train: ((1, 16),) if train else ((32, 64),))
+                        lambda device, train, d, hidden: ((1, 16),) if train else ((32, 64),))
     monkeypatch.delenv(fm.dispatch.ENV_VAR, raising=False)
     ws, _ = make(8, 24, 8, False, torch.float64, torch.device("cpu"))
     for rows in (1, 16):

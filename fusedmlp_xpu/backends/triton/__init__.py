@@ -32,9 +32,9 @@ def routes_note(device: torch.device, gated: bool) -> str:
     """explain()'s words on the plain eager calls that run as torch ops (routes.py)."""
     parts = []
     for train, what in ((False, "inference"), (True, "training")):
-        r = wide_routes.torch_rows(device, gated, train)
+        r = wide_routes.describe_rules(device, gated, train)
         if r:
-            parts.append(f"{what} of {wide_routes.describe(r)}")
+            parts.append(f"{what} of {r}")
     if not parts:
         return ""
     return ("; plain eager calls: " + " and ".join(parts) + " run as torch ops (cuBLAS GEMMs, "
@@ -123,7 +123,10 @@ class TritonBackend(Backend):
 
     def torch_rows(self, spec, device, train):
         """Wide layers: routes.py's measured ranges; narrow nets: never."""
-        return () if tuning._narrow(spec) else wide_routes.torch_rows(device, False, train)
+        if tuning._narrow(spec):
+            return ()
+        return wide_routes.torch_rows(device, False, train, spec.widths[0],
+                                      max(spec.widths[1:-1], default=spec.widths[-1]))
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Narrow nets: narrow/backward.py (which runs this backend's forward again where

@@ -10,10 +10,14 @@ saved tensors as eager. Each rule below names the run that measured it; ``explai
 says which path a given input takes (``Explanation.route``).
 
 Rules are per device type and compute capability, mode (inference or train) and gated
-or not, over row ranges; devices without a rule run the kernels at every row count.
+or not, over row ranges, optionally bounded by the work of a call (rows x d x hidden):
+routed through torch ops a call pays the package's Python in front of eager's ops, which
+a call of little work cannot hide. Devices without a rule run the kernels at every row
+count.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +31,8 @@ class Rule:
     train: bool
     rows: Ranges  # inclusive [lo, hi] row ranges where torch ops run
     source: str  # the measurement
+    min_work: float = 0.0  # and only where rows x d x hidden is at least this
+    max_work: float = math.inf  # ... and below this
 
 
 #: CUDA, by (major, minor) compute capability; None: any CUDA device without its own entry.
@@ -34,16 +40,26 @@ class Rule:
 #: wide history 13): the Triton train path took wide-gelu 742 / 1403 / 5180 us at 16 /
 #: 1024 / 4096 rows against torch's ops' 595 / 1295 / 4933; from 8192 rows the kernels
 #: were level with eager with less memory.
-#: Gated inference of 128-2048 rows: H200, bf16, the d/hidden pairs of six released models
-#: (h200-sweep-swiglu-bf16-20261203.json, eager / fused paired per batch): the fused
-#: kernels ran 0.76-0.94x eager's speed from 256 to 2048 rows on every pair (their tiles
-#: fill the 132 SMs poorly there) and 0.98-1.01x at 128; from 1 to 64 rows and from 4096
-#: they were 0.97-1.58x and 1.04-1.14x.
+#: Gated inference up to 2048 rows where rows x d x hidden >= 1e10: H200, the d/hidden
+#: pairs of six released models (h200-sweep-swiglu-bf16-20261203.json, bf16, eager / fused
+#: paired per batch): from 1e10 of work up to 2048 rows the fused kernels ran 0.76-0.97x
+#: eager on every pair (their tiles fill the 132 SMs poorly there); below it 0.92-1.09x
+#: (128 rows 0.98-1.08x; 2048/5632 at 256-512 rows 0.92-0.93x); from 4096 rows 1.04-1.14x.
+#: Routed as torch ops at 128-2048 rows (h200-sweep-routes-20261203.json, bf16 and fp16,
+#: 2048/5632 and 4096/14336): 0.99-1.00x eager from 1e10 of work, but 0.83-0.87x below
+#: it (every 128-row call, 2048/5632 at 512), where the package's Python in front of
+#: eager's ops shows: below the bound the kernels stay.
+#: Non-gated inference up to 2048 rows below 3e10 of work (h200-sweep-routes-20261203.json,
+#: wide-gelu: gelu_tanh, bias; 2048/5632 and 4096/14336): the kernels ran 0.61-0.90x eager
+#: there in bf16 and 0.62-1.06x in fp16; above it 1.03-1.04x (4096/14336 from 2048 rows;
+#: at 512 rows, on the bound, 0.72x in bf16 and 1.04x in fp16). The routed path was not
+#: timed yet.
 CUDA_RULES: dict[tuple[int, int] | None, tuple[Rule, ...]] = {
     None: (
         Rule(False, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
         Rule(True, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
-        Rule(True, False, ((128, 2048),), "h200-sweep-swiglu-bf16-20261203.json"),
+        Rule(True, False, ((1, 2048),), "h200-sweep-swiglu-bf16-20261203.json", min_work=1e10),
+        Rule(False, False, ((1, 2048),), "h200-sweep-routes-20261203.json", max_work=3e10),
     ),
 }
 
@@ -57,15 +73,23 @@ def _rules(device: torch.device) -> tuple[Rule, ...]:
     return CUDA_RULES.get(cap, CUDA_RULES.get(None, ()))
 
 
-def torch_rows(device: torch.device, gated: bool, train: bool) -> Ranges:
-    """The row ranges where a plain eager call on ``device`` runs as torch ops (empty:
-    none). Cached per device, gated and mode: this runs on every call."""
-    key = (device.type, device.index, gated, train)
+def torch_rows(device: torch.device, gated: bool, train: bool, d: int, hidden: int) -> Ranges:
+    """The row ranges where a plain eager call on ``device`` of a layer pair d -> hidden
+    runs as torch ops (empty: none). Cached: this runs on every call."""
+    key = (device.type, device.index, gated, train, d, hidden)
     got = _cache.get(key)
     if got is None:
-        got = tuple(r for rule in _rules(device) if rule.gated == gated and rule.train == train
-                    for r in rule.rows)
-        _cache[key] = got
+        size, out = d * hidden, []
+        for rule in _rules(device):
+            if rule.gated != gated or rule.train != train:
+                continue
+            for lo, hi in rule.rows:
+                lo = max(lo, math.ceil(rule.min_work / size))
+                if rule.max_work != math.inf:
+                    hi = min(hi, math.ceil(rule.max_work / size) - 1)
+                if lo <= hi:
+                    out.append((lo, hi))
+        got = _cache[key] = tuple(out)
     return got
 
 
@@ -74,6 +98,19 @@ def describe(ranges: Ranges) -> str:
     parts = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
     return (" and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
             + " rows")
+
+
+def describe_rules(device: torch.device, gated: bool, train: bool) -> str:
+    """The rules for explain(): '1-4096 rows', '1-2048 rows where rows x d x hidden >=
+    1e+10'."""
+    parts = []
+    for r in _rules(device):
+        if r.gated == gated and r.train == train:
+            bound = [f">= {r.min_work:.0e}"] if r.min_work else []
+            bound += [f"< {r.max_work:.0e}"] if r.max_work != math.inf else []
+            parts.append(describe(r.rows) + (f" where rows x d x hidden {' and '.join(bound)}"
+                                             if bound else ""))
+    return "; ".join(parts)
 
 
 def sources(device: torch.device, gated: bool) -> list[str]:
