@@ -184,8 +184,9 @@ def recognise(obj) -> tuple[Activation | None, str]:
                   "CPU probe")
 
 
-def to_module(name: str) -> nn.Module:
-    """The torch.nn module computing the same function (used to build eager baselines)."""
+def to_module(name: str, softplus_beta: float = SOFTPLUS_BETA) -> nn.Module:
+    """The torch.nn module computing the same function (used to build eager baselines);
+    softplus with ``softplus_beta``."""
     return {
         "none": nn.Identity,
         "relu": nn.ReLU,
@@ -195,5 +196,5 @@ def to_module(name: str) -> nn.Module:
         "silu": nn.SiLU,
         "sigmoid": nn.Sigmoid,
         "tanh": nn.Tanh,
-        "softplus": lambda: nn.Softplus(SOFTPLUS_BETA, SOFTPLUS_THRESHOLD),
+        "softplus": lambda: nn.Softplus(softplus_beta, SOFTPLUS_THRESHOLD),
     }[get(name).name]()

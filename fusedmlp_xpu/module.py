@@ -25,12 +25,14 @@ class FusedMLP(nn.Module):
     True makes training recompute the hidden activations in backward instead of saving
     them, False saves them, None (default) lets the backend choose (Triton on CUDA
     recomputes where its backward is one kernel that does it on chip; the others save).
+    ``softplus_beta``: softplus as ``nn.Softplus(beta)`` (op.fold_softplus_beta).
     """
 
     def __init__(self, in_features: int, out_features: int, hidden_features: int,
                  hidden_layers: int, activation: str = "relu",
                  output_activation: str = "none", bias: bool = True, device=None,
-                 dtype=None, *, backend: str | None = None, recompute: bool | None = None):
+                 dtype=None, *, backend: str | None = None, recompute: bool | None = None,
+                 softplus_beta: float = 1.0):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features),
                         ("hidden_features", hidden_features)):
@@ -40,12 +42,14 @@ class FusedMLP(nn.Module):
         widths = [in_features] + [hidden_features] * hidden_layers + [out_features]
         names = [str(2 * i) for i in range(len(widths) - 1)]
         self._setup(widths, names, activation, output_activation, bias, device, dtype,
-                    backend, recompute)
+                    backend, recompute, softplus_beta=softplus_beta)
 
     def _setup(self, widths, names, activation, output_activation, bias, device, dtype,
-               backend, recompute, shared=None):
+               backend, recompute, shared=None, softplus_beta=1.0):
         self.activation = activations.get(activation).name
         self.output_activation = activations.get(output_activation).name
+        self.softplus_beta = op.check_softplus_beta(softplus_beta, self.activation,
+                                                    self.output_activation)
         self.widths = tuple(int(w) for w in widths)
         self.has_bias = bool(bias)
         self.backend = backend
@@ -87,6 +91,7 @@ class FusedMLP(nn.Module):
 
     def __setstate__(self, state):  # copy.deepcopy and unpickling: pack the copy too
         super().__setstate__(state)
+        self.__dict__.setdefault("softplus_beta", 1.0)  # pickled before it existed
         if "_names" in self.__dict__:
             self._pack_hidden()
 
@@ -130,6 +135,13 @@ class FusedMLP(nn.Module):
         return s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.softplus_beta != 1.0:  # rescaled parameters every call: the op's full path
+            try:
+                return op.fused_mlp(x, self.weights(), self.biases(), self.activation,
+                                    self.output_activation, self.backend, self.recompute,
+                                    softplus_beta=self.softplus_beta)
+            except ValueError as e:
+                op.raise_module_error(e, x, self.widths[0])
         bound = None
         # is_compiling() first: dynamo folds it to True and never reads the binding
         if not torch.compiler.is_compiling() and type(x) is torch.Tensor \
@@ -178,8 +190,9 @@ class FusedMLP(nn.Module):
         return self._bound
 
     def extra_repr(self) -> str:
+        beta = f", softplus_beta={self.softplus_beta:g}" if self.softplus_beta != 1.0 else ""
         return (f"widths={list(self.widths)}, activation={self.activation!r}, "
-                f"output_activation={self.output_activation!r}, bias={self.has_bias}")
+                f"output_activation={self.output_activation!r}, bias={self.has_bias}{beta}")
 
     def to_sequential(self) -> nn.Sequential:
         """The equivalent eager nn.Sequential (same parameter values and state_dict keys)."""
@@ -193,7 +206,7 @@ class FusedMLP(nn.Module):
             act = self.output_activation if last else self.activation
             if act != "none":  # after Linear "0" comes "1"; after "fc1", "fc1_act"
                 key = str(int(name) + 1) if name.isdigit() else f"{name}_act"
-                mods[key] = activations.to_module(act)
+                mods[key] = activations.to_module(act, self.softplus_beta)
         return nn.Sequential(OrderedDict(mods))
 
     @classmethod
@@ -208,10 +221,11 @@ class FusedMLP(nn.Module):
         plan = _plan(seq)
         if isinstance(plan, str):
             raise ValueError(f"seq: cannot fuse: {plan}")
-        names, widths, act, out_act, bias, ref = plan
+        names, widths, act, out_act, bias, ref, beta = plan
         m = cls.__new__(cls)
         nn.Module.__init__(m)
-        m._setup(widths, names, act, out_act, bias, ref.device, ref.dtype, backend, recompute)
+        m._setup(widths, names, act, out_act, bias, ref.device, ref.dtype, backend, recompute,
+                 softplus_beta=beta)
         with torch.no_grad():
             for name, lin in zip(names, m.linears):
                 src = seq._modules[name]
@@ -294,6 +308,7 @@ def _plan(seq: nn.Sequential):
         return "the first module is not nn.Linear"
     names, widths, hidden_acts, out_act = [], [], [], "none"
     pending = None  # activation seen after the last Linear
+    betas = set()  # of nn.Softplus(beta) modules (threshold 20: the registry's)
     for name, mod in items:
         if type(mod) is nn.Linear:
             if names:
@@ -312,7 +327,12 @@ def _plan(seq: nn.Sequential):
                 continue
             return (f"module {name!r} is {type(mod).__name__}(p={mod.p}): dropout with p > 0 "
                     "is not fused (it is random in training); set p=0 to fuse")
-        act, why = activations.recognise(mod)
+        if (type(mod) is nn.Softplus and mod.threshold == activations.SOFTPLUS_THRESHOLD
+                and mod.beta > 0):
+            act, why = activations.ACTIVATIONS["softplus"], "class"
+            betas.add(float(mod.beta))
+        else:
+            act, why = activations.recognise(mod)
         if act is None:
             return f"module {name!r}: not a supported activation ({why})"
         if pending is not None:
@@ -328,4 +348,7 @@ def _plan(seq: nn.Sequential):
     ref = lins[0].weight
     if any(l.weight.dtype != ref.dtype or l.weight.device != ref.device for l in lins):
         return "Linear layers differ in dtype or device"
-    return names, widths, (hidden_acts[0] if hidden_acts else "relu"), out_act, has_bias.pop(), ref
+    if len(betas) > 1:
+        return f"Softplus modules with different betas: {sorted(betas)}"
+    return (names, widths, (hidden_acts[0] if hidden_acts else "relu"), out_act,
+            has_bias.pop(), ref, betas.pop() if betas else 1.0)

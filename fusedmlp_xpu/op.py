@@ -11,13 +11,15 @@ casts x, weights and biases to the region's dtype before the op (like nn.Linear)
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable
 from typing import Sequence
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from . import dispatch
+from . import activations, dispatch
 from .backends import saved_widths
 from .spec import MLPSpec, _same, check_backend, check_recompute, validate
 
@@ -391,6 +393,45 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
     return torch.ops.fusedmlp.mlp.default(*args)
 
 
+def check_softplus_beta(beta, activation: str, output_activation: str) -> float:
+    """``softplus_beta``: a positive finite number, other than 1 only with softplus."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(
+            beta) or beta <= 0:
+        raise ValueError(f"softplus_beta: expected a positive finite number, got {beta!r}")
+    if beta != 1 and "softplus" not in (activations.get(activation).name,
+                                        activations.get(output_activation).name):
+        raise ValueError(f"softplus_beta: {beta} given, but neither activation "
+                         f"({activation!r}, {output_activation!r}) is softplus")
+    return float(beta)
+
+
+def fold_softplus_beta(weights, biases, activation: str, output_activation: str, beta: float):
+    """Softplus with ``beta`` (softplus(beta z) / beta, torch's nn.Softplus(beta)) as the
+    registry's softplus (beta 1) on rescaled parameters: with s_l = beta z_l the layers
+    chain as s_1 = beta W_1 x + beta b_1, s_l = W_l softplus(s_(l-1)) + beta b_l, and the
+    last layer takes W_L / beta (or, when the output activation is softplus too, W_L and
+    beta b_L, its output divided by beta). So every backend, kernel and derivative order
+    runs it unchanged; autograd takes the gradients through the scaling. Returns
+    (weights, biases, divide the output by beta)."""
+    hidden = activation == "softplus"
+    out = output_activation == "softplus"
+    L = len(weights)
+    ws, bs = list(weights), None if biases is None else list(biases)
+    for i in range(L):
+        last = i == L - 1
+        scale_b = out if last else hidden
+        if last:
+            scale_w = (1.0 if out else 1.0 / beta) if (hidden and L > 1) else (
+                beta if out else 1.0)
+        else:
+            scale_w = beta if (i == 0 and hidden) else 1.0
+        if scale_w != 1.0:
+            ws[i] = ws[i] * scale_w
+        if bs is not None and scale_b:
+            bs[i] = bs[i] * beta
+    return ws, bs, out
+
+
 def fused_mlp(
     x: torch.Tensor,
     weights: Sequence[torch.Tensor],
@@ -399,6 +440,8 @@ def fused_mlp(
     output_activation: str = "none",
     backend: str | None = None,
     recompute: bool | None = None,
+    *,
+    softplus_beta: float = 1.0,
 ) -> torch.Tensor:
     """y = out_act(W_L · act(... act(W_1 · x + b_1) ...) + b_L), all layers in one op.
 
@@ -410,7 +453,9 @@ def fused_mlp(
     when the graph is traced). Plain eager calls of some row counts may run as torch's
     own ops (``Backend.torch_rows``: wide layers on CUDA where those were measured
     faster, ``explain(...).route(x)`` says) unless a backend is forced or, for
-    training, ``recompute=True``.
+    training, ``recompute=True``. ``softplus_beta``: softplus as torch's
+    ``nn.Softplus(beta)`` (NeuS-style SDFs use 100), for whichever activation is softplus
+    (fold_softplus_beta: the parameters rescaled on the way in).
     """
     # any iterable of tensors (a list, a tuple, a generator of parameters)
     if isinstance(weights, (torch.Tensor, str)) or not isinstance(weights, Iterable):
@@ -426,7 +471,13 @@ def fused_mlp(
         x, weights, biases = _autocast(x, weights, biases)
     spec = validate(x, weights, biases, activation, output_activation)
     check_recompute(recompute)
+    beta = check_softplus_beta(softplus_beta, activation, output_activation)
     if backend is not None:
         check_backend(backend)
         dispatch.requested(backend)  # unknown names fail here, naming the argument
-    return call(x, weights, biases, spec, backend, recompute)
+    if beta == 1.0:
+        return call(x, weights, biases, spec, backend, recompute)
+    weights, biases, divide = fold_softplus_beta(weights, biases, spec.activation,
+                                                 spec.output_activation, beta)
+    y = call(x, weights, biases, spec, backend, recompute)
+    return y / beta if divide else y
