@@ -69,7 +69,10 @@ _cache: dict[tuple, Ranges] = {}
 def _rules(device: torch.device) -> tuple[Rule, ...]:
     if device.type != "cuda":
         return ()
-    cap = torch.cuda.get_device_capability(device)
+    try:
+        cap = torch.cuda.get_device_capability(device)
+    except (AssertionError, RuntimeError):  # no CUDA here (explain() for a named device)
+        cap = None
     return CUDA_RULES.get(cap, CUDA_RULES.get(None, ()))
 
 
