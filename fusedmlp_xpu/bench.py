@@ -395,6 +395,11 @@ def cmd_bench(args) -> int:
         argv = ["--out", out] + ([] if args.device == "auto" else ["--device", args.device])
         if args.compile == "none":
             argv += ["--compile", "none"]
+        if getattr(args, "sweep", False):
+            argv += ["--sweep", "--llama"]
+        wide_dtypes = [d for d in (args.dtype or []) if d in ("bfloat16", "float16")]
+        if wide_dtypes:
+            argv += ["--dtype", *wide_dtypes]
         return wide_main(argv)
     stamp = datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
     out = args.out
@@ -429,6 +434,9 @@ def _add_arguments(p):
     p.add_argument("--target-ms", type=float, default=20.0,
                    help="length of one timed repeat (back-to-back calls; at most 200)")
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench-...json)")
+    p.add_argument("--sweep", action="store_true",
+                   help="--suite wide: M 1-16384 on the d/hidden of six released models "
+                        "and a HF Llama prefill (bench_wide.py --sweep --llama)")
 
 
 cmd_bench.add_arguments = _add_arguments

@@ -492,3 +492,21 @@ def test_wide_bench_dims_and_sweep_arguments():
         with pytest.raises(SystemExit):
             bench_wide._parse_dims(p, [bad])
     assert set(bench_wide.SWEEP_M) >= {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+
+
+def test_cli_wide_sweep_passes_its_options(monkeypatch, tmp_path):
+    """`fusedmlp bench --suite wide --sweep --dtype float16` hands bench_wide its sweep,
+    the Llama prefill and the dtypes."""
+    from fusedmlp_xpu import bench_wide, cli
+
+    got = []
+    monkeypatch.setattr(bench_wide, "main", lambda argv: got.append(argv) or 0)
+    out = str(tmp_path / "w.json")
+    assert cli.main(["bench", "--suite", "wide", "--sweep", "--dtype", "float16",
+                     "--dtype", "bfloat16", "--device", "cpu", "--out", out]) == 0
+    argv = got[0]
+    assert "--sweep" in argv and "--llama" in argv
+    assert argv[argv.index("--dtype") + 1:argv.index("--dtype") + 3] == ["float16", "bfloat16"]
+    got.clear()
+    assert cli.main(["bench", "--suite", "wide", "--device", "cpu", "--out", out]) == 0
+    assert "--sweep" not in got[0] and "--dtype" not in got[0]
