@@ -146,8 +146,7 @@ def _route(ours, x, mode) -> str:
     """What the package ran for this call: its backend and, for wide layers, the path for
     this many rows (fm.explain)."""
     ex = fm.explain(ours, x)
-    return f"{ex.backend}: {ex.route(x, train=mode == 'train')}" if hasattr(ex, "route") \
-        else str(ex.backend)
+    return f"{ex.backend}: {ex.route(x, train=mode == 'train')}"
 
 
 def _note(notes, text):

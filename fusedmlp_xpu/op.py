@@ -418,17 +418,14 @@ def fold_softplus_beta(weights, biases, activation: str, output_activation: str,
     L = len(weights)
     ws, bs = list(weights), None if biases is None else list(biases)
     for i in range(L):
-        last = i == L - 1
-        scale_b = out if last else hidden
-        if last:
-            scale_w = (1.0 if out else 1.0 / beta) if (hidden and L > 1) else (
-                beta if out else 1.0)
-        else:
-            scale_w = beta if (i == 0 and hidden) else 1.0
-        if scale_w != 1.0:
-            ws[i] = ws[i] * scale_w
-        if bs is not None and scale_b:
-            bs[i] = bs[i] * beta
+        # a softplus layer computes s = beta z; its input, after a softplus layer, is
+        # softplus(s) = beta x the true activation
+        s_out = beta if (out if i == L - 1 else hidden) else 1.0
+        s_in = 1.0 / beta if (i > 0 and hidden) else 1.0
+        if s_out * s_in != 1.0:
+            ws[i] = ws[i] * (s_out * s_in)
+        if bs is not None and s_out != 1.0:
+            bs[i] = bs[i] * s_out
     return ws, bs, out
 
 

@@ -90,17 +90,22 @@ def _fake_backend(rows, infer_rows=()):
     return Fake()
 
 
+def _first_on_cpu(monkeypatch, be):
+    """Make ``be`` the CPU's first choice (no forced backend, fresh decisions)."""
+    monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
+    monkeypatch.setitem(dispatch.ORDER, "cpu", (be.name, "reference"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch._decisions.clear()
+
+
 def test_small_training_calls_record_torch_autograd(monkeypatch):
-    """Plain eager training calls of <= torch_train_rows rows run as the reference's torch
+    """Plain eager training calls within the backend's torch_rows run as the reference's torch
     ops under torch's autograd (right values and gradients, the backend untouched); more
     rows, no-grad calls and a forced backend go to the backend itself."""
     from fusedmlp_xpu.backends.reference import ReferenceBackend
 
     be = _fake_backend(((1, 16),))
-    monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
-    monkeypatch.setitem(dispatch.ORDER, "cpu", (be.name, "reference"))
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    dispatch._decisions.clear()
+    _first_on_cpu(monkeypatch, be)
     try:
         torch.manual_seed(0)
         ws = [torch.randn(32, 8, dtype=torch.float64, requires_grad=True),
@@ -147,10 +152,7 @@ def test_no_grad_calls_in_the_backends_ranges_run_torch_ops(monkeypatch):
     from fusedmlp_xpu.backends.reference import ReferenceBackend
 
     be = _fake_backend((), ((4, 8), (32, 32)))
-    monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
-    monkeypatch.setitem(dispatch.ORDER, "cpu", (be.name, "reference"))
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    dispatch._decisions.clear()
+    _first_on_cpu(monkeypatch, be)
     try:
         torch.manual_seed(0)
         ws = [torch.randn(32, 8, dtype=torch.float64), torch.randn(4, 32, dtype=torch.float64)]
