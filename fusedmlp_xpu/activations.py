@@ -31,6 +31,9 @@ class Activation:
     id: int  # the value kernels see; never renumber an existing entry
     fn: Callable[[torch.Tensor], torch.Tensor]
     grad: Callable[[torch.Tensor], torch.Tensor]  # d fn / d z, evaluated at z
+    #: d^2 fn / d z^2, evaluated at z; None where it is zero (almost everywhere: relu,
+    #: leaky relu, none), as torch's double backward takes it
+    grad2: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def _gelu_grad(z):
@@ -51,6 +54,41 @@ def _silu_grad(z):
     return s * (1.0 + z * (1.0 - s))
 
 
+def _gelu_grad2(z):
+    pdf = torch.exp(-0.5 * z * z) * (1.0 / math.sqrt(2.0 * math.pi))
+    return pdf * (2.0 - z * z)
+
+
+def _gelu_tanh_grad2(z):
+    inner = _SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
+    t = torch.tanh(inner)
+    dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
+    ddinner = _SQRT_2_OVER_PI * 6.0 * 0.044715 * z
+    return (1.0 - t * t) * (dinner + 0.5 * z * (ddinner - 2.0 * t * dinner * dinner))
+
+
+def _silu_grad2(z):
+    s = torch.sigmoid(z)
+    return s * (1.0 - s) * (2.0 + z * (1.0 - 2.0 * s))
+
+
+def _sigmoid_grad2(z):
+    s = torch.sigmoid(z)
+    return s * (1.0 - s) * (1.0 - 2.0 * s)
+
+
+def _tanh_grad2(z):
+    t = torch.tanh(z)
+    return -2.0 * t * (1.0 - t * t)
+
+
+def _softplus_grad2(z):
+    bz = z * SOFTPLUS_BETA
+    s = torch.sigmoid(bz)
+    return torch.where(bz > SOFTPLUS_THRESHOLD, torch.zeros_like(z),
+                       SOFTPLUS_BETA * s * (1.0 - s))
+
+
 def _softplus_grad(z):
     bz = z * SOFTPLUS_BETA
     return torch.where(bz > SOFTPLUS_THRESHOLD, torch.ones_like(z), torch.sigmoid(bz))
@@ -66,16 +104,19 @@ _ENTRIES = [
         lambda z: F.leaky_relu(z, LEAKY_RELU_SLOPE),
         lambda z: torch.where(z > 0, torch.ones_like(z), torch.full_like(z, LEAKY_RELU_SLOPE)),
     ),
-    Activation("gelu", 3, F.gelu, _gelu_grad),
-    Activation("gelu_tanh", 4, lambda z: F.gelu(z, approximate="tanh"), _gelu_tanh_grad),
-    Activation("silu", 5, F.silu, _silu_grad),
-    Activation("sigmoid", 6, torch.sigmoid, lambda z: torch.sigmoid(z) * (1.0 - torch.sigmoid(z))),
-    Activation("tanh", 7, torch.tanh, lambda z: 1.0 - torch.tanh(z) ** 2),
+    Activation("gelu", 3, F.gelu, _gelu_grad, _gelu_grad2),
+    Activation("gelu_tanh", 4, lambda z: F.gelu(z, approximate="tanh"), _gelu_tanh_grad,
+               _gelu_tanh_grad2),
+    Activation("silu", 5, F.silu, _silu_grad, _silu_grad2),
+    Activation("sigmoid", 6, torch.sigmoid, lambda z: torch.sigmoid(z) * (1.0 - torch.sigmoid(z)),
+               _sigmoid_grad2),
+    Activation("tanh", 7, torch.tanh, lambda z: 1.0 - torch.tanh(z) ** 2, _tanh_grad2),
     Activation(
         "softplus",
         8,
         lambda z: F.softplus(z, SOFTPLUS_BETA, SOFTPLUS_THRESHOLD),
         _softplus_grad,
+        _softplus_grad2,
     ),
 ]
 

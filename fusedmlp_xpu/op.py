@@ -19,8 +19,9 @@ from typing import Sequence
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
-from . import activations, dispatch
+from . import activations, dispatch, second_order
 from .backends import saved_widths
+from .second_order import grads_by_recompute  # noqa: F401  (gated.py's too)
 from .spec import MLPSpec, _same, check_backend, check_recompute, validate
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu")
@@ -140,30 +141,6 @@ def backward_rows(be, grad_y, x, weights, biases, saved, spec: MLPSpec, needs):
     return (gx if gx is None or flat else gx.reshape(x.shape)), gw, gb
 
 
-def grads_by_recompute(fn, grad_y, groups):
-    """The gradients, for each tensor in ``groups`` (lists of tensors), of ``fn()`` (a
-    torch-ops forward of them) against ``grad_y``: ``fn`` runs again under grad mode and
-    torch's autograd differentiates that graph with ``create_graph=True``. So a backward
-    that autograd must record (second derivatives, eikonal losses) is torch's own: eager's
-    derivative formulas, their second derivatives, fused kernels and NaN behaviour, at
-    eager's cost plus one forward. A tensor that requires no grad gets zeros."""
-    with torch.enable_grad():
-        y = fn()
-    flat = [t for g in groups for t in g]
-    live = [i for i, t in enumerate(flat) if t.requires_grad]
-    got = torch.autograd.grad(y, [flat[i] for i in live], grad_y.reshape(y.shape),
-                              create_graph=True, allow_unused=True) if live else ()
-    out = [None] * len(flat)
-    for i, g in zip(live, got):
-        out[i] = g
-    out = [torch.zeros_like(t) if g is None else g for g, t in zip(out, flat)]
-    res, k = [], 0
-    for g in groups:
-        res.append(out[k:k + len(g)])
-        k += len(g)
-    return res
-
-
 def differentiable_backward(grad_y, x, weights, biases, spec: MLPSpec, needs):
     """The backward as autograd records it (``create_graph=True``: second derivatives,
     eikonal losses): the reference's torch ops recompute the forward from x (the saved
@@ -206,6 +183,12 @@ def _backward(ctx, grad_y):
     need_w, need_b = any(need_ws), has_b and any(need_bs or ())
     if _create_graph():
         spec = _spec(x, weights, biases, activation, output_activation)
+        params = list(weights) + list(biases or ())
+        if need_x and second_order.applies(spec, x, params):
+            # the input gradient only (eikonal): one node, backward in closed form
+            be = dispatch.choose(x.device, spec, backend or None)
+            gx = [second_order.InputGrad.apply(spec, be, grad_y, x, *params)]
+            return gx[0], [None] * n_w, ([None] * n_w if has_b else None), None, None, None
         gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
                                              (need_x, need_w, need_b))
         gx = [gx] if need_x else []
@@ -288,6 +271,10 @@ class _EagerMLP(torch.autograd.Function):
         need_x, need_w = need[3], any(need[4 : 4 + n])
         need_b = spec.bias and any(need[4 + n :])
         if _create_graph():  # create_graph=True: a backward autograd can differentiate
+            if need_x and second_order.applies(spec, x, params):
+                # the input gradient only (eikonal): one node, backward in closed form
+                gx = second_order.InputGrad.apply(spec, ctx.be, grad_y, x, *params)
+                return (None, None, None, gx) + (None,) * len(params)
             gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
                                                  (need_x, need_w, need_b))
         else:

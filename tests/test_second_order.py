@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu import activations, gated, op
+from fusedmlp_xpu import activations, gated, op, second_order
 
 from conftest import (GRAD_VS_EAGER, assert_close, devices, is_slow, make_params, rel_error,
                       tolerance)
@@ -177,3 +177,54 @@ def test_compiled_double_backward_raises_clearly():
     g, = torch.autograd.grad(y.sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         g.square().sum().backward()
+
+
+# --- the closed-form input-gradient node (second_order.InputGrad) ----------------------
+def _input_grad_fn(act, out_act, bias, recompute=None):
+    """f(v, x, *params) = (dy/dx)^T v with create_graph=True, y the fused MLP: autograd.grad
+    asks for x's gradient only, so the op hands back the InputGrad node."""
+    def f(v, x, *params):
+        n = 3
+        ws, bs = list(params[:n]), (list(params[n:]) if bias else None)
+        y = fm.fused_mlp(x, ws, bs, act, out_act, recompute=recompute)
+        g, = torch.autograd.grad(y, x, v, create_graph=True)
+        assert type(g.grad_fn).__name__ == "InputGradBackward", g.grad_fn
+        return g
+    return f
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_input_grad_gradcheck(act, bias, op_path):
+    """The closed form's gradients for v, x, every weight and bias against finite
+    differences (gradcheck), and its third derivatives (gradgradcheck: the recompute)."""
+    out_act = ACTS[(ACTS.index(act) + 3) % len(ACTS)]
+    gen = torch.Generator().manual_seed(hash((act, bias, "ig")) % 2**31)
+    v, x, w1, w2, w3 = _leaves((4, 2), (4, 3), (5, 3), (5, 5), (2, 5), gen=gen)
+    bs = _leaves((5,), (5,), (2,), gen=gen) if bias else []
+    f = _input_grad_fn(act, out_act, bias)
+    assert torch.autograd.gradcheck(f, (v, x, w1, w2, w3, *bs))
+    if act in ("tanh", "softplus"):  # third order: two activations are enough (slow)
+        assert torch.autograd.gradgradcheck(f, (v, x, w1, w2, w3, *bs))
+
+
+@pytest.mark.parametrize("act", ["softplus", "gelu_tanh", "relu"])
+def test_input_grad_matches_recorded_backward(act, monkeypatch):
+    """The eikonal gradients with the closed form and with the recorded backward
+    (second_order.ENABLED off) agree in float64; the node is taken only where the backward
+    needs x's gradient alone (.backward(create_graph=True) also needs the weights')."""
+    m = fm.FusedMLP(3, 4, 16, 3, activation=act, output_activation="tanh",
+                    dtype=torch.float64)
+    x = torch.randn(21, 3, dtype=torch.float64, requires_grad=True)
+    closed = _eikonal_grads(m, x, list(m.parameters()))
+    monkeypatch.setattr(second_order, "ENABLED", False)
+    recorded = _eikonal_grads(m, x, list(m.parameters()))
+    for a, b in zip(closed, recorded):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    monkeypatch.setattr(second_order, "ENABLED", True)
+    y = m(x)
+    y.sum().backward(create_graph=True)
+    assert type(x.grad.grad_fn).__name__ != "InputGradBackward"
+    y = m(x)
+    g, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert type(g.grad_fn).__name__ == "InputGradBackward"
