@@ -253,13 +253,16 @@ def run_compile(cfg, width, args, ctx) -> dict:
 
 
 def run_fsdp(cfg, width, args, ctx) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     device, world = ctx["device"], ctx["world"]
     compute = ctx["dtype"]
     model = make_model(width, ctx["shapes"], device, torch.float32)
     start = flat(model.parameters())
-    kw = {}
+    # the mesh on the run's device type: left out, fully_shard takes CUDA wherever it is
+    # present and moves a CPU (gloo) run's parameters there
+    kw = {"mesh": init_device_mesh(device.type, (world,))}
     if compute != torch.float32:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     for block in (model.narrow, model.ffn):

@@ -74,12 +74,15 @@ def _worker(rank: int, port: int, out: str) -> None:
         results["ddp"] = mine
         results["ddp_ranks_equal"] = all(torch.equal(g, gathered[0]) for g in gathered)
 
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         model, x, target = _model_and_data()
-        fully_shard(model.mlp)
-        fully_shard(model.ffn)
-        fully_shard(model)
+        # a CPU mesh: left out, fully_shard takes CUDA wherever it is present (GPU hosts)
+        mesh = init_device_mesh("cpu", (WORLD,))
+        fully_shard(model.mlp, mesh=mesh)
+        fully_shard(model.ffn, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         _train(model, x[shard], target[shard])
         full = [p.full_tensor() for p in model.parameters()]  # DTensor shards -> whole
         mine = _flat(full)
