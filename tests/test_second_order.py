@@ -228,3 +228,63 @@ def test_input_grad_matches_recorded_backward(act, monkeypatch):
     y = m(x)
     g, = torch.autograd.grad(y.sum(), x, create_graph=True)
     assert type(g.grad_fn).__name__ == "InputGradBackward"
+
+
+SECOND_ORDER_CASES = [  # act, output act, bias, widths: every activation, 0-4 hidden layers
+    ("softplus", "none", True, (3, 32, 32, 32, 32, 16)),
+    ("tanh", "sigmoid", False, (7, 16, 16)),
+    ("silu", "gelu", True, (5, 24, 24, 24, 3)),
+    ("gelu_tanh", "tanh", True, (4, 16, 16, 2)),
+    ("relu", "none", True, (3, 16, 16, 16, 4)),
+    ("sigmoid", "softplus", False, (2, 16, 16, 16, 1)),
+    ("gelu", "leaky_relu", True, (8, 32, 32, 8)),
+]
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[3])}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_backend_second_order_kernel(backend, case, dtype):
+    """A backend's second-order kernel (Backend.second_order) against the closed form in
+    float64 on fresh data, outputs poisoned; in half precision within GRAD_VS_EAGER x the
+    torch-op closed form's own error in that dtype."""
+    name, dev = backend
+    be = fm.dispatch.REGISTRY[name]
+    slow = is_slow(name, dev)
+    if slow and dtype is not torch.float32:
+        pytest.skip("emulated kernel on CPU: fp32 (the GPU run covers fp16/bf16)")
+    act, out_act, bias, widths = case
+    spec = fm.MLPSpec(widths, act, out_act, bias, dtype)
+    ok, why = be.supports(spec, dev)
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    gen = torch.Generator().manual_seed(hash(case) % 2**31)
+    M = 37 if slow else 3001
+    ws = [torch.randn(b, a, generator=gen, dtype=torch.float64) / a ** 0.5
+          for a, b in zip(widths[:-1], widths[1:])]
+    bs = [0.1 * torch.randn(b, generator=gen, dtype=torch.float64) for b in widths[1:]] \
+        if bias else None
+    x, v, gg = (torch.randn(M, w, generator=gen, dtype=torch.float64)
+                for w in (widths[0], widths[-1], widths[0]))
+    needs = (True, True, True, bias)
+
+    def run(fn, dt, device):
+        to = lambda t: t.to(device, dt)  # noqa: E731
+        return fn(to(gg), to(v), to(x), [to(w) for w in ws],
+                  None if bs is None else [to(b) for b in bs],
+                  fm.MLPSpec(widths, act, out_act, bias, dt), needs)
+
+    got = run(be.second_order, dtype, dev)
+    if got is None:
+        pytest.skip(f"{name} has no second-order kernel (the torch-op closed form runs)")
+    want = run(second_order.grads, torch.float64, "cpu")
+    same = run(second_order.grads, dtype, dev) if dtype is not torch.float32 else None
+    flat = lambda out: [out[0], out[1], *out[2], *out[3]]  # noqa: E731
+    for i, (g, r) in enumerate(zip(flat(got), flat(want))):
+        assert g.dtype == dtype and g.shape == r.shape
+        if r.abs().max() == 0:  # no curvature: exactly zero (relu's x and bias gradients)
+            assert not g.any(), f"output {i} should be zero"
+            continue
+        tol = tolerance(name, dtype)
+        if same is not None:
+            tol = max(tol, GRAD_VS_EAGER * rel_error(flat(same)[i], r))
+        assert_close(g, r, tol, f"second-order output {i}")

@@ -71,6 +71,17 @@ class Backend:
         """
         raise NotImplementedError
 
+    def second_order(
+        self, gg: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
+        weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor] | None,
+        spec: MLPSpec, needs: tuple[bool, bool, bool, bool],
+    ) -> tuple | None:
+        """The second-order backward of the input gradient g = (dy/dx)^T v in closed form
+        (fusedmlp_xpu/second_order.py): gg [N, in] is the gradient at g -> (grad v | None,
+        grad x | None, grad weights, grad biases), ``needs`` = (v, x, weights, biases),
+        lists empty where not needed. None: not here (the op computes it as torch ops)."""
+        return None
+
 
 def device_guard(t: torch.Tensor):
     """Make ``t``'s device current while launching: Triton (and torch's current stream or

@@ -128,6 +128,14 @@ class TritonBackend(Backend):
         return wide_routes.torch_rows(device, False, train, spec.widths[0],
                                       max(spec.widths[1:-1], default=spec.widths[-1]))
 
+    def second_order(self, gg, v, x, weights, biases, spec, needs):
+        """Narrow nets: one kernel (narrow/second_order.py); wide layers: not here."""
+        if not tuning._narrow(spec):
+            return None
+        from .narrow import second_order
+
+        return second_order.second_order(gg, v, x, weights, biases, spec, needs)
+
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Narrow nets: narrow/backward.py (which runs this backend's forward again where
         the pre-activations must be saved after all); wide layers: wide/layers.py."""

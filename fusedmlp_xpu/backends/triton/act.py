@@ -122,3 +122,29 @@ def times_act_grad(g, z, ACT: tl.constexpr):
     else:
         r = g * act_grad(z, ACT)
     return r
+
+
+@triton.jit
+def act_grad2(z, ACT: tl.constexpr):
+    """d^2 act / dz^2 at z (fp32; the plain ids only: zero for none, relu and leaky relu)."""
+    if ACT == 3:
+        d = 0.3989422804014327 * tl.exp(-0.5 * z * z) * (2.0 - z * z)
+    elif ACT == 4:
+        t = tanh(0.7978845608028654 * (z + 0.044715 * z * z * z))
+        di = 0.7978845608028654 * (1.0 + 0.134145 * z * z)
+        d = (1.0 - t * t) * (di + 0.5 * z * (0.7978845608028654 * 0.26829 * z - 2.0 * t * di * di))
+    elif ACT == 5:
+        s = tl.sigmoid(z)
+        d = s * (1.0 - s) * (2.0 + z * (1.0 - 2.0 * s))
+    elif ACT == 6:
+        s = tl.sigmoid(z)
+        d = s * (1.0 - s) * (1.0 - 2.0 * s)
+    elif ACT == 7:
+        t = tanh(z)
+        d = -2.0 * t * (1.0 - t * t)
+    elif ACT == 8:
+        s = tl.sigmoid(z)
+        d = tl.where(z > 20.0, 0.0, s * (1.0 - s))
+    else:
+        d = tl.zeros(z.shape, tl.float32)
+    return d

@@ -58,12 +58,14 @@ _LAUNCHERS: dict = {}
 
 def _launcher(mode: str):
     """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "g", "dw",
-    "bwd_resident", "bwd_recompute", "reduce") behind the lean launch path (launch.py)."""
+    "bwd_resident", "bwd_recompute", "reduce", "second_order") behind the lean launch path
+    (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from ..launch import Launcher
         from . import backward_kernels as bk
         from . import forward_kernels as fk
+        from . import second_order_kernels as sk
 
         la = _LAUNCHERS[mode] = Launcher({
             "fwd": fk._mlp_fwd_kernel, "fwd_persistent": fk._mlp_fwd_persistent_kernel,
@@ -71,7 +73,8 @@ def _launcher(mode: str):
             "bwd_resident": bk._mlp_bwd_resident_kernel,
             "bwd_recompute": bk._mlp_bwd_resident_kernel,
             "reduce": bk._reduce_grads_kernel,
-            "dw": bk._mlp_dw_kernel}[mode])
+            "dw": bk._mlp_dw_kernel,
+            "second_order": sk._second_order_kernel}[mode])
     return la
 
 

@@ -1,0 +1,74 @@
+"""The narrow second-order backward's host side: one kernel (second_order_kernels.py)
+over the rows, then the per-program partial sums of the weight and bias gradients added
+up (Backend.second_order's contract: fusedmlp_xpu/second_order.py has the formula)."""
+from __future__ import annotations
+
+import torch
+
+from ... import device_guard, memory
+from ..common import cdiv, pow2
+from . import launchers
+from .operands import _dense, _stacked
+
+#: activation ids with a non-zero second derivative (activations.py: gelu .. softplus)
+CURVED = frozenset({3, 4, 5, 6, 7, 8})
+
+
+def block_m(device: torch.device) -> int:
+    """Rows per block: 64 on GPUs (the program's z, u and zbar tiles of a 5-layer net at
+    width 64 are 120 KB in fp16, reused block after block from L2), 16 in the interpreter."""
+    return 16 if device.type == "cpu" else 64
+
+
+def second_order(gg, v, x, weights, biases, spec, needs):
+    """(grad v, grad x, grad weights, grad biases) of the loss whose gradient at
+    g = (dy/dx)^T v is ``gg``; ``needs`` = (v, x, weights, biases). x, v, gg: [M, .]."""
+    need_v, need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    weights, biases = _dense(weights), _dense(biases)
+    M = x.shape[0]
+    IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
+    L_HID = spec.n_layers - 2
+    P = pow2(max(spec.widths))  # one padded width for every tile (launchers._launch_meta)
+    second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
+    bm = block_m(x.device)
+    progs = launchers._n_programs(x.device, cdiv(M, bm)) if M else 1
+    dt = x.dtype
+    scratch = progs * ((L_HID + 1) * bm * P + bm * P)
+    z = torch.empty(scratch, device=x.device, dtype=dt)
+    u = torch.empty_like(z)
+    zb = torch.empty_like(z) if second else z
+    per_prog = P * P * (L_HID + 2) + P * (L_HID + 2)
+    acc = torch.zeros(progs, per_prog, device=x.device, dtype=torch.float32)
+    gx = memory.new_empty(M, IN, like=x) if need_x and second else None
+    gv = memory.new_empty(M, OUT, like=x) if need_v else None
+    x, v, gg = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, v, gg))
+    wh = _stacked(weights[1:-1]) if L_HID else weights[0]
+    b0 = bh = bl = x  # placeholders where there are no biases
+    if biases is not None:
+        b0, bl = biases[0], biases[-1]
+        bh = _stacked(biases[1:-1]) if L_HID else b0
+    interp = x.device.type == "cpu"
+    if M > 0:
+        with device_guard(x):
+            launchers._launcher("second_order").launch(
+                (progs,),
+                (x, v, gg, weights[0], wh, weights[-1], b0, bh, bl,
+                 x if gx is None else gx, x if gv is None else gv, z, u, zb, acc,
+                 M, IN, H, OUT, x.stride(0), v.stride(0), gg.stride(0)),
+                dict(L_HID=L_HID, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm,
+                     ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
+                     HAS_BIAS=biases is not None, NEED_X=gx is not None,
+                     NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, SECOND=second,
+                     F32=interp, PREC="ieee" if interp else "tf32x3"),
+                x.device, num_warps=4, num_stages=1)
+    sums = acc.sum(0)
+    outs = [(H, IN)] + [(H, H)] * L_HID + [(OUT, H)]
+    gw = [sums[i * P * P:(i + 1) * P * P].view(P, P)[:n, :k].to(dt) for i, (n, k)
+          in enumerate(outs)] if need_w else []
+    base = (L_HID + 2) * P * P
+    gb = [sums[base + i * P:base + i * P + n].to(dt) for i, (n, _) in enumerate(outs)] \
+        if need_b else []
+    if need_x and gx is None:  # no curvature: x's gradient is zero
+        gx = torch.zeros_like(x)
+    return gv, gx, gw, gb

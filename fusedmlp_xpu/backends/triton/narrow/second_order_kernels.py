@@ -1,0 +1,165 @@
+"""The narrow second-order backward in one Triton kernel (host side: second_order.py).
+
+The closed form of fusedmlp_xpu/second_order.py for one block of rows at a time, every
+layer in one program: the forward's pre-activations z_l, the first backward's gradients
+u_l (from v), then the tangent pass from G (the gradient at the input gradient g) and the
+backward pass with the second-derivative terms. What a block needs again later (z_l,
+u_l, zbar_l) goes to the program's own scratch tiles, which it reuses block after block
+(they stay in L2); the weight and bias gradients are summed into the program's own fp32
+slice (no atomics), added up by the host. Layout as tiles.py: layer 0 maps in -> H, the
+L_HID hidden layers H -> H (stacked), the last H -> out.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..act import act as _act
+from ..act import act_grad2 as _act_grad2
+from ..act import times_act_grad as _times_act_grad
+from .backward_kernels import _accumulate, _accumulate_bias
+from .tiles import _dot, _load_b, _load_w, _load_wT
+
+
+@triton.jit
+def _rows(ptr, rows, rmask, stride, C, C_P: tl.constexpr):
+    """A [BM, C_P] tile of a row-major tensor (zero past the rows and columns)."""
+    c = tl.arange(0, C_P)
+    return tl.load(ptr + rows[:, None] * stride + c[None, :],
+                   mask=rmask[:, None] & (c[None, :] < C), other=0.0)
+
+
+@triton.jit
+def _put(ptr, rows, rmask, stride, C, C_P: tl.constexpr, t):
+    c = tl.arange(0, C_P)
+    tl.store(ptr + rows[:, None] * stride + c[None, :], t,
+             mask=rmask[:, None] & (c[None, :] < C))
+
+
+@triton.jit
+def _slot(base, BM: tl.constexpr, C_P: tl.constexpr):
+    """The pointers of one [BM, C_P] scratch tile (the program's own: no masks)."""
+    r = tl.arange(0, BM)
+    c = tl.arange(0, C_P)
+    return base + r[:, None] * C_P + c[None, :]
+
+
+@triton.jit
+def _second_order_kernel(
+    x_ptr, v_ptr, gg_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr,
+    gx_ptr, gv_ptr, z_ptr, u_ptr, zb_ptr, acc_ptr,
+    M, IN, H, OUT, s_x, s_v, s_g,
+    L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
+    BLOCK_M: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NEED_X: tl.constexpr, NEED_V: tl.constexpr,
+    NEED_W: tl.constexpr, NEED_B: tl.constexpr, SECOND: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr,
+):
+    """x, v (the first backward's grad_y), gg (the gradient at g = (dy/dx)^T v) -> the
+    gradients of x (gx), v (gv), every weight and bias (acc: this program's partial sums,
+    [W0 | W1..W_L_HID | W_last | b0 | b1.. | b_last], each padded). SECOND: some layer's
+    activation has a non-zero second derivative (else the backward pass carries nothing:
+    the host fills gx and the biases' gradients with zeros)."""
+    pid = tl.program_id(0)
+    dt = x_ptr.dtype.element_ty
+    LAST: tl.constexpr = L_HID + 1
+    TILE: tl.constexpr = BLOCK_M * H_P
+    SCR: tl.constexpr = (L_HID + 1) * TILE + BLOCK_M * OUT_P
+    W_H: tl.constexpr = H_P * IN_P  # offsets in acc: the hidden weights, the last, biases
+    W_L: tl.constexpr = W_H + L_HID * H_P * H_P
+    B0: tl.constexpr = W_L + OUT_P * H_P
+    B_L: tl.constexpr = B0 + (L_HID + 1) * H_P
+    zs = z_ptr + pid * SCR
+    us = u_ptr + pid * SCR
+    zbs = zb_ptr + pid * SCR
+    acc = acc_ptr + pid * (B_L + OUT_P)
+    for blk in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        x = _rows(x_ptr, rows, rmask, s_x, IN, IN_P)
+        # the forward: every pre-activation to scratch
+        z = _dot(x, _load_wT(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+        if HAS_BIAS:
+            z += _load_b(b0_ptr, H, H_P)[None, :]
+        tl.store(_slot(zs, BLOCK_M, H_P), z.to(dt))
+        for j in tl.static_range(L_HID):
+            a = _act(z, ACT).to(dt)
+            z = _dot(a, _load_wT(wh_ptr + j * H * H, H, H, H_P, H_P), F32, PREC)
+            if HAS_BIAS:
+                z += _load_b(bh_ptr + j * H, H, H_P)[None, :]
+            tl.store(_slot(zs + (j + 1) * TILE, BLOCK_M, H_P), z.to(dt))
+        a = _act(z, ACT).to(dt)
+        zo = _dot(a, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+        if HAS_BIAS:
+            zo += _load_b(bl_ptr, OUT, OUT_P)[None, :]
+        zo = zo.to(dt).to(tl.float32)  # as the other passes read it back
+        # the first backward from v: u_l (the gradient at layer l's output) to scratch
+        v = _rows(v_ptr, rows, rmask, s_v, OUT, OUT_P).to(tl.float32)
+        d = _times_act_grad(v, zo, OUT_ACT).to(dt)
+        u = _dot(d, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+        tl.store(_slot(us + L_HID * TILE, BLOCK_M, H_P), u.to(dt))
+        for j in tl.static_range(L_HID):
+            l = L_HID - j
+            zl = tl.load(_slot(zs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+            d = _times_act_grad(u, zl, ACT).to(dt)
+            u = _dot(d, _load_w(wh_ptr + (l - 1) * H * H, H, H, H_P, H_P), F32, PREC)
+            tl.store(_slot(us + (l - 1) * TILE, BLOCK_M, H_P), u.to(dt))
+        # the tangent pass from gg: T_l = t W_l^T, t = T s'(z_l); W_l gets d_l^T t_{l-1};
+        # zbar_l = T_l u_l s''(z_l) to scratch
+        t = _rows(gg_ptr, rows, rmask, s_g, IN, IN_P).to(dt)
+        for l in tl.static_range(L_HID + 1):
+            zl = tl.load(_slot(zs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+            ul = tl.load(_slot(us + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+            if l == 0:
+                wT = _load_wT(w0_ptr, IN, H, IN_P, H_P)
+                if NEED_W:
+                    _accumulate(acc, _times_act_grad(ul, zl, ACT).to(dt), t, H_P, IN_P,
+                                F32, PREC)
+            else:
+                wT = _load_wT(wh_ptr + (l - 1) * H * H, H, H, H_P, H_P)
+                if NEED_W:
+                    _accumulate(acc + W_H + (l - 1) * H_P * H_P,
+                                _times_act_grad(ul, zl, ACT).to(dt), t, H_P, H_P, F32, PREC)
+            T = _dot(t, wT, F32, PREC)
+            if SECOND:
+                tl.store(_slot(zbs + l * TILE, BLOCK_M, H_P),
+                         (T * ul * _act_grad2(zl, ACT)).to(dt))
+            t = _times_act_grad(T, zl, ACT).to(dt)
+        if NEED_W:
+            _accumulate(acc + W_L, _times_act_grad(v, zo, OUT_ACT).to(dt), t, OUT_P, H_P,
+                        F32, PREC)
+        T = _dot(t, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+        if NEED_V:
+            _put(gv_ptr, rows, rmask, OUT, OUT, OUT_P, _times_act_grad(T, zo, OUT_ACT).to(dt))
+        if SECOND:
+            # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l
+            e = (T * v * _act_grad2(zo, OUT_ACT)).to(dt)
+            zp = tl.load(_slot(zs + L_HID * TILE, BLOCK_M, H_P)).to(tl.float32)
+            if NEED_W:
+                _accumulate(acc + W_L, e, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
+            if NEED_B:
+                _accumulate_bias(acc + B_L, e, OUT_P)
+            g = _dot(e, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+            for j in tl.static_range(L_HID):
+                l = L_HID - j
+                zl = zp
+                zp = tl.load(_slot(zs + (l - 1) * TILE, BLOCK_M, H_P)).to(tl.float32)
+                e = _times_act_grad(g, zl, ACT) + tl.load(
+                    _slot(zbs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+                e = e.to(dt)
+                if NEED_W:
+                    _accumulate(acc + W_H + (l - 1) * H_P * H_P, e, _act(zp, ACT).to(dt),
+                                H_P, H_P, F32, PREC)
+                if NEED_B:
+                    _accumulate_bias(acc + B0 + l * H_P, e, H_P)
+                g = _dot(e, _load_w(wh_ptr + (l - 1) * H * H, H, H, H_P, H_P), F32, PREC)
+            e = _times_act_grad(g, zp, ACT) + tl.load(
+                _slot(zbs, BLOCK_M, H_P)).to(tl.float32)
+            e = e.to(dt)
+            if NEED_W:
+                _accumulate(acc, e, x, H_P, IN_P, F32, PREC)
+            if NEED_B:
+                _accumulate_bias(acc + B0, e, H_P)
+            if NEED_X:
+                gx = _dot(e, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
+                _put(gx_ptr, rows, rmask, IN, IN, IN_P, gx.to(dt))
