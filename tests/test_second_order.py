@@ -288,3 +288,13 @@ def test_backend_second_order_kernel(backend, case, dtype):
         if same is not None:
             tol = max(tol, GRAD_VS_EAGER * rel_error(flat(same)[i], r))
         assert_close(g, r, tol, f"second-order output {i}")
+
+
+@pytest.mark.parametrize("name", ["reference", "triton"])
+def test_explain_names_the_second_order_path(name):
+    ok, _ = fm.dispatch.availability(name)
+    if not ok:
+        pytest.skip(f"{name} not available")
+    spec = fm.MLPSpec((3, 64, 64, 16), "softplus", "none", True, torch.float32)
+    text = str(fm.dispatch.explain_choice(torch.device("cpu"), spec, name))
+    assert "second derivatives" in text and "closed form" in text, text

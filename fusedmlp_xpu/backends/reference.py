@@ -23,7 +23,8 @@ class ReferenceBackend(Backend):
     def supports(self, spec, device):
         if device.type == "cpu" and spec.dtype in (torch.float16, torch.bfloat16):
             return True, "torch ops (CPU half-precision matmuls are slow but exact to the dtype)"
-        return True, "torch ops: any width, depth, dtype"
+        return True, ("torch ops: any width, depth, dtype; second derivatives through the "
+                      "input gradient (eikonal) in closed form as torch ops")
 
     def forward(self, x, weights, biases, spec, save):
         act = activations.ACTIVATIONS[spec.activation].fn

@@ -95,6 +95,9 @@ class TritonBackend(Backend):
                 why += ("; that backward on sm_90 from {} rows: the Gluon kernel "
                         "(asynchronous weight-gradient MMAs, TMA)".format(tuning.GLUON_MIN_ROWS)
                         if ok else f"; not the Gluon backward: {why_not}")
+        why += ("; second derivatives through the input gradient (an eikonal loss: "
+                "autograd.grad(y, x, create_graph=True), then backward): the closed form in "
+                "one kernel (narrow/second_order.py)")
         return True, why
 
     # -- launches -----------------------------------------------------------------------
