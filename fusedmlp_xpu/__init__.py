@@ -20,7 +20,8 @@ def _register_optional_backends() -> None:
     explain(). A module that fails to import is left out rather than breaking import."""
     import importlib
 
-    for module, cls in (("triton", "TritonBackend"), ("sycl", "SyclBackend")):
+    for module, cls in (("triton", "TritonBackend"), ("sycl", "SyclBackend"),
+                        ("cuda", "CudaBackend")):
         try:
             mod = importlib.import_module(f".backends.{module}", __name__)
         except Exception:  # pragma: no cover - belt and braces

@@ -2,7 +2,8 @@
 with the environment.
 
 Per config x batch x dtype x mode it times eager nn.Sequential, torch.compile and the fused
-op (the backend the dispatcher picks, named), after checking the fused output against a
+op (the backend the dispatcher picks, named; or each of ``--backends`` forced, side by
+side), after checking the fused output against a
 float64 reference on fresh random data with poisoned outputs. Device events around
 back-to-back calls (20 ms of them a repeat by default), warm-up first, median of >= 7
 repeats, inputs rotated to exceed the L2 cache, ceilings (copy
@@ -11,6 +12,7 @@ roofline floor. Small batches are also timed replayed from a CUDA graph.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import gc
 import importlib
@@ -250,22 +252,48 @@ def host_overhead_us(model, device, dtype, n=2100, rounds=7) -> tuple[float, flo
     return us["model"], us["linear"]
 
 
-def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer, log):
+def _fused_models(fused, backends, x0, log) -> dict:
+    """name -> the fused module to time: the dispatcher's choice (``backends`` empty), else
+    each named backend forced on a copy with the same parameters (a backend that cannot
+    run the config is left out, saying why)."""
+    if not backends:
+        return {fm.explain(fused, x0).backend: fused}
+    out = {}
+    for name in backends:
+        ex = fm.explain(fused, x0, backend=name)
+        if ex.backend is None:
+            log(f"  {name}: cannot run this config: {ex.considered[0].reason}")
+            continue
+        model = copy.deepcopy(fused)
+        model.backend = name
+        out[name] = model
+    return out
+
+
+def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer, log,
+              backends=None):
+    """Time one case: eager, the fused op (the dispatcher's backend, or each of
+    ``backends`` forced, side by side) and, if ``compile_ok``, torch.compile."""
     dtype = DTYPES[dtype_name]
     fused = cfg.module(device, dtype)
     seq = fused.to_sequential()
     spec = fused.spec(dtype)
     x0 = torch.randn(2, cfg.in_features, device=device, dtype=dtype)
-    backend = fm.explain(fused, x0).backend
     xs = _inputs(N, cfg.in_features, dtype, device, mode == "train")
     grads = [torch.randn(N, cfg.out_features, device=device, dtype=dtype)
              for _ in range(min(2, len(xs)))]
-    err = _check(fused, backend, xs[0], dtype)
     floor = _floor_ms(cfg, spec, N, dtype_name, mode, ceil)
-    models = {"eager": seq, backend: fused}
-    if not err <= CHECK_TOLERANCE[dtype_name]:
-        log(f"  {backend} output WRONG (relative error {err:.2e}): not timed")
-        del models[backend]
+    models, errs = {"eager": seq}, {}
+    for backend, model in _fused_models(fused, backends, x0, log).items():
+        try:
+            err = _check(model, backend, xs[0], dtype)
+        except Exception as e:  # noqa: BLE001 -- a forced backend that fails is reported
+            log(f"  {backend} failed its check: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        if not err <= CHECK_TOLERANCE[dtype_name]:
+            log(f"  {backend} output WRONG (relative error {err:.2e}): not timed")
+            continue
+        models[backend], errs[backend] = model, err
     if compile_ok:
         models["compile"] = torch.compile(seq, mode=os.environ.get(
             "FUSEDMLP_COMPILE_MODE", "max-autotune-no-cudagraphs"))
@@ -276,12 +304,12 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
             for p in range(1, passes + 1):
                 med, lo, hi = timer(run)
                 records.append(_record(cfg, N, dtype_name, mode, name, "python", p, med, lo, hi,
-                                       spec, floor, err if name == backend else None))
+                                       spec, floor, errs.get(name)))
             if N <= GRAPH_MAX_N and device.type == "cuda" and name != "compile":
                 gms = _graph_ms(run, device, timer)
                 if gms is not None:
                     records.append(_record(cfg, N, dtype_name, mode, name, "graph", 1, gms, gms,
-                                           gms, spec, floor, err if name == backend else None))
+                                           gms, spec, floor, errs.get(name)))
         except Exception as e:  # noqa: BLE001 -- one failing baseline must not end the run
             log(f"  {name} failed: {type(e).__name__}: {str(e)[:200]}")
     del xs, grads
@@ -322,7 +350,8 @@ def run_bench(args, checkpoint=None) -> dict:
         compile_ok = args.compile == "all" or (args.compile == "largest" and N == max(cfg.batches)
                                                 and d == dtypes[0])
         log(f"[{i}/{len(plan)}] {cfg.name} N={N} {d} {m}{' +compile' if compile_ok else ''}")
-        recs = bench_one(cfg, N, d, m, device, ceil, compile_ok, args.passes, timer, log)
+        recs = bench_one(cfg, N, d, m, device, ceil, compile_ok, args.passes, timer, log,
+                         getattr(args, "backends", None))
         for r in recs:
             log(f"    {r['backend']:<10} {r['timing']:<6} {r['median_ms']:.4f} ms"
                 + (f"  {r['x_floor']:.2f}x floor" if r['x_floor'] else ""))
@@ -433,6 +462,10 @@ def _add_arguments(p):
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--target-ms", type=float, default=20.0,
                    help="length of one timed repeat (back-to-back calls; at most 200)")
+    p.add_argument("--backends", nargs="+", metavar="NAME",
+                   help="time these backends forced, side by side, instead of the "
+                        "dispatcher's choice (e.g. --backends triton cuda); each record "
+                        "names its backend")
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench-...json)")
     p.add_argument("--sweep", action="store_true",
                    help="--suite wide: M 1-16384 on the d/hidden of six released models "

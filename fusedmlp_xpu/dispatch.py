@@ -1,8 +1,9 @@
 """The dispatcher: (device, MLPSpec) -> backend, with a reason for every choice.
 
 For a device it walks that device type's backends, fastest first, and takes the first
-whose ``supports()`` says yes. ``FUSEDMLP_BACKEND=name`` or ``backend=name`` forces
-one; if that backend cannot run the input it is an error, never a silent fallback.
+whose ``supports()`` and ``preferred()`` say yes. ``FUSEDMLP_BACKEND=name`` or
+``backend=name`` forces one (then ``supports()`` alone decides); if that backend cannot
+run the input it is an error, never a silent fallback.
 Decisions are cached per (device, spec, forced name).
 """
 from __future__ import annotations
@@ -136,6 +137,9 @@ def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = Non
             ok, why = False, f"does not run on {device.type} (only {', '.join(be.device_types)})"
         if ok:
             ok, why = be.supports(spec, device)
+        if ok and forced is None:  # unforced, a backend may decline what it supports
+            pref, why_not = be.preferred(spec, device)
+            ok, why = (True, why) if pref else (False, why_not)
         taken = ok and ex.backend is None
         if taken:
             ex.backend = name

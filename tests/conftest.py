@@ -58,19 +58,25 @@ def devices() -> list[torch.device]:
     return out
 
 
-def usable() -> list[tuple[str, torch.device]]:
-    """Every (backend, device) pair that can run here, the reference on every device."""
-    probe = MLPSpec((16, 16, 16), "relu", "none", True, torch.float32)
+def usable(trains: bool = True) -> list[tuple[str, torch.device]]:
+    """Every (backend, device) pair that can run here, the reference on every device;
+    ``trains=False``: inference-only backends (Backend.trains False) too."""
+    probes = [MLPSpec((16, 16, 16), "relu", "none", True, dt)
+              for dt in (torch.float32, torch.float16)]
     pairs = []
     for dev in devices():
         for name, be in dispatch.REGISTRY.items():
             ok, _ = dispatch.availability(name)
-            if ok and dev.type in be.device_types and be.supports(probe, dev)[0]:
+            if ok and dev.type in be.device_types and (be.trains or not trains) and any(
+                    be.supports(p, dev)[0] for p in probes):
                 pairs.append((name, dev))
     return pairs
 
 
 BACKENDS = usable()
+#: BACKENDS and the inference-only ones (the cuda backend on an NVIDIA GPU): for the
+#: forward-only cases of the shared suite; ``run()`` skips their training cases
+INFERENCE_BACKENDS = usable(trains=False)
 
 
 def is_slow(name: str, device: torch.device) -> bool:
@@ -81,6 +87,12 @@ def is_slow(name: str, device: torch.device) -> bool:
 @pytest.fixture(params=BACKENDS, ids=[f"{n}-{d.type}" for n, d in BACKENDS])
 def backend(request):
     """(name, device) of one usable backend; its dispatcher decisions are fresh."""
+    return request.param
+
+
+@pytest.fixture(params=INFERENCE_BACKENDS, ids=[f"{n}-{d.type}" for n, d in INFERENCE_BACKENDS])
+def inference_backend(request):
+    """(name, device) of one usable backend, inference-only ones included."""
     return request.param
 
 

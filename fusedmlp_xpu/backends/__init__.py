@@ -29,9 +29,20 @@ class Backend:
         """Whether the backend can run in this process at all (imports, toolchain, build)."""
         raise NotImplementedError
 
+    #: whether it trains: ``forward(save=True)`` and ``backward``; False for an
+    #: inference-only backend, whose training calls raise NotImplementedError
+    trains: bool = True
+
     def supports(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:
-        """Whether it can compute ``spec`` on ``device``; the reason either way."""
+        """Whether it can compute ``spec`` on ``device`` (what a forced backend runs); the
+        reason either way."""
         raise NotImplementedError
+
+    def preferred(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:
+        """Whether the dispatcher, choosing unforced, takes it for a ``spec`` it supports on
+        ``device``; (False, why) where it runs only when forced (such as a backend not yet
+        measured faster than the next one in the dispatcher's order)."""
+        return True, ""
 
     def forward(
         self, x: torch.Tensor, weights: Sequence[torch.Tensor],

@@ -1,0 +1,91 @@
+"""Compile every configuration of the cuda backend's kernels with NVRTC, no GPU needed.
+
+    python ci/aot_cuda.py [--arch sm_90a] [--quick]
+
+The cuda backend (fusedmlp_xpu/backends/cuda.py) compiles its kernels at run time; this
+compiles, for the target architecture, each configuration the backend produces for a
+table of nets (hidden 16/32/64/128 x fp16/bf16 x relu/none x bias, every activation,
+odd in/out widths, a deep net) exactly as the backend would (cuda_build.forward_config:
+its tuning, its shared-memory count, which the kernel static_asserts), and fails on a
+compile error or on register spills over cuda_build.SPILL_BUDGET. One line per kernel:
+registers, spill bytes, stack, dynamic shared memory. Needs cuda-bindings and
+nvidia-cuda-nvrtc (pip install -e ".[cuda]"); compiled cubins go to the backend's disk
+cache ($FUSEDMLP_CACHE_DIR/cuda).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from fusedmlp_xpu import activations  # noqa: E402
+from fusedmlp_xpu.backends import cuda_build as cb  # noqa: E402
+from fusedmlp_xpu.spec import MLPSpec  # noqa: E402
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def nets(quick: bool) -> list[MLPSpec]:
+    """The specs to compile: the bench's narrow nets (in/out 64, 4 hidden layers) at every
+    hidden width, dtype, relu/none and bias; every activation; odd widths; depth."""
+    out = []
+    for h in (16, 32, 64, 128):
+        for dt in HALF:
+            for act in ("relu", "none"):
+                for bias in (False, True):
+                    if quick and (dt is torch.bfloat16 or act == "none"):
+                        continue
+                    out.append(MLPSpec((64,) + (h,) * 4 + (64,), act, "none", bias, dt))
+    names = sorted(activations.ACTIVATIONS)
+    for i, act in enumerate(names if not quick else ("gelu", "softplus")):
+        out.append(MLPSpec((32, 64, 64, 16), act, names[(i + 3) % len(names)], True,
+                           torch.float16))
+    odd = [(3, 16, 5), (17, 33, 33, 9), (1, 64, 1), (100, 128, 128, 3), (128, 16, 16, 100),
+           (24, 64, 64, 40), (128, 128, 128, 128), (64,) + (64,) * 11 + (64,)]
+    for widths in odd[:2] if quick else odd:
+        for dt in HALF[:1] if quick else HALF:
+            out.append(MLPSpec(widths, "tanh", "none", True, dt))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--quick", action="store_true", help="fp16, relu, a few odd widths")
+    args = p.parse_args(argv)
+    try:
+        major, minor = cb.nvrtc_version()
+    except cb.CudaToolchainError as e:
+        print(e)
+        return 1
+    print(f"NVRTC {major}.{minor}, {args.arch}, spill budget {cb.SPILL_BUDGET} B")
+    failed = 0
+    for spec in nets(args.quick):
+        cfg, why = cb.forward_config(spec)
+        name = f"fwd {cfg.describe() if cfg else spec.widths}"
+        if cfg is None:
+            print(f"{name}: NOT SUPPORTED ({why})")
+            failed += 1
+            continue
+        try:
+            built = cb.compile_forward(cfg, args.arch)
+        except cb.CudaToolchainError as e:
+            print(f"{name}: FAILED {str(e)[:2000]}")
+            failed += 1
+            continue
+        s = cb.ptxas_stats(built.log)
+        spill = s["spill_stores"] + s["spill_loads"]
+        over = "  OVER THE SPILL BUDGET" if spill > cb.SPILL_BUDGET else ""
+        failed += bool(over)
+        print(f"{name:<64} {s['registers']:>3} regs {spill:>4} B spill {s['stack']:>4} B stack "
+              f"{cfg.smem_bytes() / 1024:>6.1f} KB smem{' (cached)' if built.cached else ''}"
+              f"{over}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The ``cuda`` backend: CUDA C++ kernels of ``kernels/cuda``, compiled at run time by
+NVRTC, loaded and launched through the CUDA driver API (NVIDIA's Python bindings).
+
+Kernel chain: ``fmlp_forward`` (kernels/cuda/fused_mlp_forward.cu) -> ``cuda_build``
+(configuration, NVRTC, disk cache) -> ``CudaBackend.forward`` (this file: module load in
+torch's context, launch on torch's current stream).
+
+What it runs today: the narrow fully-fused forward for inference (every layer in one
+kernel; in/out features and the one hidden width <= 128, >= 2 layers, fp16/bf16 with
+fp32 accumulation, every registry activation, optional biases) on compute capability
+8.0 and later. Training is a later step: ``forward(save=True)`` and ``backward`` raise
+NotImplementedError naming it.
+
+When it is chosen: only where it was measured faster than triton (``MEASURED_WINS``,
+empty until the first GPU measurements), or when forced (``FUSEDMLP_BACKEND=cuda``,
+``backend="cuda"``). ``supports`` says what the kernel can compute (a forced backend
+runs it); ``preferred`` says whether the dispatcher takes it unforced.
+
+A launch does no allocation through the driver and no synchronization, so forwards
+capture in CUDA graphs; the first call of a configuration compiles (or reads the disk
+cache) and loads the module, so warm up before capturing.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from . import Backend, cuda_build, device_guard, memory
+
+#: Measured inference wins over triton, by (compute capability, dtype, hidden width):
+#: the benchmark result file that showed it. Empty: no GPU measurement of this kernel
+#: yet (fusedmlp bench --suite narrow --backends triton cuda, README "What runs where").
+MEASURED_WINS: dict[tuple[tuple[int, int], torch.dtype, int], str] = {}
+
+_TRAINING = ("cuda backend: training is not implemented yet (the forward that saves the "
+             "pre-activations and the backward are later steps of issue #39); this backend "
+             "runs inference only: train with backend='triton' or leave the backend unforced")
+
+
+def driver_module():
+    """``cuda.bindings.driver`` (cuda-bindings 12.6+, 13.x) or ``cuda.cuda`` (cuda-python
+    before 12.6); CudaToolchainError naming the install otherwise."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # type: ignore[no-redef]
+        except ImportError:
+            raise cuda_build.CudaToolchainError(
+                "cuda backend: NVIDIA's Python bindings for the CUDA driver are not "
+                "installed (pip install 'fusedmlp-xpu[cuda]')") from None
+    return driver
+
+
+def _check(driver, result, what: str):
+    err, *values = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuda backend: {what} failed: {err!r}")
+    return values[0] if len(values) == 1 else values
+
+
+# --- loaded kernels --------------------------------------------------------------------
+class LoadedKernel:
+    """One configuration's cubin, loaded in a device's primary context."""
+
+    def __init__(self, driver, cubin: bytes, name: str, cfg, sms: int):
+        self.module = _check(driver, driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.function = _check(driver, driver.cuModuleGetFunction(self.module, name.encode()),
+                               f"cuModuleGetFunction({name})")
+        self.smem = cfg.smem_bytes()
+        self.threads = cfg.threads
+        _check(driver, driver.cuFuncSetAttribute(
+            self.function,
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            self.smem), "cuFuncSetAttribute(max dynamic shared memory)")
+        per_sm = _check(driver, driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self.function, self.threads, self.smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if per_sm < 1:
+            raise RuntimeError(f"cuda backend: {cfg.describe()} cannot run on this device "
+                               f"({self.threads} threads, {self.smem} bytes shared memory)")
+        self.max_ctas = sms * per_sm
+
+
+class _Contexts:
+    """The primary context of each device, made current on the launching thread when it is
+    not (a thread whose first CUDA work this is, such as autograd's device threads, may
+    have none): the context torch itself uses, so modules, pointers and streams agree."""
+
+    def __init__(self):
+        self.primary: dict[int, object] = {}
+        self.lock = threading.Lock()
+
+    def ensure(self, driver, index: int) -> None:
+        ctx = self.primary.get(index)
+        if ctx is None:
+            with self.lock:
+                torch.cuda.init()
+                _check(driver, driver.cuInit(0), "cuInit")
+                dev = _check(driver, driver.cuDeviceGet(index), "cuDeviceGet")
+                ctx = _check(driver, driver.cuDevicePrimaryCtxRetain(dev),
+                             "cuDevicePrimaryCtxRetain")
+                self.primary[index] = ctx
+        current = _check(driver, driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(current) != int(ctx):
+            _check(driver, driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+_contexts = _Contexts()
+_kernels: dict[tuple[int, cuda_build.ForwardConfig], LoadedKernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def device_info(device: torch.device) -> tuple[tuple[int, int], int, int]:
+    """(compute capability, SM count, opt-in shared memory a block) of a CUDA device."""
+    p = torch.cuda.get_device_properties(device)
+    smem = getattr(p, "shared_memory_per_block_optin", 0) or cuda_build.SM90_SMEM
+    return (p.major, p.minor), p.multi_processor_count, smem
+
+
+def forward_kernel(device: torch.device, cfg: cuda_build.ForwardConfig) -> LoadedKernel:
+    """The forward kernel of ``cfg`` loaded on ``device``: compiled (or read from the disk
+    cache) and loaded on the first call, then kept for the process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, cfg)
+    k = _kernels.get(key)
+    if k is None:
+        with _kernels_lock:
+            k = _kernels.get(key)
+            if k is None:
+                cap, sms, _ = device_info(torch.device("cuda", index))
+                built = cuda_build.compile_forward(cfg, cuda_build.arch_for(cap))
+                driver = driver_module()
+                _contexts.ensure(driver, index)
+                k = _kernels[key] = LoadedKernel(driver, built.cubin, cuda_build.FORWARD_KERNEL,
+                                                 cfg, sms)
+    return k
+
+
+# --- host side of a launch -------------------------------------------------------------
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with contiguous rows at a 16-byte aligned address (the kernel's vector loads),
+    copied only where it is not already."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def kernel_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x as the kernel reads it: unit column stride and, where in_features is a multiple
+    of 8 (16-byte row chunks), rows 16-byte aligned; copied only where needed."""
+    if x.shape[0] > 0 and x.stride(-1) != 1:
+        return _aligned(x)
+    if in_features % 8 == 0 and (x.stride(0) % 8 or x.data_ptr() % 16):
+        return _aligned(x)
+    return x
+
+
+def pack_params(x, y, weights, biases) -> cuda_build.ForwardParams:
+    """The kernel's argument: pointers and row strides (in elements) of x and y, every
+    layer's weight (contiguous, 16-byte aligned) and bias."""
+    if len(weights) > cuda_build.MAX_LAYERS:
+        raise ValueError(f"weights: {len(weights)} layers, the kernel takes at most "
+                         f"{cuda_build.MAX_LAYERS}")
+    p = cuda_build.ForwardParams()
+    p.x, p.y = x.data_ptr(), y.data_ptr()
+    p.n_rows, p.ld_x, p.ld_y = x.shape[0], x.stride(0), y.stride(0)
+    for i, w in enumerate(weights):
+        p.w[i] = w.data_ptr()
+    for i, b in enumerate(biases or ()):
+        p.b[i] = b.data_ptr()
+    return p
+
+
+def grid_size(n_rows: int, cfg: cuda_build.ForwardConfig, max_ctas: int) -> int:
+    """CTAs of the persistent grid: enough for every warp to own a row block, at most
+    what is resident at once (SMs x CTAs per SM)."""
+    blocks = -(-n_rows // cfg.rows_per_warp)
+    return max(1, min(max_ctas, -(-blocks // cfg.warps)))
+
+
+def launch(kernel: LoadedKernel, grid: int, params: cuda_build.ForwardParams,
+           device: torch.device) -> None:
+    """The kernel on torch's current stream of ``device``: asynchronous, nothing
+    allocated, nothing synchronized (capturable in a CUDA graph)."""
+    driver = driver_module()
+    _contexts.ensure(driver, device.index if device.index is not None
+                     else torch.cuda.current_device())
+    args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+    stream = torch.cuda.current_stream(device).cuda_stream
+    _check(driver, driver.cuLaunchKernel(
+        kernel.function, grid, 1, 1, kernel.threads, 1, 1, kernel.smem,
+        driver.CUstream(stream), ctypes.addressof(args), 0), "cuLaunchKernel")
+
+
+# --- the backend -----------------------------------------------------------------------
+class CudaBackend(Backend):
+    name = "cuda"
+    device_types = ("cuda",)
+    #: inference only for now: forward(save=True) and backward raise NotImplementedError
+    trains = False
+
+    def available(self):
+        try:
+            major, minor = cuda_build.nvrtc_version()
+            driver_module()
+        except cuda_build.CudaToolchainError as e:
+            return False, str(e)
+        missing = [p.name for p in (cuda_build.FORWARD_SOURCE, cuda_build.DEVICE_HEADER)
+                   if not p.exists()]
+        if missing:
+            return False, (f"cuda backend: kernel sources {missing} not found under "
+                           f"{cuda_build.KERNEL_DIR} (needs a source checkout or editable "
+                           "install)")
+        return True, f"CUDA C++ kernels compiled at run time by NVRTC {major}.{minor}"
+
+    def supports(self, spec, device):
+        """What the forward kernel can compute on ``device`` (a forced backend runs it);
+        whether the dispatcher takes it unforced is ``preferred``."""
+        if device.type != "cuda":
+            return False, f"does not run on {device.type}"
+        cap, _, smem = device_info(device)
+        if cap < cuda_build.MIN_CAPABILITY:
+            return False, (f"sm_{cap[0]}{cap[1]}: the kernel needs mma.sync/ldmatrix/cp.async "
+                           "(compute capability 8.0 or later)")
+        cfg, why = cuda_build.forward_config(spec, smem)
+        if cfg is None:
+            return False, why
+        return True, (f"fully-fused mma.sync forward compiled by NVRTC for "
+                      f"{cuda_build.arch_for(cap)} ({cfg.rows_per_warp} rows a warp, "
+                      f"{cfg.warps} warps a CTA, {cfg.smem_bytes() // 1024} KB shared "
+                      "memory); inference only, training raises")
+
+    def preferred(self, spec, device):
+        cap = torch.cuda.get_device_capability(device)
+        arch = f"sm_{cap[0]}{cap[1]}"
+        src = MEASURED_WINS.get((cap, spec.dtype, spec.widths[1]))
+        if src is None:
+            return False, (f"compiled, not measured faster than triton on {arch} yet: used "
+                           "only when forced (FUSEDMLP_BACKEND=cuda or backend='cuda')")
+        # the dispatcher chooses per spec, not per call: an unforced training call would
+        # land here too, and this backend does not train yet
+        return False, (f"measured faster than triton on {arch} for inference ({src}), but "
+                       "it does not train and the dispatcher does not tell inference from "
+                       "training calls: used only when forced")
+
+    def forward(self, x, weights, biases, spec, save):
+        if save:
+            raise NotImplementedError(_TRAINING)
+        cfg, why = cuda_build.forward_config(spec, device_info(x.device)[2])
+        if cfg is None:  # the dispatcher asked supports() first; a direct call may not
+            raise ValueError(f"cuda backend cannot run this spec: {why}")
+        n = x.shape[0]
+        y = memory.new_empty(n, spec.out_features, like=x)
+        if n == 0:
+            return y, None
+        with device_guard(x):
+            kernel = forward_kernel(x.device, cfg)
+            x = kernel_input(x, spec.in_features)
+            weights = [_aligned(w) for w in weights]
+            biases = None if biases is None else [
+                b if b.stride(0) == 1 else b.contiguous() for b in biases]
+            params = pack_params(x, y, weights, biases)
+            launch(kernel, grid_size(n, cfg, kernel.max_ctas), params, x.device)
+        return y, None
+
+    def backward(self, grad_y, x, weights, biases, saved, spec, needs):
+        raise NotImplementedError(_TRAINING)

@@ -1,0 +1,348 @@
+"""The ``cuda`` backend's build side: kernel configurations, NVRTC compiles and their disk
+cache. Nothing here needs a GPU or a driver (CPU CI compiles every configuration with it:
+ci/aot_cuda.py, tests/test_cuda_backend.py); the loading and launching is in cuda.py.
+
+- ``ForwardConfig``: one specialization of ``kernels/cuda/fused_mlp_forward.cu`` (widths,
+  depth, activations, bias, dtype, and the tuning: 16-row tiles per warp, warps per
+  CTA), its NVRTC ``-D`` options and its dynamic shared memory, counted here and checked
+  against the kernel's own count by a static_assert at compile time.
+- ``compile_cubin``: NVRTC through NVIDIA's Python bindings (``cuda.bindings.nvrtc``,
+  or the older ``cuda.nvrtc`` layout of cuda-python 12.x), once per (source, options,
+  architecture, NVRTC version): the cubin and the ptxas log are kept under
+  ``$FUSEDMLP_CACHE_DIR/cuda`` (default ``~/.cache/fusedmlp_xpu/cuda``), keyed by a hash
+  of all of those, written atomically.
+- The kernels include no CUDA header (inline PTX for conversions, MMAs and copies), so
+  NVRTC needs no include path and no CUDA toolkit: the nvidia-cuda-nvrtc wheel is enough.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import activations
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
+FORWARD_SOURCE = KERNEL_DIR / "fused_mlp_forward.cu"
+DEVICE_HEADER = KERNEL_DIR / "fmlp_device.cuh"
+FORWARD_KERNEL = "fmlp_forward"
+
+#: widths the forward kernel takes (in, hidden and out features; padded to 16 inside)
+MAX_WIDTH = 128
+#: length of the weight and bias pointer arrays in FmlpForwardParams (the kernel's
+#: FMLP_MAX_LAYERS); deeper nets do not fit shared memory at any width anyway
+MAX_LAYERS = 32
+DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+#: every activation of the registry (kernels/cuda/fmlp_device.cuh, fmlp::act)
+ACTIVATION_IDS = frozenset(a.id for a in activations.ACTIVATIONS.values())
+#: mma.sync m16n8k16, ldmatrix and cp.async need compute capability 8.0
+MIN_CAPABILITY = (8, 0)
+#: dynamic shared memory one CTA may use on sm_90 (the AOT check's target)
+SM90_SMEM = 227 * 1024
+#: ptxas may spill this many bytes (stores + loads) in a configuration ci/aot_cuda.py
+#: compiles before it fails it: none (a spill in the layer chain costs local-memory
+#: round trips per row block)
+SPILL_BUDGET = 0
+
+
+class CudaToolchainError(RuntimeError):
+    """cuda-python's NVRTC bindings are missing, or NVRTC rejected a kernel."""
+
+
+# --- configurations ----------------------------------------------------------------------
+def pad16(v: int) -> int:
+    return (v + 15) // 16 * 16
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    """One specialization of the forward kernel (its -D options)."""
+
+    in_features: int
+    out_features: int
+    hidden: int
+    hidden_layers: int  # hidden -> hidden matmuls: n_layers - 2
+    activation: int  # registry ids
+    output_activation: int
+    bias: bool
+    bf16: bool
+    mt: int  # 16-row tiles per warp
+    warps: int  # warps per CTA
+
+    @property
+    def rows_per_warp(self) -> int:
+        return 16 * self.mt
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of one CTA, as the kernel lays it out: every layer's
+        weights padded to 16 with rows 16 bytes longer (bank-conflict-free ldmatrix),
+        the biases as fp32, two x/y buffers of rows_per_warp rows per warp."""
+        in_p, out_p, h_p = pad16(self.in_features), pad16(self.out_features), pad16(self.hidden)
+        weights = h_p * (in_p + 8) + (self.hidden_layers * h_p + out_p) * (h_p + 8)
+        biases = (self.hidden_layers + 1) * h_p + out_p if self.bias else 0
+        buffers = 2 * self.warps * self.rows_per_warp * (max(in_p, out_p) + 8)
+        return 2 * weights + 4 * biases + 2 * buffers
+
+    def defines(self) -> dict[str, int]:
+        return {"FMLP_IN": self.in_features, "FMLP_OUT": self.out_features,
+                "FMLP_H": self.hidden, "FMLP_L_HID": self.hidden_layers,
+                "FMLP_ACT": self.activation, "FMLP_OUT_ACT": self.output_activation,
+                "FMLP_BIAS": int(self.bias), "FMLP_BF16": int(self.bf16), "FMLP_MT": self.mt,
+                "FMLP_WARPS": self.warps, "FMLP_MAX_LAYERS": MAX_LAYERS,
+                "FMLP_SMEM_BYTES": self.smem_bytes()}
+
+    def describe(self) -> str:
+        dt = "bf16" if self.bf16 else "fp16"
+        return (f"{self.in_features}->{self.hidden}x{self.hidden_layers + 1}->"
+                f"{self.out_features} {dt} act {self.activation}/{self.output_activation}"
+                f"{' bias' if self.bias else ''} {self.rows_per_warp} rows/warp "
+                f"{self.warps} warps")
+
+
+def check_spec(spec) -> str | None:
+    """Why the forward kernel cannot compute ``spec`` at all (None: it can)."""
+    if spec.dtype not in DTYPES:
+        return f"dtype {spec.dtype} has no CUDA kernel (float16, bfloat16)"
+    if spec.n_layers < 2:
+        return "one layer: the fused kernel needs a hidden layer (n_layers >= 2)"
+    hidden = spec.widths[1:-1]
+    if len(set(hidden)) != 1:
+        return f"hidden widths {list(hidden)} differ: the kernel takes one hidden width"
+    if max(spec.widths) > MAX_WIDTH:
+        return (f"width {max(spec.widths)} over the kernel's limit {MAX_WIDTH} (narrow "
+                "MLPs only)")
+    if spec.n_layers > MAX_LAYERS:
+        return f"{spec.n_layers} layers over the kernel's limit {MAX_LAYERS}"
+    bad = {spec.activation_id, spec.output_activation_id} - ACTIVATION_IDS
+    if bad:
+        return f"activation ids {sorted(bad)} not in the kernel"
+    return None
+
+
+def _registers_per_tile(in_p: int, h_p: int, out_p: int) -> int:
+    """A rough count of the 32-bit registers one 16-row tile holds at the peak of the
+    layer chain: a layer's input and output fragments (16 bits a value, 16 x width per
+    tile over 32 lanes) and 8 fp32 accumulators."""
+    return max(in_p + h_p, 2 * h_p, h_p + out_p) // 4 + 8
+
+
+def tuning(spec) -> tuple[int, int]:
+    """(16-row tiles per warp, warps per CTA) for ``spec``. Not timed yet (no GPU run of
+    this kernel so far); the rule keeps ptxas from spilling: 16 warps (128 registers a
+    thread) with as many tiles as ~64 registers of fragments allow, else 8 warps (255
+    registers) of one tile. Compiled for sm_90a (ci/aot_cuda.py): hidden 16/32 at two
+    tiles, 64 at one, and 128 at one tile of 8 warps do not spill; two tiles at 128,
+    or four at 64, spill with gelu."""
+    in_p, h_p, out_p = pad16(spec.in_features), pad16(spec.widths[1]), pad16(spec.out_features)
+    per_tile = _registers_per_tile(in_p, h_p, out_p)
+    if per_tile > 64:
+        return 1, 8
+    return next(m for m in (4, 2, 1) if m * per_tile <= 64), 16
+
+
+@functools.lru_cache(maxsize=256)
+def forward_config(spec, smem_limit: int = SM90_SMEM) -> tuple[ForwardConfig | None, str]:
+    """The kernel configuration for ``spec`` within ``smem_limit`` bytes of shared memory
+    a CTA (fewer warps, then fewer rows a warp, where the tuning's does not fit), or
+    (None, why not)."""
+    why = check_spec(spec)
+    if why:
+        return None, why
+    mt, warps = tuning(spec)
+    base = dict(in_features=spec.in_features, out_features=spec.out_features,
+                hidden=spec.widths[1], hidden_layers=spec.n_layers - 2,
+                activation=spec.activation_id, output_activation=spec.output_activation_id,
+                bias=spec.bias, bf16=spec.dtype == torch.bfloat16)
+    for m in sorted({mt, 1}, reverse=True):
+        for w in range(warps, 1, -1):
+            cfg = ForwardConfig(**base, mt=m, warps=w)
+            if cfg.smem_bytes() <= smem_limit:
+                return cfg, ""
+    need = ForwardConfig(**base, mt=1, warps=2).smem_bytes()
+    return None, (f"the weights and two warps' buffers need {need // 1024} KB of shared "
+                  f"memory, over the device's {smem_limit // 1024} KB a block")
+
+
+# --- the kernel's argument -----------------------------------------------------------------
+class ForwardParams(ctypes.Structure):
+    """FmlpForwardParams of fused_mlp_forward.cu, field for field."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("n_rows", ctypes.c_int64),
+                ("ld_x", ctypes.c_int64), ("ld_y", ctypes.c_int64),
+                ("w", ctypes.c_void_p * MAX_LAYERS), ("b", ctypes.c_void_p * MAX_LAYERS)]
+
+
+# --- NVRTC ---------------------------------------------------------------------------------
+_MISSING = ("cuda backend: NVIDIA's Python bindings for NVRTC are not installed "
+            "(pip install 'fusedmlp-xpu[cuda]': cuda-bindings and nvidia-cuda-nvrtc)")
+
+
+def nvrtc_module():
+    """``cuda.bindings.nvrtc`` (cuda-bindings 12.6+ and 13.x), else ``cuda.nvrtc`` (the
+    layout of cuda-python before 12.6); CudaToolchainError naming the install otherwise."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc  # type: ignore[no-redef]
+        except ImportError:
+            raise CudaToolchainError(_MISSING) from None
+    return nvrtc
+
+
+def _check(nvrtc, result, what: str):
+    """The values of a binding call's (error, *values) result; raises on an error."""
+    err, *values = result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CudaToolchainError(f"cuda backend: {what} failed: {err!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor); CudaToolchainError where the bindings or the library are
+    missing (the bindings load libnvrtc on first call)."""
+    nvrtc = nvrtc_module()
+    try:
+        major, minor = _check(nvrtc, nvrtc.nvrtcVersion(), "nvrtcVersion")
+    except CudaToolchainError:
+        raise
+    except Exception as e:  # the shared library itself missing
+        raise CudaToolchainError(f"{_MISSING}; loading NVRTC: {type(e).__name__}: {e}") from None
+    return int(major), int(minor)
+
+
+def arch_for(capability: tuple[int, int]) -> str:
+    """NVRTC's --gpu-architecture for a device: sm_90a on Hopper (its full instruction
+    set, for later wgmma kernels), else sm_XY."""
+    major, minor = capability
+    return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FUSEDMLP_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusedmlp_xpu")
+    return Path(root) / "cuda"
+
+
+def compile_options(defines: dict[str, int], arch: str) -> list[str]:
+    # -v: ptxas's registers, spills and shared memory go to the program log (aot_cuda.py)
+    return [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v",
+            *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
+
+
+def cache_key(source: bytes, headers: dict[str, bytes], options: list[str],
+              version: tuple[int, int]) -> str:
+    """What a cubin depends on: the source, every header, the options (arch included)
+    and the NVRTC version."""
+    h = hashlib.sha256(source)
+    for name in sorted(headers):
+        h.update(name.encode() + b"\0" + headers[name])
+    h.update("\0".join(options).encode())
+    h.update(f"nvrtc {version[0]}.{version[1]}".encode())
+    return h.hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    log: str  # NVRTC's and ptxas's messages (registers, spills)
+    key: str
+    cached: bool  # read from the disk cache, not compiled by this call
+
+
+_memo: dict[str, Compiled] = {}
+_lock = threading.Lock()
+
+
+def compile_cubin(source_path: Path, defines: dict[str, int], arch: str) -> Compiled:
+    """The cubin of ``source_path`` with ``defines`` for ``arch``, from this process's
+    memo, the disk cache, or NVRTC (then written to the cache). The kernel headers of
+    kernels/cuda are handed to NVRTC by name: no include path is needed."""
+    source = source_path.read_bytes()
+    headers = {DEVICE_HEADER.name: DEVICE_HEADER.read_bytes()}
+    options = compile_options(defines, arch)
+    key = cache_key(source, headers, options, nvrtc_version())
+    with _lock:
+        hit = _memo.get(key)
+        if hit is not None:
+            return hit
+        cubin_path = cache_dir() / f"{source_path.stem}-{key}.cubin"
+        log_path = cubin_path.with_suffix(".log")
+        if cubin_path.exists() and log_path.exists():
+            done = Compiled(cubin_path.read_bytes(), log_path.read_text(), key, True)
+        else:
+            cubin, log = _nvrtc(source, source_path.name, headers, options)
+            _write_atomic(log_path, log.encode())
+            _write_atomic(cubin_path, cubin)  # last: its presence means both are whole
+            done = Compiled(cubin, log, key, False)
+        _memo[key] = done
+        return done
+
+
+def _nvrtc(source: bytes, name: str, headers: dict[str, bytes],
+           options: list[str]) -> tuple[bytes, str]:
+    nvrtc = nvrtc_module()
+    names = sorted(headers)
+    prog = _check(nvrtc, nvrtc.nvrtcCreateProgram(
+        source, name.encode(), len(names), [headers[n] for n in names],
+        [n.encode() for n in names]), "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\0 ").decode(errors="replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CudaToolchainError(
+                f"cuda backend: NVRTC could not compile {name} ({' '.join(options)}):\n"
+                f"{log[-4000:]}")
+        size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Concurrent first uses never read a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def ptxas_stats(log: str) -> dict[str, int]:
+    """Registers, spill bytes (stores, loads), stack frame and static shared memory from
+    the ptxas -v lines of an NVRTC log (0 where a number is absent)."""
+    def num(pattern: str) -> int:
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+
+    return {"registers": num(r"Used (\d+) registers"),
+            "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads"),
+            "stack": num(r"(\d+) bytes stack frame"),
+            "static_smem": num(r"(\d+) bytes smem")}
+
+
+def compile_forward(cfg: ForwardConfig, arch: str) -> Compiled:
+    return compile_cubin(FORWARD_SOURCE, cfg.defines(), arch)
