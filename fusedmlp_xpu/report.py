@@ -230,6 +230,52 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
     return files
 
 
+def _sweep_plot(m: "Machine", out_dir: str) -> str | None:
+    """One PNG of a wide M sweep (bench_wide --sweep): eager time / fused time, paired batch
+    by batch (``eager_over_paired`` of the fused backend's records), against M, a line per
+    config and d x hidden; a row per mode, a column per dtype. None without such records."""
+    rs = [r for r in m.records if r.get("eager_over_paired") is not None
+          and r["backend"] not in NOT_COMPETING]
+    if not rs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [md for md in ("inference", "train") if any(r["mode"] == md for r in rs)]
+    dtypes = sorted({r["dtype"] for r in rs})
+    fig, axes = plt.subplots(len(modes), len(dtypes), figsize=(6.0 * len(dtypes), 3.8 * len(modes)),
+                             squeeze=False, sharey=True)
+    legend: dict[str, object] = {}
+    for i, mode in enumerate(modes):
+        for j, dt in enumerate(dtypes):
+            ax = axes[i][j]
+            for cfg in sorted({r["config"] for r in rs}):
+                pts = sorted((r["N"], r["eager_over_paired"]) for r in rs
+                             if r["config"] == cfg and r["mode"] == mode and r["dtype"] == dt)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, lw=1, label=cfg)
+            ax.set_xscale("log", base=2)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(f"{mode}, {dt}", fontsize=9)
+            ax.set_xlabel("M (tokens)")
+            if j == 0:
+                ax.set_ylabel("eager / fused (> 1: fused faster)")
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                legend.setdefault(lab, h)
+    fig.suptitle(f"{m.label}: fused against eager by M (paired batches)", fontsize=11)
+    fig.tight_layout()
+    labels = sorted(legend)
+    fig.legend([legend[k] for k in labels], labels, loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    name = f"sweep_{_slug(os.path.splitext(os.path.basename(m.path))[0])}.png"
+    fig.savefig(os.path.join(out_dir, name), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return name
+
+
 def _si(v: float) -> str:
     """1.5e9 -> 1.5G: tick labels of rows/s that stay short."""
     for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -404,6 +450,8 @@ def render(machines: list[Machine], out_dir: str) -> str:
     md += _targets_table(machines)
     md += ["", "## Plots", ""]
     for c in configs:
+        if ":" in c:  # a sweep's config:d x hidden (and the Llama prefill): the sweep plot
+            continue
         files = _plot_config(c, machines, speed, out_dir)
         if not files:
             continue
@@ -413,6 +461,15 @@ def render(machines: list[Machine], out_dir: str) -> str:
                               ("speedup", "speed-up vs eager and torch.compile")):
             if kind in files:
                 md += [f"![{c}: {caption}]({files[kind]})", ""]
+    sweeps = [(m, _sweep_plot(m, out_dir)) for m in machines]
+    if any(f for _, f in sweeps):
+        md += ["## Fused against eager by M (wide sweeps)", "",
+               "Eager time / fused time, paired batch by batch, at every M a sweep timed "
+               "(`fusedmlp bench --suite wide --sweep`); below 1 the fused call was slower. "
+               "Each record's `route` says what the call ran (kernels or torch ops).", ""]
+        for m, f in sweeps:
+            if f:
+                md += [f"![{m.label}: fused against eager by M]({f})", ""]
     host = [(m, r) for m in machines for r in m.host]
     if host:
         md += ["## Host overhead of one eager call", "",

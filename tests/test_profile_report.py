@@ -510,3 +510,30 @@ def test_cli_wide_sweep_passes_its_options(monkeypatch, tmp_path):
     got.clear()
     assert cli.main(["bench", "--suite", "wide", "--device", "cpu", "--out", out]) == 0
     assert "--sweep" not in got[0] and "--dtype" not in got[0]
+
+
+def test_report_plots_a_wide_sweep(tmp_path):
+    """A bench_wide --sweep file: one plot of eager / fused against M (its own section),
+    and no per-config plots for its config:d x hidden names."""
+    base = json.load(open(FIXTURES[0]))
+    recs = []
+    for mode in ("inference", "train"):
+        for n, ratio in ((1, 1.2), (16, 1.1), (256, 0.9), (4096, 1.05)):
+            for be, r in (("eager", None), ("bare", 1.3), ("triton", ratio)):
+                rec = {"config": "wide-swiglu:64x128", "N": n, "dtype": "bfloat16", "mode": mode,
+                       "backend": be, "timing": "python", "pass": 1, "median_ms": 0.1,
+                       "rows_per_s": n / 1e-4, "floor_ms": 0.05, "x_floor": 2.0}
+                if r is not None:
+                    rec["eager_over_paired"] = r
+                recs.append(rec)
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(dict(base, records=recs)))
+    out = tmp_path / "out"
+    md = open(report.write_report([str(sweep)], str(out))).read()
+    assert "## Fused against eager by M (wide sweeps)" in md
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["sweep_sweep.png"], pngs
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(out / pngs[0]))
+    assert img.shape[0] > 300 and img.std() > 0.01
