@@ -196,9 +196,34 @@ def main(argv=None) -> int:
                     failed += 1
                     print(f"{name} P={P} act {act}/{out_act}: FAILED {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]}")
+    failed += compile_second_order(args)
     failed += compile_gluon(args)
     failed += compile_gluon_backward(args)
     return 1 if failed else 0
+
+
+def compile_second_order(args) -> int:
+    """The second-order backward kernel (narrow/second_order_kernels.py) at widths 32, 64
+    and 128 (softplus: the most live registers; relu at 64), 3 hidden-to-hidden layers,
+    biases, at the package's rows per block; lines start with "so"."""
+    from fusedmlp_xpu.backends.triton.narrow import second_order, second_order_kernels
+
+    failed = 0
+    for P, act in ((64, 8), (64, 1)) if args.quick else ((32, 8), (64, 8), (64, 1), (128, 8)):
+        bm = second_order.block_m(torch.device("cuda"), P)
+        consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
+                      HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,
+                      SECOND=act in second_order.CURVED, F32=False, PREC="tf32x3")
+        try:
+            smem, mma, info = compile_kernel(second_order_kernels._second_order_kernel, consts,
+                                             args.arch, 4)
+            print(f"so P={P:<4} act {act} BLOCK_M {bm:<4} w4 {smem // 1024:>4} KB smem "
+                  f"{mma:<6} {info}")
+        except Exception as e:  # report every failure, then fail the run
+            failed += 1
+            print(f"so P={P} act {act}: FAILED {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]}")
+    return failed
 
 
 def compile_gluon(args) -> int:

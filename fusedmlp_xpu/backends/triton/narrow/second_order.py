@@ -14,10 +14,15 @@ from .operands import _dense, _stacked
 CURVED = frozenset({3, 4, 5, 6, 7, 8})
 
 
-def block_m(device: torch.device) -> int:
-    """Rows per block: 64 on GPUs (the program's z, u and zbar tiles of a 5-layer net at
-    width 64 are 120 KB in fp16, reused block after block from L2), 16 in the interpreter."""
-    return 16 if device.type == "cpu" else 64
+def block_m(device: torch.device, P: int) -> int:
+    """Rows per block at padded width P: 16 in the interpreter; on GPUs 64 up to width 64
+    (the program's z, u and zbar tiles of a 5-layer net at width 64 are 120 KB in fp16,
+    reused block after block from L2; the sm_90 compile: 160 B of spills with softplus, 0
+    at 32 rows), 16 at width 128 (its weight tiles alone fill the registers: 3.6 KB of
+    spills a thread at 16 rows, 13 KB at 64)."""
+    if device.type == "cpu":
+        return 16
+    return 16 if P > 64 else 64
 
 
 def second_order(gg, v, x, weights, biases, spec, needs):
@@ -31,7 +36,7 @@ def second_order(gg, v, x, weights, biases, spec, needs):
     L_HID = spec.n_layers - 2
     P = pow2(max(spec.widths))  # one padded width for every tile (launchers._launch_meta)
     second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
-    bm = block_m(x.device)
+    bm = block_m(x.device, P)
     progs = launchers._n_programs(x.device, cdiv(M, bm)) if M else 1
     dt = x.dtype
     scratch = progs * ((L_HID + 1) * bm * P + bm * P)
