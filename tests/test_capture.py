@@ -37,7 +37,11 @@ def _opt(model, device, capturable=False):
 
 def _step(model, opt):
     def step(x, t):
-        opt.zero_grad(set_to_none=False)
+        # None, not zeros: under reduce-overhead the backward's CUDA-graph outputs become
+        # the .grad buffers, and grads kept into the next step are found overwritten (for
+        # nn.Linear models too: PyTorch issue 169545); a plain capture allocates them in
+        # its own pool
+        opt.zero_grad(set_to_none=True)
         loss = ((model(x) - t) ** 2).mean()
         loss.backward()
         opt.step()

@@ -517,6 +517,12 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
             assert one.g_resident and one.g_dw, (widths, bias)
             assert be.recomputes(spec, cuda), (widths, bias)
             assert "recomputing the pre-activations" in be.supports(spec, cuda)[1]  # explain()
+    # an activation of transcendentals at hidden 64 (the sdf net): the two kernels, z saved;
+    # at hidden 32 still the one kernel (tuning._curved)
+    sdf = MLPSpec((32,) + (64,) * 4 + (16,), "softplus", bias=True, dtype=torch.float16)
+    assert not n_tuning._split_nvidia(sdf).g_dw and not be.recomputes(sdf, cuda)
+    assert n_tuning._split_nvidia(MLPSpec((32,) + (32,) * 4 + (16,), "tanh",
+                                          dtype=torch.float16)).g_dw
     # without the one kernel: the two kernels, the chain resident at hidden 32 only
     monkeypatch.setattr(n_tuning, "ONE_KERNEL_BACKWARD", False)
     two = split((64, 32, 32, 64))

@@ -15,14 +15,14 @@ CURVED = frozenset({3, 4, 5, 6, 7, 8})
 
 
 def block_m(device: torch.device, P: int) -> int:
-    """Rows per block at padded width P: 16 in the interpreter; on GPUs 64 up to width 64
-    (the program's z, u and zbar tiles of a 5-layer net at width 64 are 120 KB in fp16,
-    reused block after block from L2; the sm_90 compile: 160 B of spills with softplus, 0
-    at 32 rows), 16 at width 128 (its weight tiles alone fill the registers: 3.6 KB of
-    spills a thread at 16 rows, 13 KB at 64)."""
+    """Rows per block at padded width P: 16 in the interpreter; on GPUs 32 up to width 64
+    (the sdf net, 2^18 rows, fp16, H200: 3.03 ms a call at 32 rows against 3.22 at 64,
+    h200-so-time-20261203.txt; the sm_90 compile: no spills at 32 rows, 160 B at 64), 16 at
+    width 128 (its weight tiles alone fill the registers: 3.6 KB of spills a thread at 16
+    rows, 13 KB at 64; not timed)."""
     if device.type == "cpu":
         return 16
-    return 16 if P > 64 else 64
+    return 16 if P > 64 else 32
 
 
 def second_order(gg, v, x, weights, biases, spec, needs):

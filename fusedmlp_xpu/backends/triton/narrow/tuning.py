@@ -265,6 +265,10 @@ def _split_nvidia(spec) -> Split | None:
                          g_stages=2, g_resident=True)
         return Split(64, 4, 3, g_block_m=64, g_warps=4, g_per_sm=0)
     if spec.n_layers - 2 <= 4:
+        if ONE_KERNEL_BACKWARD and spec.widths[1] > 32 and _curved(spec):
+            # the two kernels, z saved (the 64/4/1/3 chain below)
+            return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
+                         g_stages=3)
         if ONE_KERNEL_BACKWARD and spec.widths[1] <= 32:
             return Split(128, 4, 2, g_block_m=64, g_warps=4, g_per_sm=2, g_unroll=True,
                          g_stages=2, g_resident=True, g_dw=True)
@@ -281,6 +285,21 @@ def _split_nvidia(spec) -> Split | None:
 #: the resident chain sums the weight gradients itself (Split.g_dw) up to 4 hidden-to-
 #: hidden weights at hidden width <= 64; off: the two kernels (the sweeps compare both)
 ONE_KERNEL_BACKWARD = True
+
+
+def _curved(spec) -> bool:
+    """Whether the hidden activation is one evaluated by transcendentals (gelu, silu,
+    sigmoid, tanh, softplus: not relu, leaky relu, none). At hidden 64 those nets train
+    faster with the two kernels than with the one-kernel backward, whose registers they
+    overflow (sm_90 compile of the sdf net, softplus and biases, 128 rows / 8 warps: 3,040
+    B of spills a thread; relu without biases 316 B). Forward + backward of a 32 -> 64 x 4
+    -> 16 net, 2^18 rows, fp16, H200 (h200-sdf-bwd-*-20261203.json), ms, one kernel /
+    two kernels / the fused kernel:
+      softplus, biases   1.525 / 0.839 / 0.923  (eager 1.511)
+      softplus           0.712 / 0.629 / 0.683
+      relu, biases       0.948 / 1.154 / 0.841  (relu stays on the one kernel)
+      tanh, biases       (cut) / 0.932 / 1.001"""
+    return spec.activation_id not in (0, 1, 2)
 
 
 #: where the backward is that one kernel, training by default (recompute=None) saves no
