@@ -218,15 +218,8 @@ def _plot_config(config: str, machines: list[Machine], speed: dict, out_dir: str
             continue
         title = {"throughput": "throughput", "floor": "multiple of the roofline floor (lower is better)",
                  "speedup": "speed-up vs eager (solid) and vs torch.compile (dashed)"}[kind]
-        fig.suptitle(f"{config}: {title}", fontsize=11)
-        fig.tight_layout()
-        labels = sorted(legend)
-        fig.legend([legend[k] for k in labels], labels, loc="center left",
-                   bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-        name = f"{_slug(config)}_{kind}.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        files[kind] = name
+        files[kind] = _finish(plt, fig, f"{config}: {title}", legend, out_dir,
+                              f"{_slug(config)}_{kind}.png")
     return files
 
 
@@ -265,12 +258,17 @@ def _sweep_plot(m: "Machine", out_dir: str) -> str | None:
                 ax.set_ylabel("eager / fused (> 1: fused faster)")
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 legend.setdefault(lab, h)
-    fig.suptitle(f"{m.label}: fused against eager by M (paired batches)", fontsize=11)
+    return _finish(plt, fig, f"{m.label}: fused against eager by M (paired batches)", legend,
+                   out_dir, f"sweep_{_slug(os.path.splitext(os.path.basename(m.path))[0])}.png")
+
+
+def _finish(plt, fig, title: str, legend: dict, out_dir: str, name: str) -> str:
+    """Title, one legend for every panel (right of the figure), saved as out_dir/name."""
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     labels = sorted(legend)
     fig.legend([legend[k] for k in labels], labels, loc="center left",
                bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    name = f"sweep_{_slug(os.path.splitext(os.path.basename(m.path))[0])}.png"
     fig.savefig(os.path.join(out_dir, name), dpi=110, bbox_inches="tight")
     plt.close(fig)
     return name
