@@ -13,6 +13,41 @@ if not torch.cuda.is_available() and not (hasattr(torch, "xpu") and torch.xpu.is
 
 import pytest  # noqa: E402
 
+
+def _interpreter_rounds_bf16_like_a_gpu() -> None:
+    """Triton's interpreter narrows fp32 to bf16 by truncation (Triton 3.x ``cast_impl``
+    passes no rounding mode, and its round-to-nearest branch does not carry into the
+    exponent), where a GPU's conversion rounds to nearest even: emulated bf16 kernels
+    showed ~4x eager's gradient error and failed the suite by chance. Round as the
+    hardware does, so the CPU runs check the kernels' numerics, not the emulator's."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_fusedmlp_rtne", False):
+        return
+    cast = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            bits = bits.astype(np.uint64)  # room for the carry of the largest finite
+            out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            out[np.isnan(src.data)] = 0x7FC0
+            return interpreter.TensorHandle(out.reshape(np.shape(src.data)),
+                                            dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    builder.cast_impl = cast_impl
+    builder._fusedmlp_rtne = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_rounds_bf16_like_a_gpu()
+
 # Under pytest-xdist every worker would otherwise start one CPU thread per core for the
 # float64 reference: 16 workers x 16 threads made single small tests take minutes.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):

@@ -2,6 +2,7 @@
 and what they hand its launcher. CPU: a stand-in kernel records every launch; GPU: real
 kernels across changes of alignment and sizes, against the float64 reference."""
 import functools
+import os
 import types
 
 import pytest
@@ -803,3 +804,29 @@ def test_a_slow_first_launch_says_once_what_it_compiled(monkeypatch, capsys, cap
     monkeypatch.setenv(launch.QUIET_ENV, "1")
     launch._through_triton("_fwd_kernel", slow)
     assert capsys.readouterr().err == ""
+
+
+def test_emulated_bf16_rounds_to_nearest_even():
+    """The CPU suite checks bf16 kernels in Triton's interpreter: its fp32 -> bf16 cast
+    must round as a GPU does (conftest), bit for bit with torch, over every kind of
+    float32 (subnormals, ties, overflow to inf, NaN)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton interpreter's cast; a GPU rounds in hardware")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def narrow(x, y, n, BLOCK: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        tl.store(y + o, tl.load(x + o, mask=o < n).to(tl.bfloat16), mask=o < n)
+
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2**31, 2**31 - 1, (4000,), generator=g).to(torch.int32)
+    ties = (torch.randn(64, generator=g).view(torch.int32) & ~0xFFFF) | 0x8000
+    x = torch.cat([bits.view(torch.float32), ties.view(torch.float32), torch.tensor(
+        [float("inf"), -float("inf"), 3.4e38, -3.4e38, 0.0, -0.0, 1e-40, 1.00390625])])
+    y = torch.full_like(x, float("nan"), dtype=torch.bfloat16)
+    narrow[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    nan = torch.isnan(x)
+    assert torch.isnan(y[nan]).all()
+    assert torch.equal(y[~nan].view(torch.int16), x[~nan].to(torch.bfloat16).view(torch.int16))
