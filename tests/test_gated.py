@@ -342,6 +342,30 @@ def test_errors_name_the_argument():
         fm.GatedMLP(16, 32, activation="tanh")
 
 
+def test_module_calls_skip_validation_only_when_lean(monkeypatch):
+    """A gated module's call skips validate() (host time) only for a plain tensor of the
+    module's width, dtype and device outside autocast; every other call is validated and
+    its error names x. Same numbers either way."""
+    m = fm.GatedMLP(16, 24, 8, bias=True)
+    x = torch.randn(3, 16)
+    full = m(x)
+    calls = []
+    real = gated.validate
+    monkeypatch.setattr(gated, "validate", lambda *a: calls.append(1) or real(*a))
+    assert torch.equal(m(x), full) and calls == []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(x).dtype == torch.bfloat16
+    assert calls == [1]
+    for bad, exc, msg in ((x.double(), TypeError, "w_gate: expected dtype"),
+                          (x[:, :8], ValueError, "x: expected last dimension 16")):
+        with pytest.raises(exc, match=msg):
+            m(bad)
+    assert len(calls) == 3
+    m.up_proj.bias = None  # one projection without its bias: the full path says so
+    with pytest.raises(TypeError, match=r"biases\[1\]"):
+        m(x)
+
+
 def test_forced_backend_without_kernels_is_an_error(monkeypatch):
     ws, _ = make(16, 24, 8, False, torch.float32, "cpu", requires_grad=False)
     x = torch.randn(3, 16)
