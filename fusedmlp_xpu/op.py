@@ -20,7 +20,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 from . import activations, dispatch, second_order
-from .backends import saved_widths
+from .backends import backward_rows, saved_widths
 from .second_order import grads_by_recompute  # noqa: F401  (gated.py's too)
 from .spec import MLPSpec, _same, check_backend, check_recompute, validate
 
@@ -127,20 +127,6 @@ def _(grad_y, x, weights, biases, saved, activation, output_activation, backend,
 
 
 # --- autograd ------------------------------------------------------------------------
-def backward_rows(be, grad_y, x, weights, biases, saved, spec: MLPSpec, needs):
-    """``be.backward`` on inputs of any leading dims (flattened to rows, grad_x shaped back
-    like x). Returns (grad_x | None, grad_weights, grad_biases)."""
-    flat = x.dim() == 2  # [rows, in] already: no reshapes (host time at decode sizes)
-    if not flat:
-        rows = x.shape[:-1].numel()
-        grad_y = grad_y.reshape(rows, spec.out_features)
-        saved = None if saved is None else saved.reshape(rows, saved.shape[-1])
-    gx, gw, gb = be.backward(
-        grad_y if grad_y.is_contiguous() else grad_y.contiguous(),
-        x if flat else x.reshape(-1, spec.in_features), weights, biases, saved, spec, needs)
-    return (gx if gx is None or flat else gx.reshape(x.shape)), gw, gb
-
-
 def differentiable_backward(grad_y, x, weights, biases, spec: MLPSpec, needs):
     """The backward as autograd records it (``create_graph=True``: second derivatives,
     eikonal losses): the reference's torch ops recompute the forward from x (the saved

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import activations
+from .backends import backward_rows
 from .backends.reference import _times_grad
 from .spec import MLPSpec
 
@@ -183,11 +184,7 @@ class InputGrad(torch.autograd.Function):
     def forward(ctx, spec, be, v, x, *params):
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        rows = x.shape[:-1].numel()
-        gx, _, _ = be.backward(v.reshape(rows, v.shape[-1]).contiguous(),
-                               x.reshape(rows, x.shape[-1]), weights, biases, None, spec,
-                               (True, False, False))
-        gx = gx.reshape(x.shape)
+        gx, _, _ = backward_rows(be, v, x, weights, biases, None, spec, (True, False, False))
         ctx.spec, ctx.be = spec, be
         ctx.save_for_backward(v, x, *params)
         return gx

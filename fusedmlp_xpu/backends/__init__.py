@@ -110,3 +110,17 @@ def device_guard(t: torch.Tensor):
 def saved_widths(spec: MLPSpec) -> list[int]:
     """Column widths of the pre-activations ``forward(save=True)`` stores, in order."""
     return list(spec.widths[1:-1]) + ([spec.out_features] if spec.output_activation != "none" else [])
+
+
+def backward_rows(be, grad_y, x, weights, biases, saved, spec: MLPSpec, needs):
+    """``be.backward`` on inputs of any leading dims (flattened to rows, grad_x shaped back
+    like x). Returns (grad_x | None, grad_weights, grad_biases)."""
+    flat = x.dim() == 2  # [rows, in] already: no reshapes (host time at decode sizes)
+    if not flat:
+        rows = x.shape[:-1].numel()
+        grad_y = grad_y.reshape(rows, spec.out_features)
+        saved = None if saved is None else saved.reshape(rows, saved.shape[-1])
+    gx, gw, gb = be.backward(
+        grad_y if grad_y.is_contiguous() else grad_y.contiguous(),
+        x if flat else x.reshape(-1, spec.in_features), weights, biases, saved, spec, needs)
+    return (gx if gx is None or flat else gx.reshape(x.shape)), gw, gb
