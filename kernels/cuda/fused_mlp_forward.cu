@@ -108,6 +108,25 @@ __device__ __forceinline__ void stage_bias(float* dst, const unsigned short* src
     dst[i] = i < n ? to_float<kBF16>(src[i]) : 0.f;
 }
 
+// The warp's lanes over a row block's kRows x CHUNKS 16-byte chunks, unrolled: f(r, c8)
+// for row r of the block and first column c8 (a multiple of 8) of each chunk a lane takes.
+template <int CHUNKS, typename F>
+__device__ __forceinline__ void for_chunks(int lane, F&& f) {
+  constexpr int TOTAL = kRows * CHUNKS;
+#pragma unroll
+  for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
+    const int c = lane + 32 * i;
+    if (TOTAL % 32 != 0 && c >= TOTAL) break;
+    f(c / CHUNKS, (c % CHUNKS) * 8);
+  }
+}
+
+// The same, element by element over kRows x COLS: f(r, c).
+template <int COLS, typename F>
+__device__ __forceinline__ void for_elements(int lane, F&& f) {
+  for (int e = lane; e < kRows * COLS; e += 32) f(e / COLS, e % COLS);
+}
+
 // The warp's x tile of row block ``blk`` into its buffer at shared address ``buf``:
 // asynchronous 16-byte copies where IN is a multiple of 8 (rows outside the input and
 // padded columns zero-filled); element by element otherwise.
@@ -115,25 +134,19 @@ __device__ __forceinline__ void load_x(const FmlpForwardParams& p, long long blk
                                        unsigned buf, int lane) {
   const long long row0 = blk * kRows;
   if (kIn % 8 == 0) {
-    constexpr int CHUNKS = kInP / 8, TOTAL = kRows * CHUNKS;
-#pragma unroll
-    for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
-      const int c = lane + 32 * i;
-      if (TOTAL % 32 != 0 && c >= TOTAL) break;
-      const int r = c / CHUNKS, c8 = (c % CHUNKS) * 8;
+    for_chunks<kInP / 8>(lane, [&](int r, int c8) {
       const long long row = row0 + r;
       const bool ok = row < p.n_rows && c8 < kIn;
       const unsigned short* src = ok ? p.x + row * p.ld_x + c8 : p.x;
       cp_async_16(buf + 2u * (r * kLdXY + c8), src, ok ? 16 : 0);
-    }
+    });
   } else {
-    for (int e = lane; e < kRows * kInP; e += 32) {
-      const int r = e / kInP, c = e % kInP;
+    for_elements<kInP>(lane, [&](int r, int c) {
       const long long row = row0 + r;
       const unsigned short v = (row < p.n_rows && c < kIn) ? p.x[row * p.ld_x + c]
                                                          : (unsigned short)0;
       st_shared_u16(buf + 2u * (r * kLdXY + c), v);
-    }
+    });
   }
 }
 
@@ -203,25 +216,19 @@ __device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long bl
   __syncwarp();
   const long long row0 = blk * kRows;
   if (kOut % 8 == 0) {
-    constexpr int CHUNKS = kOut / 8, TOTAL = kRows * CHUNKS;
-#pragma unroll
-    for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
-      const int c = lane + 32 * i;
-      if (TOTAL % 32 != 0 && c >= TOTAL) break;
-      const int r = c / CHUNKS, c8 = (c % CHUNKS) * 8;
+    for_chunks<kOut / 8>(lane, [&](int r, int c8) {
       const long long row = row0 + r;
       if (row < p.n_rows) {
         unsigned v[4];
         ld_shared_v4(v, buf + 2u * (r * kLdXY + c8));
         st_global_cs_v4(p.y + row * p.ld_y + c8, v);
       }
-    }
+    });
   } else {
-    for (int e = lane; e < kRows * kOut; e += 32) {
-      const int r = e / kOut, c = e % kOut;
+    for_elements<kOut>(lane, [&](int r, int c) {
       const long long row = row0 + r;
       if (row < p.n_rows) p.y[row * p.ld_y + c] = ld_shared_u16(buf + 2u * (r * kLdXY + c));
-    }
+    });
   }
   __syncwarp();  // the buffer is the target of the next prefetch
 }
