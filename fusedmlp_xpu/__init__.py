@@ -35,12 +35,16 @@ __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
            "BackendUnavailableError", "activations", "tcnn", "warmup", "__version__"]
 
 
-def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatch.Explanation:
+def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None, *,
+            train: bool = False) -> dispatch.Explanation:
     """Which backend would run ``mlp_or_spec`` on input ``x``, and why the others would not.
 
     mlp_or_spec: a FusedMLP, GatedMLP(View) or an MLPSpec; x: a sample input (its device and
-    dtype count).
+    dtype count). ``train``: the choice for training calls (a forward autograd will
+    differentiate, and its backward), which an inference-only backend does not take.
     """
+    if not isinstance(train, bool):
+        raise TypeError(f"train: expected a bool, got {type(train).__name__}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if isinstance(mlp_or_spec, (GatedMLP, GatedMLPView)):
@@ -63,4 +67,4 @@ def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None) -> dispatc
     else:
         raise TypeError(f"mlp_or_spec: expected FusedMLP, GatedMLP or MLPSpec, "
                         f"got {type(mlp_or_spec).__name__}")
-    return dispatch.explain_choice(x.device, spec, dispatch.requested(backend))
+    return dispatch.explain_choice(x.device, spec, dispatch.requested(backend), train)

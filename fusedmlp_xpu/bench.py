@@ -252,15 +252,15 @@ def host_overhead_us(model, device, dtype, n=2100, rounds=7) -> tuple[float, flo
     return us["model"], us["linear"]
 
 
-def _fused_models(fused, backends, x0, log) -> dict:
+def _fused_models(fused, backends, x0, log, train: bool) -> dict:
     """name -> the fused module to time: the dispatcher's choice (``backends`` empty), else
     each named backend forced on a copy with the same parameters (a backend that cannot
-    run the config is left out, saying why)."""
+    run the config, or cannot train when ``train``, is left out, saying why)."""
     if not backends:
-        return {fm.explain(fused, x0).backend: fused}
+        return {fm.explain(fused, x0, train=train).backend: fused}
     out = {}
     for name in backends:
-        ex = fm.explain(fused, x0, backend=name)
+        ex = fm.explain(fused, x0, backend=name, train=train)
         if ex.backend is None:
             log(f"  {name}: cannot run this config: {ex.considered[0].reason}")
             continue
@@ -284,7 +284,7 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
              for _ in range(min(2, len(xs)))]
     floor = _floor_ms(cfg, spec, N, dtype_name, mode, ceil)
     models, errs = {"eager": seq}, {}
-    for backend, model in _fused_models(fused, backends, x0, log).items():
+    for backend, model in _fused_models(fused, backends, x0, log, mode == "train").items():
         try:
             err = _check(model, backend, xs[0], dtype)
         except Exception as e:  # noqa: BLE001 -- a forced backend that fails is reported

@@ -319,7 +319,7 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
         rec["second_order"] = task.eikonal
         if v.startswith("fused"):
             rec["backend"] = fm.explain(fused, torch.empty(2, ENCODED, device=device,
-                                                           dtype=dtype)).backend
+                                                           dtype=dtype), train=True).backend
         if v == "fused":  # the check covers every fused variant: the same module and step
             rec["check"] = chk
         skip = None

@@ -1,10 +1,12 @@
 """The dispatcher: (device, MLPSpec) -> backend, with a reason for every choice.
 
 For a device it walks that device type's backends, fastest first, and takes the first
-whose ``supports()`` and ``preferred()`` say yes. ``FUSEDMLP_BACKEND=name`` or
-``backend=name`` forces one (then ``supports()`` alone decides); if that backend cannot
-run the input it is an error, never a silent fallback.
-Decisions are cached per (device, spec, forced name).
+whose ``supports()`` and ``preferred()`` say yes; for a training call (``train``: a
+forward that autograd will differentiate, or the backward) only a backend that trains
+(``Backend.trains``). ``FUSEDMLP_BACKEND=name`` or ``backend=name`` forces one (then
+``supports()`` alone decides, and an inference-only backend cannot take a training call);
+if that backend cannot run the input it is an error, never a silent fallback.
+Decisions are cached per (device, spec, forced name, training or not).
 """
 from __future__ import annotations
 
@@ -76,6 +78,8 @@ class Explanation:
     backend: str | None
     forced: str | None = None
     considered: list[Consideration] = field(default_factory=list)
+    #: the choice for training calls (a differentiated forward, the backward)
+    train: bool = False
     #: train -> the row ranges where plain eager calls run as torch ops instead of the
     #: chosen backend's kernels (Backend.torch_rows); None: never
     torch_rows: Callable[[bool], tuple] | None = None
@@ -108,6 +112,7 @@ class Explanation:
                f"activation {self.spec.activation}/{self.spec.output_activation}, " \
                f"bias {self.spec.bias}"
         how = f"forced by {self.forced!r}" if self.forced else "first that supports it"
+        head += ", for training" if self.train else ", for inference"
         lines = [head, f"chosen: {self.backend or 'NONE'} ({how})"]
         for c in self.considered:
             mark = "->" if c.taken else "  "
@@ -124,9 +129,10 @@ def requested(backend: str | None = None) -> str | None:
     return None if name == "auto" else name
 
 
-def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = None) -> Explanation:
+def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = None,
+                   train: bool = False) -> Explanation:
     names = (forced,) if forced else ORDER.get(device.type, ("reference",))
-    ex = Explanation(device, spec, None, forced)
+    ex = Explanation(device, spec, None, forced, train=train)
     for name in names:
         if name not in REGISTRY:
             ex.considered.append(Consideration(name, False, "not part of this installation"))
@@ -137,9 +143,13 @@ def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = Non
             ok, why = False, f"does not run on {device.type} (only {', '.join(be.device_types)})"
         if ok:
             ok, why = be.supports(spec, device)
+        if ok and train and not be.trains:
+            ok, why = False, ("inference only (no saving forward, no backward): a training "
+                              "call takes " + ("nothing, as forced" if forced
+                                               else "the next backend"))
         if ok and forced is None:  # unforced, a backend may decline what it supports
-            pref, why_not = be.preferred(spec, device)
-            ok, why = (True, why) if pref else (False, why_not)
+            pref, says = be.preferred(spec, device)
+            ok, why = (True, f"{why}; {says}" if says else why) if pref else (False, says)
         taken = ok and ex.backend is None
         if taken:
             ex.backend = name
@@ -156,13 +166,15 @@ def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = Non
     return ex
 
 
-def choose(device: torch.device, spec: MLPSpec, backend: str | None = None) -> Backend:
-    """The backend that runs ``spec`` on ``device``; raises if a forced one cannot."""
+def choose(device: torch.device, spec: MLPSpec, backend: str | None = None,
+           train: bool = False) -> Backend:
+    """The backend that runs ``spec`` on ``device`` (``train``: for a call autograd will
+    differentiate, or its backward); raises if a forced one cannot."""
     forced = requested(backend)
-    key = (device.type, device.index, spec, forced)
+    key = (device.type, device.index, spec, forced, train)
     be = _decisions.get(key)
     if be is None:
-        ex = explain_choice(device, spec, forced)
+        ex = explain_choice(device, spec, forced, train)
         if ex.backend is None:
             msg = "; ".join(f"{c.name}: {c.reason}" for c in ex.considered)
             if forced:

@@ -45,7 +45,7 @@ def _spec(x, weights, biases, activation, output_activation) -> MLPSpec:
 
 
 def _run_forward(x, weights, biases, spec, backend, save, be=None):
-    be = dispatch.choose(x.device, spec, backend or None) if be is None else be
+    be = dispatch.choose(x.device, spec, backend or None, train=save) if be is None else be
     if x.dim() == 2:  # already [rows, in]: no reshapes (host time per call)
         y, saved = be.forward(x, weights, biases, spec, save)
         return (y, saved) if save else y
@@ -93,7 +93,7 @@ def _(x, weights, biases, activation, output_activation, backend):
 def mlp_backward(grad_y, x, weights, biases, saved, activation, output_activation, backend,
                  need_x, need_w, need_b):
     spec = _spec(x, weights, biases, activation, output_activation)
-    be = dispatch.choose(x.device, spec, backend or None)
+    be = dispatch.choose(x.device, spec, backend or None, train=True)
     n = x.shape[:-1].numel()
     gx, gw, gb = be.backward(
         grad_y.reshape(n, spec.out_features), x.reshape(n, spec.in_features), weights, biases,
@@ -172,7 +172,7 @@ def _backward(ctx, grad_y):
         params = list(weights) + list(biases or ())
         if need_x and second_order.applies(spec, x, params):
             # the input gradient only (eikonal): one node, backward in closed form
-            be = dispatch.choose(x.device, spec, backend or None)
+            be = dispatch.choose(x.device, spec, backend or None, train=True)
             gx = [second_order.InputGrad.apply(spec, be, grad_y, x, *params)]
             return gx[0], [None] * n_w, ([None] * n_w if has_b else None), None, None, None
         gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
@@ -313,7 +313,7 @@ def _recomputes(device, widths, activation, output_activation, bias, dtype, back
     torch.compile calls it once while tracing and keeps the answer as a constant: no
     guard on the dispatcher's caches (each new entry would compile the graph again)."""
     spec = MLPSpec(widths, activation, output_activation, bias, dtype)
-    return dispatch.choose(device, spec, backend).recomputes(spec, device)
+    return dispatch.choose(device, spec, backend, train=True).recomputes(spec, device)
 
 
 def _torch_ops(x, spec: MLPSpec, be, backend: str | None, train: bool) -> bool:
@@ -348,7 +348,7 @@ def call(x, weights, biases, spec: MLPSpec, backend: str | None, recompute: bool
         # Plain eager calls: exactly what the ops' kernels and autograd do, without the
         # custom-op layer (~30 us a no-grad call, ~200 us a train step of host time on a
         # 2-core CPU). Compiled, traced and fake-tensor calls all go through the ops.
-        be = dispatch.choose(x.device, spec, backend)
+        be = dispatch.choose(x.device, spec, backend, train=needs_grad)
         if not needs_grad:
             if _torch_ops(x, spec, be, backend, False):
                 return composite_forward(x, weights, biases, spec)

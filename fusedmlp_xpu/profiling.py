@@ -489,7 +489,7 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
         eager = fused.to_sequential()  # the same parameter values, as plain nn.Linear layers
         x = torch.randn(n, cfg.in_features, device=dev, dtype=dt)
         grad_y = torch.randn(n, cfg.out_features, device=dev, dtype=dt) if train else None
-    backend = fm.explain(fused, x).backend or "none"
+    backend = fm.explain(fused, x, train=train).backend or "none"
 
     result = ProfileResult(cfg.name, cfg.widths, n, str(dev), str(dt).replace("torch.", ""),
                            train, [])

@@ -262,11 +262,15 @@ def test_not_chosen_unforced_until_measured(h200, monkeypatch):
     c = next(c for c in ex.considered if c.name == "cuda")
     assert not c.taken and "not measured faster than triton on sm_90 yet" in c.reason
     assert ex.backend != "cuda"
-    # a measured inference win is still not taken unforced: training calls would land here
+    # a measured inference win is taken for inference; training calls take triton
     monkeypatch.setitem(cuda_backend.MEASURED_WINS, ((9, 0), torch.float16, 64), "x.json")
-    c = next(c for c in dispatch.explain_choice(h200, spec, None).considered
-             if c.name == "cuda")
-    assert not c.taken and "does not train" in c.reason
+    ex = dispatch.explain_choice(h200, spec, None)
+    c = next(c for c in ex.considered if c.name == "cuda")
+    assert ex.backend == "cuda" and c.taken and "measured faster" in c.reason
+    ex = dispatch.explain_choice(h200, spec, None, train=True)
+    c = next(c for c in ex.considered if c.name == "cuda")
+    assert not c.taken and "inference only" in c.reason and ex.backend != "cuda"
+    assert "for training" in str(ex)
 
 
 def test_forced_takes_it_or_names_why_not(h200):
@@ -278,6 +282,9 @@ def test_forced_takes_it_or_names_why_not(h200):
         dispatch.choose(h200, _spec((64, 64, 64), dtype=torch.float32), "cuda")
     with pytest.raises(dispatch.BackendUnavailableError, match="limit 128"):
         dispatch.choose(h200, _spec((64, 256, 64)), "cuda")
+    with pytest.raises(dispatch.BackendUnavailableError,
+                       match="'cuda' cannot run this input: cuda: inference only"):
+        dispatch.choose(h200, spec, "cuda", train=True)
 
 
 def test_old_gpu_is_not_supported(monkeypatch):
@@ -435,8 +442,8 @@ def test_forced_training_fails_clearly(recompute):
     dev = _gpu_or_skip()
     ws, bs = make_params((32, 32, 32, 8), True, torch.float16, dev, requires_grad=True)
     x = torch.randn(64, 32, device=dev).half()
-    with pytest.raises(NotImplementedError, match="training is not implemented yet"):
-        # recompute=True saves nothing in the forward: the backward raises
+    # the dispatcher refuses it before any kernel runs (Backend.trains is False)
+    with pytest.raises(fm.BackendUnavailableError, match="cuda: inference only"):
         fm.fused_mlp(x, ws, bs, backend="cuda", recompute=recompute).sum().backward()
 
 
@@ -458,10 +465,10 @@ def test_bench_times_named_backends_side_by_side():
     fused = bench.CONFIGS["narrow-w64"].module(torch.device("cpu"), torch.float32)
     logged = []
     models = bench._fused_models(fused, ["reference", "cuda"], torch.randn(2, 64),
-                                 logged.append)
+                                 logged.append, False)
     assert list(models) == ["reference"] and models["reference"].backend == "reference"
     assert models["reference"].linears[0].weight is not fused.linears[0].weight
     assert torch.equal(models["reference"].linears[0].weight, fused.linears[0].weight)
     assert logged and "cuda: cannot run this config" in logged[0]
-    assert list(bench._fused_models(fused, None, torch.randn(2, 64), logged.append)) == [
-        "reference"]
+    assert list(bench._fused_models(fused, None, torch.randn(2, 64), logged.append,
+                                    True)) == ["reference"]

@@ -185,6 +185,55 @@ def test_no_grad_calls_in_the_backends_ranges_run_torch_ops(monkeypatch):
         dispatch._decisions.clear()
 
 
+def test_inference_only_backend_never_takes_a_training_call(monkeypatch):
+    """A backend that does not train (Backend.trains False) runs no-grad calls; every call
+    autograd will differentiate, the ops' training forward and backward, and the eikonal
+    node go to the next backend, with right gradients; forced, a training call is an
+    error naming why; explain(train=True) says which backend trains."""
+    from fusedmlp_xpu.backends.reference import ReferenceBackend
+
+    be = _fake_backend(())
+    be.trains = False
+    _first_on_cpu(monkeypatch, be)
+    try:
+        torch.manual_seed(0)
+        ws = [torch.randn(32, 8, dtype=torch.float64, requires_grad=True),
+              torch.randn(4, 32, dtype=torch.float64, requires_grad=True)]
+        bs = [torch.randn(32, dtype=torch.float64, requires_grad=True),
+              torch.randn(4, dtype=torch.float64, requires_grad=True)]
+        spec = y_spec(ws, bs)
+        with torch.no_grad():
+            fm.fused_mlp(torch.randn(4, 8, dtype=torch.float64), ws, bs, "gelu_tanh")
+        assert be.calls == [("forward", 4, False)]
+        be.calls.clear()
+        ref = ReferenceBackend()
+        for recompute in (None, True, False):
+            x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+            y = fm.fused_mlp(x, ws, bs, "gelu_tanh", recompute=recompute)
+            g = torch.autograd.grad(y, [x, *ws, *bs], torch.ones_like(y))
+            want = ref.forward(x, ws, bs, spec, False)[0]
+            r = torch.autograd.grad(want, [x, *ws, *bs], torch.ones_like(want))
+            torch.testing.assert_close(y, want)
+            for a, b in zip(g, r):
+                torch.testing.assert_close(a, b)
+        x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)  # eikonal
+        y = fm.fused_mlp(x, ws, bs, "gelu_tanh")
+        (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        gx.square().sum().backward()
+        assert be.calls == []
+        x = torch.randn(1, 8, dtype=torch.float64)
+        assert fm.explain(spec, x).backend == be.name
+        ex = fm.explain(spec, x, train=True)
+        assert ex.backend == "reference" and "for training" in str(ex)
+        assert "inference only" in ex.considered[0].reason
+        with pytest.raises(fm.BackendUnavailableError, match="inference only"):
+            fm.fused_mlp(x.requires_grad_(), ws, bs, "gelu_tanh", backend=be.name)
+        with pytest.raises(TypeError, match="train: expected a bool"):
+            fm.explain(spec, x, train="yes")
+    finally:
+        dispatch._decisions.clear()
+
+
 def y_spec(ws, bs):
     return fm.MLPSpec((ws[0].shape[1], ws[0].shape[0], ws[1].shape[0]), "gelu_tanh",
                       "none", True, torch.float64)

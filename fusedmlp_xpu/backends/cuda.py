@@ -8,8 +8,10 @@ torch's context, launch on torch's current stream).
 What it runs today: the narrow fully-fused forward for inference (every layer in one
 kernel; in/out features and the one hidden width <= 128, >= 2 layers, fp16/bf16 with
 fp32 accumulation, every registry activation, optional biases) on compute capability
-8.0 and later. Training is a later step: ``forward(save=True)`` and ``backward`` raise
-NotImplementedError naming it.
+8.0 and later. Training is a later step: ``trains`` is False, so the dispatcher hands
+every training call (a forward autograd will differentiate, the backward) to the next
+backend, and refuses it when ``cuda`` is forced; ``forward(save=True)`` and ``backward``
+called directly raise NotImplementedError naming it.
 
 When it is chosen: only where it was measured faster than triton (``MEASURED_WINS``,
 empty: on the H200 it ran narrow-w64 inference slower, below), or when forced (``FUSEDMLP_BACKEND=cuda``,
@@ -232,7 +234,7 @@ class CudaBackend(Backend):
         return True, (f"fully-fused mma.sync forward compiled by NVRTC for "
                       f"{cuda_build.arch_for(cap)} ({cfg.rows_per_warp} rows a warp, "
                       f"{cfg.warps} warps a CTA, {cfg.smem_bytes() // 1024} KB shared "
-                      "memory); inference only, training raises")
+                      "memory); inference only")
 
     def preferred(self, spec, device):
         cap = torch.cuda.get_device_capability(device)
@@ -241,11 +243,8 @@ class CudaBackend(Backend):
         if src is None:
             return False, (f"compiled, not measured faster than triton on {arch} yet: used "
                            "only when forced (FUSEDMLP_BACKEND=cuda or backend='cuda')")
-        # the dispatcher chooses per spec, not per call: an unforced training call would
-        # land here too, and this backend does not train yet
-        return False, (f"measured faster than triton on {arch} for inference ({src}), but "
-                       "it does not train and the dispatcher does not tell inference from "
-                       "training calls: used only when forced")
+        # training calls never get here: the dispatcher skips a backend that does not train
+        return True, f"measured faster than triton on {arch} for inference ({src})"
 
     def forward(self, x, weights, biases, spec, save):
         if save:
