@@ -47,6 +47,15 @@ for s in $steps; do
     # device time per kernel of the wide train steps: ours, eager, bare (KERNELS_ARGS: --inference)
     kernels) timeout ${KERNELS_S:-150} python3 benchmarks/wide_kernels.py ${KERNELS_ARGS:-} --out "$OUT/wide-kernels.json" 2>&1 | grep -v -E "Warn|USDT" | tee "$OUT/wide-kernels.txt" | grep -E "^wide|^ +[0-9.]+ " | awk '/^wide/{n=0} {if (n++ < 12) print}' ;;
     bench-wide) timeout ${BENCH_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --out "$OUT/bench-wide.json" > "$OUT/bench-wide.txt" 2>/dev/null; tail -20 "$OUT/bench-wide.txt" ;;
+    # the second-order path: its GPU tests (one log, -v: a cut run says what failed), the
+    # kernel's tunings (benchmarks/second_order.py) at 2^18 and 2^20 rows
+    second-order) timeout ${SO_TESTS_S:-300} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_second_order.py tests/test_softplus_beta.py > "$OUT/so-tests.log" 2>&1
+                  echo "passed $(grep -c ' PASSED ' "$OUT/so-tests.log"), failed $(grep -c ' FAILED ' "$OUT/so-tests.log")"; grep -E " FAILED | ERROR " "$OUT/so-tests.log" | head -10; tail -1 "$OUT/so-tests.log"
+                  for r in 262144 1048576; do timeout ${SO_S:-150} python3 benchmarks/second_order.py --rows $r --out "$OUT/so-kernel-$r.json" ${SO_ARGS:-} 2>&1 | grep -v Warn; done ;;
+    # whole training steps, one JSON per config (STEPS_ARGS: --batch, --dtype, --steps)
+    steps) for c in ${STEPS_CONFIGS:-sdf-eikonal loop-image}; do
+             timeout ${STEPS_S:-280} python3 -m fusedmlp_xpu.cli bench --suite steps --configs $c ${STEPS_ARGS:-} --out "$OUT/steps-$c.json" > "$OUT/steps-$c.txt" 2>&1
+             echo "$c rc=$?"; grep -vE "Warn|warn" "$OUT/steps-$c.txt" | tail -14; done ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -210,14 +210,15 @@ def compile_second_order(args) -> int:
 
     failed = 0
     for P, act in ((64, 8), (64, 1)) if args.quick else ((32, 8), (64, 8), (64, 1), (128, 8)):
-        bm = second_order.block_m(torch.device("cuda"), P)
+        tune = second_order.tuning(torch.device("cuda"), P)
+        bm = tune.block_m
         consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
                       HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,
                       SECOND=act in second_order.CURVED, F32=False, PREC="tf32x3")
         try:
             smem, mma, info = compile_kernel(second_order_kernels._second_order_kernel, consts,
-                                             args.arch, 4)
-            print(f"so P={P:<4} act {act} BLOCK_M {bm:<4} w4 {smem // 1024:>4} KB smem "
+                                             args.arch, tune.warps)
+            print(f"so P={P:<4} act {act} BLOCK_M {bm:<4} w{tune.warps} {smem // 1024:>4} KB smem "
                   f"{mma:<6} {info}")
         except Exception as e:  # report every failure, then fail the run
             failed += 1

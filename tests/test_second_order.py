@@ -317,3 +317,30 @@ def test_explain_names_the_second_order_path(name):
     spec = fm.MLPSpec((3, 64, 64, 16), "softplus", "none", True, torch.float32)
     text = str(fm.dispatch.explain_choice(torch.device("cpu"), spec, name))
     assert "second derivatives" in text and "closed form" in text, text
+
+
+def test_kernel_benchmark_checks_each_tuning(tmp_path):
+    """benchmarks/second_order.py: each tuning checked against float64 before it is timed,
+    the JSON written with the environment; a malformed tuning is an argument error."""
+    if not fm.dispatch.availability("triton")[0]:
+        pytest.skip("triton not available")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "second_order.py"
+    spec = importlib.util.spec_from_file_location("bench_second_order", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = 24 if not torch.cuda.is_available() else 4096
+    out = tmp_path / "so.json"
+    assert mod.main(["--out", str(out), "--rows", str(rows), "--tunings", "16x4x1", "16x2x2",
+                     "--repeats", "1"]) == 0
+    import json
+
+    got = json.loads(out.read_text())
+    assert got["env"] and got["rows"] == rows and len(got["tunings"]) == 2
+    for rec in got["tunings"]:
+        assert rec["ok"] and rec["ms"] > 0 and rec["max_rel_error"] <= got["error_bound"]
+    assert got["eager_double_backward_ms"] > 0 and got["closed_form_torch_ops_ms"] > 0
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(out), "--tunings", "16x3x1"])

@@ -3,6 +3,8 @@ over the rows, then the per-program partial sums of the weight and bias gradient
 up (Backend.second_order's contract: fusedmlp_xpu/second_order.py has the formula)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ... import device_guard, memory
@@ -14,30 +16,53 @@ from .operands import _dense, _stacked
 CURVED = frozenset({3, 4, 5, 6, 7, 8})
 
 
-def block_m(device: torch.device, P: int) -> int:
-    """Rows per block at padded width P: 16 in the interpreter; on GPUs 32 up to width 64
-    (the sdf net, 2^18 rows, fp16, H200: 3.03 ms a call at 32 rows against 3.22 at 64,
+@dataclass(frozen=True)
+class Tuning:
+    """Rows per block, warps per program and programs per SM (a persistent grid: each
+    program walks row blocks with its own scratch and fp32 partial sums)."""
+
+    block_m: int
+    warps: int = 4
+    per_sm: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
+
+
+def tuning(device: torch.device, P: int) -> Tuning:
+    """The tuning at padded width P: 16 rows in the interpreter; on GPUs 32 rows up to width
+    64 (the sdf net, 2^18 rows, fp16, H200: 3.03 ms a call at 32 rows against 3.22 at 64,
     h200-so-time-20261203.txt; the sm_90 compile: no spills at 32 rows, 160 B at 64), 16 at
     width 128 (its weight tiles alone fill the registers: 3.6 KB of spills a thread at 16
-    rows, 13 KB at 64; not timed)."""
+    rows, 13 KB at 64; not timed). 4 warps, one program per SM: the only setting timed.
+    benchmarks/second_order.py sweeps the others (the sm_90 compile at width 64, softplus:
+    32 rows x 4 warps 255 registers, so two programs fit an SM; x 8 warps 185 registers,
+    one; 16 rows x 4 warps 238)."""
     if device.type == "cpu":
-        return 16
-    return 16 if P > 64 else 32
+        return Tuning(16)
+    return Tuning(16 if P > 64 else 32)
 
 
-def second_order(gg, v, x, weights, biases, spec, needs):
+def padded_width(spec) -> int:
+    """The one padded width of every tile (launchers._launch_meta)."""
+    return pow2(max(spec.widths))
+
+
+def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = None):
     """(grad v, grad x, grad weights, grad biases) of the loss whose gradient at
-    g = (dy/dx)^T v is ``gg``; ``needs`` = (v, x, weights, biases). x, v, gg: [M, .]."""
+    g = (dy/dx)^T v is ``gg``; ``needs`` = (v, x, weights, biases). x, v, gg: [M, .].
+    ``tune``: the launch's tuning (default ``tuning``; the benchmark sweeps others)."""
     need_v, need_x, need_w, need_b = needs
     need_b = need_b and biases is not None
     weights, biases = _dense(weights), _dense(biases)
     M = x.shape[0]
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
     L_HID = spec.n_layers - 2
-    P = pow2(max(spec.widths))  # one padded width for every tile (launchers._launch_meta)
+    P = padded_width(spec)
     second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
-    bm = block_m(x.device, P)
-    progs = launchers._n_programs(x.device, cdiv(M, bm)) if M else 1
+    tune = tune or tuning(x.device, P)
+    bm = tune.block_m
+    progs = launchers._n_programs(x.device, cdiv(M, bm), tune.per_sm) if M else 1
     dt = x.dtype
     scratch = progs * ((L_HID + 1) * bm * P + bm * P)
     z = torch.empty(scratch, device=x.device, dtype=dt)
@@ -66,7 +91,7 @@ def second_order(gg, v, x, weights, biases, spec, needs):
                      HAS_BIAS=biases is not None, NEED_X=gx is not None,
                      NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, SECOND=second,
                      F32=interp, PREC="ieee" if interp else "tf32x3"),
-                x.device, num_warps=4, num_stages=1)
+                x.device, num_warps=tune.warps, num_stages=1)
     sums = acc.sum(0)
     outs = [(H, IN)] + [(H, H)] * L_HID + [(OUT, H)]
     gw = [sums[i * P * P:(i + 1) * P * P].view(P, P)[:n, :k].to(dt) for i, (n, k)
