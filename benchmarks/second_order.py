@@ -5,7 +5,8 @@ backward, on the sdf-eikonal net (32 -> 64 x 4 -> 16, softplus, biases). Writes 
     PYTHONPATH=. python benchmarks/second_order.py --out so.json [--rows 262144]
         [--dtype float16] [--tunings 32x4x1 32x4x2 32x8x1 16x4x2]
 
-A tuning is ROWSxWARPSxPER_SM (rows per block, warps per program, programs per SM). Each
+A tuning is ROWSxWARPSxPER_SM (rows per block, warps per program, programs per SM), with
+a trailing m for the kernel's merged weight-gradient pass (Tuning.merge_dw). Each
 is checked against the closed form in float64 on the timed inputs before it is timed; one
 whose error exceeds max(tolerance, 4 x the torch-op closed form's own error in that dtype)
 is reported WRONG and not timed. Times: device events, back-to-back calls, the median of
@@ -29,21 +30,24 @@ from fusedmlp_xpu.backends.triton.narrow import second_order as kernel  # noqa: 
 from fusedmlp_xpu.benchtools import calls_ms, environment, write_json  # noqa: E402
 
 SCHEMA = "fusedmlp-bench-second-order/1"
-DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "64x4x1")
+DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "64x4x1",
+                   "32x4x1m", "32x4x2m", "16x4x2m")
 NEEDS = (False, True, True, True)  # v, x, weights, biases: what the eikonal step asks
 
 
 def parse_tuning(text: str) -> kernel.Tuning:
+    merge = text.lower().endswith("m")
     try:
-        bm, warps, per_sm = (int(t) for t in text.lower().split("x"))
+        bm, warps, per_sm = (int(t) for t in text.lower().removesuffix("m").split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"tuning: expected ROWSxWARPSxPER_SM such as 32x4x2, got {text!r}") from None
+            f"tuning: expected ROWSxWARPSxPER_SM[m] such as 32x4x2 or 32x4x2m, got "
+            f"{text!r}") from None
     if bm < 16 or bm & (bm - 1) or warps not in (1, 2, 4, 8, 16) or per_sm < 1:
         raise argparse.ArgumentTypeError(
             f"tuning {text!r}: rows a power of two >= 16, warps 1-16 (a power of two), "
             "programs per SM >= 1")
-    return kernel.Tuning(bm, warps, per_sm)
+    return kernel.Tuning(bm, warps, per_sm, merge)
 
 
 def inputs(rows: int, device, dtype):

@@ -205,20 +205,25 @@ def main(argv=None) -> int:
 def compile_second_order(args) -> int:
     """The second-order backward kernel (narrow/second_order_kernels.py) at widths 32, 64
     and 128 (softplus: the most live registers; relu at 64), 3 hidden-to-hidden layers,
-    biases, at the package's rows per block; lines start with "so"."""
+    biases, at the package's tuning (and at 64 with the merged weight-gradient pass, the
+    benchmark's alternative); lines start with "so"."""
     from fusedmlp_xpu.backends.triton.narrow import second_order, second_order_kernels
 
     failed = 0
-    for P, act in ((64, 8), (64, 1)) if args.quick else ((32, 8), (64, 8), (64, 1), (128, 8)):
+    cases = ((64, 8, False), (64, 1, False)) if args.quick else (
+        (32, 8, False), (64, 8, False), (64, 1, False), (128, 8, False), (64, 8, True))
+    for P, act, merge in cases:
         tune = second_order.tuning(torch.device("cuda"), P)
         bm = tune.block_m
         consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
                       HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,
-                      SECOND=act in second_order.CURVED, F32=False, PREC="tf32x3")
+                      SECOND=act in second_order.CURVED, F32=False, PREC="tf32x3",
+                      MERGE_DW=merge)
         try:
             smem, mma, info = compile_kernel(second_order_kernels._second_order_kernel, consts,
                                              args.arch, tune.warps)
-            print(f"so P={P:<4} act {act} BLOCK_M {bm:<4} w{tune.warps} {smem // 1024:>4} KB smem "
+            print(f"so P={P:<4} act {act}{' merged dW' if merge else ''} BLOCK_M {bm:<4} "
+                  f"w{tune.warps} {smem // 1024:>4} KB smem "
                   f"{mma:<6} {info}")
         except Exception as e:  # report every failure, then fail the run
             failed += 1

@@ -261,12 +261,24 @@ SECOND_ORDER_CASES = [  # act, output act, bias, widths: every activation, 0-4 h
 
 @pytest.mark.parametrize("case", SECOND_ORDER_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[3])}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-def test_backend_second_order_kernel(backend, case, dtype):
+@pytest.mark.parametrize("merge_dw", [False, True], ids=["", "merged-dW"])
+def test_backend_second_order_kernel(backend, case, dtype, merge_dw, monkeypatch):
     """A backend's second-order kernel (Backend.second_order) against the closed form in
     float64 on fresh data, outputs poisoned; in half precision within GRAD_VS_EAGER x the
-    error of eager torch's own double backward in that dtype on the same data."""
+    error of eager torch's own double backward in that dtype on the same data. merge_dw:
+    the Triton kernel's merged weight-gradient pass (Tuning.merge_dw)."""
     name, dev = backend
     be = fm.dispatch.REGISTRY[name]
+    if merge_dw:
+        if name != "triton":
+            pytest.skip("a Triton kernel tuning")
+        from dataclasses import replace
+
+        from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
+
+        tuned = kernel.tuning
+        monkeypatch.setattr(kernel, "tuning",
+                            lambda device, P: replace(tuned(device, P), merge_dw=True))
     slow = is_slow(name, dev)
     if slow and dtype is not torch.float32:
         pytest.skip("emulated kernel on CPU: fp32 (the GPU run covers fp16/bf16)")

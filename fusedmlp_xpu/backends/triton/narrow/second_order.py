@@ -24,9 +24,13 @@ class Tuning:
     block_m: int
     warps: int = 4
     per_sm: int = 1
+    #: the kernel's MERGE_DW: both weight-gradient terms of a layer added in one pass over
+    #: its fp32 partial sums (the tangent's layer inputs kept in scratch until then)
+    merge_dw: bool = False
 
     def __str__(self) -> str:
-        return f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
+        return (f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
+                + (", merged dW" if self.merge_dw else ""))
 
 
 def tuning(device: torch.device, P: int) -> Tuning:
@@ -37,7 +41,7 @@ def tuning(device: torch.device, P: int) -> Tuning:
     rows, 13 KB at 64; not timed). 4 warps, one program per SM: the only setting timed.
     benchmarks/second_order.py sweeps the others (the sm_90 compile at width 64, softplus:
     32 rows x 4 warps 255 registers, so two programs fit an SM; x 8 warps 185 registers,
-    one; 16 rows x 4 warps 238)."""
+    one; 16 rows x 4 warps 238; with merge_dw 255, 234 and 229; no spills in any)."""
     if device.type == "cpu":
         return Tuning(16)
     return Tuning(16 if P > 64 else 32)
@@ -68,6 +72,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     z = torch.empty(scratch, device=x.device, dtype=dt)
     u = torch.empty_like(z)
     zb = torch.empty_like(z) if second else z
+    ts = torch.empty_like(z) if tune.merge_dw and second and need_w else z
     per_prog = P * P * (L_HID + 2) + P * (L_HID + 2)
     acc = torch.zeros(progs, per_prog, device=x.device, dtype=torch.float32)
     gx = memory.new_empty(M, IN, like=x) if need_x and second else None
@@ -84,13 +89,14 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
             launchers._launcher("second_order").launch(
                 (progs,),
                 (x, v, gg, weights[0], wh, weights[-1], b0, bh, bl,
-                 x if gx is None else gx, x if gv is None else gv, z, u, zb, acc,
+                 x if gx is None else gx, x if gv is None else gv, z, u, zb, ts, acc,
                  M, IN, H, OUT, x.stride(0), v.stride(0), gg.stride(0)),
                 dict(L_HID=L_HID, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm,
                      ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
                      HAS_BIAS=biases is not None, NEED_X=gx is not None,
                      NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, SECOND=second,
-                     F32=interp, PREC="ieee" if interp else "tf32x3"),
+                     F32=interp, PREC="ieee" if interp else "tf32x3",
+                     MERGE_DW=tune.merge_dw),
                 x.device, num_warps=tune.warps, num_stages=1)
     sums = acc.sum(0)
     outs = [(H, IN)] + [(H, H)] * L_HID + [(OUT, H)]

@@ -45,21 +45,37 @@ def _slot(base, BM: tl.constexpr, C_P: tl.constexpr):
 
 
 @triton.jit
+def _accumulate2(acc_ptr, g1, h1, g2, h2, R_P: tl.constexpr, C_P: tl.constexpr,
+                 F32: tl.constexpr, PREC: tl.constexpr):
+    """acc[R_P, C_P] (this program's fp32 slice) += g1^T @ h1 + g2^T @ h2: one read and one
+    write of the slice for both terms."""
+    r = tl.arange(0, R_P)
+    c = tl.arange(0, C_P)
+    ptrs = acc_ptr + r[:, None] * C_P + c[None, :]
+    tl.store(ptrs, tl.load(ptrs) + _dot(tl.trans(g1), h1, F32, PREC)
+             + _dot(tl.trans(g2), h2, F32, PREC))
+
+
+@triton.jit
 def _second_order_kernel(
     x_ptr, v_ptr, gg_ptr, w0_ptr, wh_ptr, wl_ptr, b0_ptr, bh_ptr, bl_ptr,
-    gx_ptr, gv_ptr, z_ptr, u_ptr, zb_ptr, acc_ptr,
+    gx_ptr, gv_ptr, z_ptr, u_ptr, zb_ptr, t_ptr, acc_ptr,
     M, IN, H, OUT, s_x, s_v, s_g,
     L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     BLOCK_M: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr, NEED_X: tl.constexpr, NEED_V: tl.constexpr,
     NEED_W: tl.constexpr, NEED_B: tl.constexpr, SECOND: tl.constexpr,
-    F32: tl.constexpr, PREC: tl.constexpr,
+    F32: tl.constexpr, PREC: tl.constexpr, MERGE_DW: tl.constexpr = False,
 ):
     """x, v (the first backward's grad_y), gg (the gradient at g = (dy/dx)^T v) -> the
     gradients of x (gx), v (gv), every weight and bias (acc: this program's partial sums,
     [W0 | W1..W_L_HID | W_last | b0 | b1.. | b_last], each padded). SECOND: some layer's
     activation has a non-zero second derivative (else the backward pass carries nothing:
-    the host fills gx and the biases' gradients with zeros)."""
+    the host fills gx and the biases' gradients with zeros). MERGE_DW (with SECOND and
+    NEED_W): the tangent pass stores each layer's input t to scratch (t_ptr) instead of
+    adding d_l^T t_{l-1} into acc, and the backward pass adds both weight-gradient terms of
+    a layer in one read-modify-write of its fp32 slice (half the acc traffic, one more
+    [BLOCK_M, P] tile a layer to scratch)."""
     pid = tl.program_id(0)
     dt = x_ptr.dtype.element_ty
     LAST: tl.constexpr = L_HID + 1
@@ -72,6 +88,8 @@ def _second_order_kernel(
     zs = z_ptr + pid * SCR
     us = u_ptr + pid * SCR
     zbs = zb_ptr + pid * SCR
+    ts = t_ptr + pid * SCR  # MERGE_DW: the tangent entering layer l >= 1 at (l - 1) * TILE
+    DEFER: tl.constexpr = MERGE_DW and SECOND and NEED_W
     acc = acc_ptr + pid * (B_L + OUT_P)
     for blk in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
         rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -112,12 +130,14 @@ def _second_order_kernel(
             ul = tl.load(_slot(us + l * TILE, BLOCK_M, H_P)).to(tl.float32)
             if l == 0:
                 wT = _load_wT(w0_ptr, IN, H, IN_P, H_P)
-                if NEED_W:
+                if NEED_W and not DEFER:
                     _accumulate(acc, _times_act_grad(ul, zl, ACT).to(dt), t, H_P, IN_P,
                                 F32, PREC)
             else:
                 wT = _load_wT(wh_ptr + (l - 1) * H * H, H, H, H_P, H_P)
-                if NEED_W:
+                if DEFER:
+                    tl.store(_slot(ts + (l - 1) * TILE, BLOCK_M, H_P), t)
+                elif NEED_W:
                     _accumulate(acc + W_H + (l - 1) * H_P * H_P,
                                 _times_act_grad(ul, zl, ACT).to(dt), t, H_P, H_P, F32, PREC)
             T = _dot(t, wT, F32, PREC)
@@ -125,7 +145,9 @@ def _second_order_kernel(
                 tl.store(_slot(zbs + l * TILE, BLOCK_M, H_P),
                          (T * ul * _act_grad2(zl, ACT)).to(dt))
             t = _times_act_grad(T, zl, ACT).to(dt)
-        if NEED_W:
+        if DEFER:
+            tl.store(_slot(ts + L_HID * TILE, BLOCK_M, H_P), t)
+        elif NEED_W:
             _accumulate(acc + W_L, _times_act_grad(v, zo, OUT_ACT).to(dt), t, OUT_P, H_P,
                         F32, PREC)
         T = _dot(t, _load_wT(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
@@ -135,7 +157,12 @@ def _second_order_kernel(
             # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l
             e = (T * v * _act_grad2(zo, OUT_ACT)).to(dt)
             zp = tl.load(_slot(zs + L_HID * TILE, BLOCK_M, H_P)).to(tl.float32)
-            if NEED_W:
+            if DEFER:
+                _accumulate2(acc + W_L, e, _act(zp, ACT).to(dt),
+                             _times_act_grad(v, zo, OUT_ACT).to(dt),
+                             tl.load(_slot(ts + L_HID * TILE, BLOCK_M, H_P)), OUT_P, H_P,
+                             F32, PREC)
+            elif NEED_W:
                 _accumulate(acc + W_L, e, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
             if NEED_B:
                 _accumulate_bias(acc + B_L, e, OUT_P)
@@ -147,7 +174,13 @@ def _second_order_kernel(
                 e = _times_act_grad(g, zl, ACT) + tl.load(
                     _slot(zbs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
                 e = e.to(dt)
-                if NEED_W:
+                if DEFER:
+                    ul = tl.load(_slot(us + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+                    _accumulate2(acc + W_H + (l - 1) * H_P * H_P, e, _act(zp, ACT).to(dt),
+                                 _times_act_grad(ul, zl, ACT).to(dt),
+                                 tl.load(_slot(ts + (l - 1) * TILE, BLOCK_M, H_P)),
+                                 H_P, H_P, F32, PREC)
+                elif NEED_W:
                     _accumulate(acc + W_H + (l - 1) * H_P * H_P, e, _act(zp, ACT).to(dt),
                                 H_P, H_P, F32, PREC)
                 if NEED_B:
@@ -156,7 +189,12 @@ def _second_order_kernel(
             e = _times_act_grad(g, zp, ACT) + tl.load(
                 _slot(zbs, BLOCK_M, H_P)).to(tl.float32)
             e = e.to(dt)
-            if NEED_W:
+            if DEFER:
+                u0 = tl.load(_slot(us, BLOCK_M, H_P)).to(tl.float32)
+                _accumulate2(acc, e, x, _times_act_grad(u0, zp, ACT).to(dt),
+                             _rows(gg_ptr, rows, rmask, s_g, IN, IN_P).to(dt), H_P, IN_P,
+                             F32, PREC)
+            elif NEED_W:
                 _accumulate(acc, e, x, H_P, IN_P, F32, PREC)
             if NEED_B:
                 _accumulate_bias(acc + B0, e, H_P)
