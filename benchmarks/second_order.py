@@ -6,7 +6,8 @@ backward, on the sdf-eikonal net (32 -> 64 x 4 -> 16, softplus, biases). Writes 
         [--dtype float16] [--tunings 32x4x1 32x4x2 32x8x1 16x4x2]
 
 A tuning is ROWSxWARPSxPER_SM (rows per block, warps per program, programs per SM), with
-a trailing m for the kernel's merged weight-gradient pass (Tuning.merge_dw). Each
+a trailing m for the kernel's merged weight-gradient pass (Tuning.merge_dw), or `split`:
+not the one kernel but the closed form as whole-batch GEMMs and pointwise kernels. Each
 is checked against the closed form in float64 on the timed inputs before it is timed; one
 whose error exceeds max(tolerance, 4 x the torch-op closed form's own error in that dtype)
 is reported WRONG and not timed. Times: device events, back-to-back calls, the median of
@@ -31,11 +32,13 @@ from fusedmlp_xpu.benchtools import calls_ms, environment, write_json  # noqa: E
 
 SCHEMA = "fusedmlp-bench-second-order/1"
 DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "64x4x1",
-                   "32x4x1m", "32x4x2m", "16x4x2m")
+                   "32x4x1m", "32x4x2m", "16x4x2m", "split")
 NEEDS = (False, True, True, True)  # v, x, weights, biases: what the eikonal step asks
 
 
 def parse_tuning(text: str) -> kernel.Tuning:
+    if text.lower() == "split":
+        return kernel.SPLIT
     merge = text.lower().endswith("m")
     try:
         bm, warps, per_sm = (int(t) for t in text.lower().removesuffix("m").split("x"))
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
                device, kernel.padded_width(spec))), "tunings": []}
     for tune in args.tunings:
         rec = {"tuning": str(tune), "block_m": tune.block_m, "warps": tune.warps,
-               "per_sm": tune.per_sm}
+               "per_sm": tune.per_sm, "merge_dw": tune.merge_dw, "split": tune.split}
         try:
             run = lambda tune=tune: kernel.second_order(  # noqa: E731
                 gg, v, x, ws, bs, spec, NEEDS, tune)

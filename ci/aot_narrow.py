@@ -229,6 +229,16 @@ def compile_second_order(args) -> int:
             failed += 1
             print(f"so P={P} act {act}: FAILED {type(e).__name__}: "
                   f"{str(e).splitlines()[0][:200]}")
+    # the GEMM form's pointwise kernel (Tuning.split), every mode, softplus
+    for mode in range(4):
+        try:
+            smem, _, info = compile_kernel(second_order_kernels._so_pointwise_kernel,
+                                           dict(MODE=mode, ACT=8, BLOCK=1024), args.arch, 4)
+            print(f"sop mode {mode} act 8 {info}")
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"sop mode {mode}: FAILED {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]}")
     return failed
 
 

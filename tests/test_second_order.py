@@ -261,15 +261,16 @@ SECOND_ORDER_CASES = [  # act, output act, bias, widths: every activation, 0-4 h
 
 @pytest.mark.parametrize("case", SECOND_ORDER_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[3])}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("merge_dw", [False, True], ids=["", "merged-dW"])
-def test_backend_second_order_kernel(backend, case, dtype, merge_dw, monkeypatch):
+@pytest.mark.parametrize("variant", ["", "merge_dw", "split"])
+def test_backend_second_order_kernel(backend, case, dtype, variant, monkeypatch):
     """A backend's second-order kernel (Backend.second_order) against the closed form in
     float64 on fresh data, outputs poisoned; in half precision within GRAD_VS_EAGER x the
-    error of eager torch's own double backward in that dtype on the same data. merge_dw:
-    the Triton kernel's merged weight-gradient pass (Tuning.merge_dw)."""
+    error of eager torch's own double backward in that dtype on the same data. variant:
+    the Triton tunings the benchmark times besides the default (Tuning.merge_dw, the GEMM
+    form Tuning.split)."""
     name, dev = backend
     be = fm.dispatch.REGISTRY[name]
-    if merge_dw:
+    if variant:
         if name != "triton":
             pytest.skip("a Triton kernel tuning")
         from dataclasses import replace
@@ -278,9 +279,9 @@ def test_backend_second_order_kernel(backend, case, dtype, merge_dw, monkeypatch
 
         tuned = kernel.tuning
         monkeypatch.setattr(kernel, "tuning",
-                            lambda device, P: replace(tuned(device, P), merge_dw=True))
+                            lambda device, P: replace(tuned(device, P), **{variant: True}))
     slow = is_slow(name, dev)
-    if slow and dtype is not torch.float32:
+    if slow and dtype is not torch.float32 and variant != "split":
         pytest.skip("emulated kernel on CPU: fp32 (the GPU run covers fp16/bf16)")
     act, out_act, bias, widths = case
     spec = fm.MLPSpec(widths, act, out_act, bias, dtype)

@@ -58,8 +58,8 @@ _LAUNCHERS: dict = {}
 
 def _launcher(mode: str):
     """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "g", "dw",
-    "bwd_resident", "bwd_recompute", "reduce", "second_order") behind the lean launch path
-    (launch.py)."""
+    "bwd_resident", "bwd_recompute", "reduce", "second_order", "so_pointwise") behind the
+    lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
         from ..launch import Launcher
@@ -74,7 +74,8 @@ def _launcher(mode: str):
             "bwd_recompute": bk._mlp_bwd_resident_kernel,
             "reduce": bk._reduce_grads_kernel,
             "dw": bk._mlp_dw_kernel,
-            "second_order": sk._second_order_kernel}[mode])
+            "second_order": sk._second_order_kernel,
+            "so_pointwise": sk._so_pointwise_kernel}[mode])
     return la
 
 

@@ -1,6 +1,8 @@
 """The narrow second-order backward's host side: one kernel (second_order_kernels.py)
 over the rows, then the per-program partial sums of the weight and bias gradients added
-up (Backend.second_order's contract: fusedmlp_xpu/second_order.py has the formula)."""
+up (Backend.second_order's contract: fusedmlp_xpu/second_order.py has the formula). The
+benchmark's alternatives are tunings: the kernel's merged weight-gradient pass, and the
+GEMM form (whole-batch GEMMs with pointwise kernels between them, ``Tuning.split``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,10 +29,19 @@ class Tuning:
     #: the kernel's MERGE_DW: both weight-gradient terms of a layer added in one pass over
     #: its fp32 partial sums (the tangent's layer inputs kept in scratch until then)
     merge_dw: bool = False
+    #: not the one kernel: the closed form as whole-batch GEMMs (cuBLAS through torch) with
+    #: its elementwise steps fused in small kernels (``_second_order_gemms``)
+    split: bool = False
 
     def __str__(self) -> str:
+        if self.split:
+            return "GEMMs + pointwise kernels"
         return (f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
                 + (", merged dW" if self.merge_dw else ""))
+
+
+#: the GEMM form (Tuning.split)
+SPLIT = Tuning(0, split=True)
 
 
 def tuning(device: torch.device, P: int) -> Tuning:
@@ -65,6 +76,8 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     P = padded_width(spec)
     second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
     tune = tune or tuning(x.device, P)
+    if tune.split:
+        return _second_order_gemms(gg, v, x, weights, biases, spec, needs)
     bm = tune.block_m
     progs = launchers._n_programs(x.device, cdiv(M, bm), tune.per_sm) if M else 1
     dt = x.dtype
@@ -108,3 +121,92 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     if need_x and gx is None:  # no curvature: x's gradient is zero
         gx = torch.zeros_like(x)
     return gv, gx, gw, gb
+
+
+def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None):
+    """second_order_kernels._so_pointwise_kernel over z's elements (every operand
+    contiguous, z's shape): returns o1 (``out`` when given)."""
+    o1 = torch.empty_like(z) if out is None else out
+    n = z.numel()
+    if n:
+        block = 1024
+        launchers._launcher("so_pointwise").launch(
+            (cdiv(n, block),), (z if a is None else a, z if b is None else b, z, o1,
+                                o1 if o2 is None else o2, n),
+            dict(MODE=mode, ACT=act_id, BLOCK=block), z.device, num_warps=4, num_stages=1)
+    return o1
+
+
+def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
+    """``second_order``'s outputs from the closed form (fusedmlp_xpu/second_order.py) over
+    the whole batch: every product a GEMM through torch (cuBLAS on GPUs, fp32
+    accumulation, operands and results in x's dtype), every elementwise step one
+    _so_pointwise_kernel (fp32 inside, rounded once). A layer's two weight-gradient terms
+    d_l^T t_{l-1} + e_l^T a_{l-1} are ONE GEMM over [d_l; e_l] and [t_{l-1}; a_{l-1}]
+    stacked by rows (each step writes its half in place: no copies), rounded once like
+    the kernel's fp32 partial sums. Memory: per layer z, u, d, t, a (and zbar, e with
+    curvature) of [M, width]."""
+    need_v, need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    M, L = x.shape[0], spec.n_layers
+    ids = [spec.activation_id] * (L - 1) + [spec.output_activation_id]
+    second = any(i in CURVED for i in ids)
+    x, v, gg = (t if t.is_contiguous() else t.contiguous() for t in (x, v, gg))
+    outs = [w.shape[0] for w in weights]
+    ins = [w.shape[1] for w in weights]
+    rows = 2 * M if second else M  # [d; e] and [t; a] stacked by rows
+    de = [x.new_empty(rows, n) for n in outs]  # d_l on top, e_l below
+    ta = [x.new_empty(rows, k) for k in ins]  # the tangent entering layer l, its input below
+    # the forward: z_l, and the layer inputs a_{l-1} into the lower halves
+    zs, h = [], x
+    if second:
+        ta[0][M:].copy_(x)
+    for i, w in enumerate(weights):
+        z = (torch.mm(h, w.t()) if biases is None else torch.addmm(biases[i], h, w.t()))
+        zs.append(z)
+        if i < L - 1:
+            h = _pointwise(0, ids[i], z, out=ta[i + 1][M:] if second else None)
+    # the first backward from v: u_l, d_l = u_l s'(z_l) into the upper halves
+    us, u = [None] * L, v
+    for i in range(L - 1, -1, -1):
+        us[i] = u
+        d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
+        if i:
+            u = torch.mm(d, weights[i])
+    # the tangent pass from gg: T_l = t W_l^T, t = T s'(z_l), zbar_l = T u_l s''(z_l)
+    zbar, t = [None] * L, gg
+    ta[0][:M].copy_(gg)
+    for i in range(L):
+        T = torch.mm(t, weights[i].t())
+        nxt = ta[i + 1][:M] if i + 1 < L else None
+        if ids[i] in CURVED:
+            zbar[i] = torch.empty_like(T)
+            t = _pointwise(2, ids[i], zs[i], a=T, b=us[i], o2=zbar[i], out=nxt)
+        else:
+            t = _pointwise(1, ids[i], zs[i], a=T, out=nxt)
+    gv = t if need_v else None
+    # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l into the lower halves
+    gw, gb, g = [None] * L, [None] * L, None
+    for i in range(L - 1, -1, -1):
+        e = None
+        if second:
+            e = de[i][M:]
+            if g is None and zbar[i] is None:
+                e.zero_()
+            elif g is None:
+                e.copy_(zbar[i])
+            elif zbar[i] is None:
+                _pointwise(1, ids[i], zs[i], a=g, out=e)
+            else:
+                _pointwise(3, ids[i], zs[i], a=g, b=zbar[i], out=e)
+        if need_w:
+            gw[i] = torch.mm(de[i].t(), ta[i])
+        if need_b:
+            gb[i] = (e.sum(0, dtype=torch.float32).to(e.dtype) if e is not None
+                     else torch.zeros_like(biases[i]))
+        if second and (i or need_x):
+            g = torch.mm(e, weights[i])
+    gx = None
+    if need_x:
+        gx = g if second else torch.zeros_like(x)
+    return gv, gx, (gw if need_w else []), (gb if need_b else [])

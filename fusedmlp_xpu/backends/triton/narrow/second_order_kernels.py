@@ -201,3 +201,30 @@ def _second_order_kernel(
             if NEED_X:
                 gx = _dot(e, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
                 _put(gx_ptr, rows, rmask, IN, IN, IN_P, gx.to(dt))
+
+
+@triton.jit
+def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, n, MODE: tl.constexpr,
+                         ACT: tl.constexpr, BLOCK: tl.constexpr):
+    """The elementwise steps of the second-order backward's GEMM form (second_order.py,
+    Tuning.split) over n contiguous elements, in fp32, each output rounded once, as the
+    one kernel above rounds its tiles:
+    MODE 0: o1 = act(z)                              (the forward's activations)
+    MODE 1: o1 = a act'(z)                           (d = u s'(z))
+    MODE 2: o1 = a act'(z), o2 = a b act''(z)        (t and zbar from T and u)
+    MODE 3: o1 = a act'(z) + b                       (e from e W and zbar)"""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    dt = o1_ptr.dtype.element_ty
+    z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    if MODE == 0:
+        tl.store(o1_ptr + offs, _act(z, ACT).to(dt), mask=m)
+    else:
+        a = tl.load(a_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        r = _times_act_grad(a, z, ACT)
+        if MODE == 2:
+            b = tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(o2_ptr + offs, (a * b * _act_grad2(z, ACT)).to(dt), mask=m)
+        if MODE == 3:
+            r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(o1_ptr + offs, r.to(dt), mask=m)
