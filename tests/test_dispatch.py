@@ -90,6 +90,14 @@ def _fake_backend(rows, infer_rows=()):
     return Fake()
 
 
+def _params(requires_grad=True):
+    """8 -> 32 -> 4 weights and biases, float64, seeded."""
+    torch.manual_seed(0)
+    ts = [torch.randn(32, 8), torch.randn(4, 32), torch.randn(32), torch.randn(4)]
+    ts = [t.double().requires_grad_(requires_grad) for t in ts]
+    return ts[:2], ts[2:]
+
+
 def _first_on_cpu(monkeypatch, be):
     """Make ``be`` the CPU's first choice (no forced backend, fresh decisions)."""
     monkeypatch.setitem(dispatch.REGISTRY, be.name, be)
@@ -107,11 +115,7 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     be = _fake_backend(((1, 16),))
     _first_on_cpu(monkeypatch, be)
     try:
-        torch.manual_seed(0)
-        ws = [torch.randn(32, 8, dtype=torch.float64, requires_grad=True),
-              torch.randn(4, 32, dtype=torch.float64, requires_grad=True)]
-        bs = [torch.randn(32, dtype=torch.float64, requires_grad=True),
-              torch.randn(4, dtype=torch.float64, requires_grad=True)]
+        ws, bs = _params()
         for rows in (1, 16):
             x = torch.randn(rows, 8, dtype=torch.float64, requires_grad=True)
             y = fm.fused_mlp(x, ws, bs, "gelu_tanh")
@@ -154,9 +158,7 @@ def test_no_grad_calls_in_the_backends_ranges_run_torch_ops(monkeypatch):
     be = _fake_backend((), ((4, 8), (32, 32)))
     _first_on_cpu(monkeypatch, be)
     try:
-        torch.manual_seed(0)
-        ws = [torch.randn(32, 8, dtype=torch.float64), torch.randn(4, 32, dtype=torch.float64)]
-        bs = [torch.randn(32, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+        ws, bs = _params(requires_grad=False)
         spec = y_spec(ws, bs)
         ex = fm.explain(spec, torch.empty(1, 8, dtype=torch.float64))
         for rows, torch_ops in ((3, False), (4, True), (8, True), (9, False), (32, True)):
@@ -196,11 +198,7 @@ def test_inference_only_backend_never_takes_a_training_call(monkeypatch):
     be.trains = False
     _first_on_cpu(monkeypatch, be)
     try:
-        torch.manual_seed(0)
-        ws = [torch.randn(32, 8, dtype=torch.float64, requires_grad=True),
-              torch.randn(4, 32, dtype=torch.float64, requires_grad=True)]
-        bs = [torch.randn(32, dtype=torch.float64, requires_grad=True),
-              torch.randn(4, dtype=torch.float64, requires_grad=True)]
+        ws, bs = _params()
         spec = y_spec(ws, bs)
         with torch.no_grad():
             fm.fused_mlp(torch.randn(4, 8, dtype=torch.float64), ws, bs, "gelu_tanh")
