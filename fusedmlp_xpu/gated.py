@@ -496,9 +496,9 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # _modules / _parameters directly: nn.Module.__getattr__ costs ~1 us a lookup,
         # and a decode-sized call is all host time
-        g, u, d = (self._modules[n]._parameters for n in ("gate_proj", "up_proj", "down_proj"))
-        biases = None if g["bias"] is None else [g["bias"], u["bias"], d["bias"]]
-        return _module_call(self, x, g["weight"], u["weight"], d["weight"], biases)
+        (wg, bg), (wu, bu), (wd, bd) = (op.linear_params(self, n)
+                                        for n in ("gate_proj", "up_proj", "down_proj"))
+        return _module_call(self, x, wg, wu, wd, None if bg is None else [bg, bu, bd])
 
     def extra_repr(self) -> str:
         return (f"in={self.gate_proj.in_features}, hidden={self.gate_proj.out_features}, "
@@ -598,12 +598,10 @@ class GatedMLPView(nn.Module):
 
     def gate_up_params(self):
         """(w_gate, w_up, b_gate, b_up): the Linears' own tensors, or views of the packed one."""
-        # _parameters directly: nn.Module.__getattr__ costs ~1 us a lookup (host time)
         if len(self._gate_up) == 2:
-            g, u = (self._modules[n]._parameters for n in self._gate_up)
-            return g["weight"], u["weight"], g["bias"], u["bias"]
-        p = self._modules[self._gate_up[0]]._parameters
-        w, b = p["weight"], p["bias"]
+            (wg, bg), (wu, bu) = (op.linear_params(self, n) for n in self._gate_up)
+            return wg, wu, bg, bu
+        w, b = op.linear_params(self, self._gate_up[0])
         h = w.shape[0] // 2
         w0, w1 = w[:h], w[h:]
         b0, b1 = (None, None) if b is None else (b[:h], b[h:])
@@ -611,9 +609,8 @@ class GatedMLPView(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wg, wu, bg, bu = self.gate_up_params()
-        d = self._modules[self._down]._parameters
-        biases = None if d["bias"] is None else [bg, bu, d["bias"]]
-        return _module_call(self, x, wg, wu, d["weight"], biases)
+        wd, bd = op.linear_params(self, self._down)
+        return _module_call(self, x, wg, wu, wd, None if bd is None else [bg, bu, bd])
 
     def extra_repr(self) -> str:
         packed = len(self._gate_up) == 1

@@ -114,13 +114,12 @@ class FusedMLP(nn.Module):
         return [self._modules[n] for n in self._names]
 
     def weights(self) -> list[torch.Tensor]:
-        # _parameters directly: nn.Module.__getattr__ costs ~1 us a lookup on the hot path
-        return [self._modules[n]._parameters["weight"] for n in self._names]
+        return [op.linear_params(self, n)[0] for n in self._names]
 
     def biases(self) -> list[torch.Tensor] | None:
         if not self.has_bias:
             return None
-        return [self._modules[n]._parameters["bias"] for n in self._names]
+        return [op.linear_params(self, n)[1] for n in self._names]
 
     def spec(self, dtype: torch.dtype | None = None) -> MLPSpec:
         dtype = dtype or self._modules[self._names[0]].weight.dtype

@@ -271,6 +271,24 @@ class _EagerMLP(torch.autograd.Function):
         return (None, None, None, gx, *gw, *gb)
 
 
+def linear_params(owner: torch.nn.Module, name: str):
+    """(weight, bias) of ``owner``'s nn.Linear child ``name``, read from its _parameters
+    (nn.Module.__getattr__ costs ~1 us a lookup on the hot path). TypeError naming the
+    child where it is no longer a plain nn.Linear: an adapter (LoRA) or a parametrization
+    wrapped it after fusing, and the op, which reads the Linear's own weight, would
+    silently leave the wrapper's change out."""
+    lin = owner._modules[name]
+    p = lin._parameters
+    w = p.get("weight")
+    if w is None or type(lin) is not torch.nn.Linear:
+        raise TypeError(
+            f"{type(owner).__name__}.{name}: expected the nn.Linear it was built with, found "
+            f"{type(lin).__name__}{'' if w is not None else ' without its own weight'}; the "
+            "fused op reads plain Linear weights: merge the adapter or parametrization into "
+            "the weight, or wrap the model before fusing (fusing then leaves that MLP alone)")
+    return w, p.get("bias")
+
+
 def raise_module_error(err: ValueError, x, in_features: int):
     """Re-raise ``err``, an op call's validation error inside a module, naming x when x's
     last dimension is not the module's in_features (the op names its weight arguments,

@@ -366,6 +366,30 @@ def test_module_calls_skip_validation_only_when_lean(monkeypatch):
         m(x)
 
 
+def test_wrapped_linears_after_fusing_are_an_error():
+    """A child Linear wrapped after fusing (a parametrization here; LoRA adapters alike)
+    is no longer what the op reads: every fused module says so, naming the child, rather
+    than computing without the wrapper's change."""
+    from torch.nn.utils import parametrize
+
+    class Twice(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    x = torch.randn(3, 8)
+    lins = {n: nn.Linear(8 if n != "fc2" else 16, 16 if n != "fc2" else 8)
+            for n in ("fc1_g", "fc1_x", "fc2")}
+    view = fm.GatedMLPView(lins, ("fc1_g", "fc1_x"), "fc2", "silu")
+    narrow = fm.FusedMLP(8, 4, 16, 1)
+    for m, child in ((fm.GatedMLP(8, 16), "up_proj"), (view, "fc1_x"),
+                     (narrow, narrow._names[0])):
+        m(x)
+        parametrize.register_parametrization(m._modules[child], "weight", Twice())
+        with pytest.raises(TypeError, match=rf"{type(m).__name__}\.{child}: expected the "
+                                            r"nn.Linear .* found ParametrizedLinear"):
+            m(x)
+
+
 def test_forced_backend_without_kernels_is_an_error(monkeypatch):
     ws, _ = make(16, 24, 8, False, torch.float32, "cpu", requires_grad=False)
     x = torch.randn(3, 16)
