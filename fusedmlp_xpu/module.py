@@ -305,6 +305,11 @@ def _plan(seq: nn.Sequential):
     items = list(seq._modules.items())
     if not items or not isinstance(items[0][1], nn.Linear):
         return "the first module is not nn.Linear"
+    for name, mod in items:
+        if isinstance(mod, nn.Linear) and type(mod) is not nn.Linear:
+            return (f"module {name!r} is {type(mod).__name__}, a wrapped or derived "
+                    "nn.Linear (a parametrization, an adapter): only plain nn.Linear "
+                    "layers are fused")
     names, widths, hidden_acts, out_act = [], [], [], "none"
     pending = None  # activation seen after the last Linear
     betas = set()  # of nn.Softplus(beta) modules (threshold 20: the registry's)

@@ -84,6 +84,24 @@ def test_dropout_p_positive_is_left_with_the_reason(train):
     assert out is seq and "p > 0" in rep.left[0].reason
 
 
+def test_wrapped_linears_are_left_with_the_reason():
+    """A parametrized (or adapter-wrapped) Linear is not what the op would read: the MLP
+    stays as it is, the report says why; an MLP wrapped after fusing raises instead
+    (test_gated.py)."""
+    from torch.nn.utils import parametrize
+
+    class Twice(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    parametrize.register_parametrization(seq[2], "weight", Twice())
+    with pytest.warns(UserWarning, match="nothing swapped"):
+        model, report = fm.fuse_mlps(nn.Sequential(seq), report=True)
+    assert model[0] is seq
+    assert "module '2' is ParametrizedLinear, a wrapped or derived nn.Linear" in str(report)
+
+
 def test_report_lists_every_candidate():
     class Net(nn.Module):
         def __init__(self):

@@ -117,6 +117,29 @@ def test_phi3_packed_gate_up_is_a_view():
     assert wu.data_ptr() == packed.data_ptr() + h * d * packed.element_size()
 
 
+def test_parametrized_projections_are_left_and_wrapped_after_fusing_raise():
+    """A real Llama whose layer-0 up_proj carries a parametrization (as weight-norm or an
+    adapter would) keeps that MLP, with the reason; the other layer fuses. Parametrizing a
+    projection of the fused layer afterwards makes its call a TypeError naming it."""
+    from torch.nn.utils import parametrize
+
+    class Twice(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    model = build("llama", torch.float32)
+    parametrize.register_parametrization(model.model.layers[0].mlp.up_proj, "weight", Twice())
+    _, report = fm.fuse_gated_mlps(model, report=True)
+    assert len(report.swapped) == 1 and "ParametrizedLinear" in report.left[0].reason
+    assert not isinstance(model.model.layers[0].mlp, fm.GatedMLP)
+    fused = model.model.layers[1].mlp
+    assert isinstance(fused, fm.GatedMLP)
+    parametrize.register_parametrization(fused.down_proj, "weight", Twice())
+    ids = torch.randint(0, TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(TypeError, match=r"GatedMLP\.down_proj: expected the nn.Linear"):
+        model(ids.to(DEVICE))
+
+
 def test_transformers_activation_classes_fuse():
     """Every ACT2FN entry that computes silu, gelu or gelu_tanh fuses in a gate/up/down MLP,
     whatever its class; the others are left, with the reason."""
