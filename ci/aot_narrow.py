@@ -217,7 +217,7 @@ def compile_second_order(args) -> int:
         bm = tune.block_m
         consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
                       HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,
-                      SECOND=act in second_order.CURVED, F32=False, PREC="tf32x3",
+                      HID2=act in second_order.CURVED, OUT2=False, F32=False, PREC="tf32x3",
                       MERGE_DW=merge)
         try:
             smem, mma, info = compile_kernel(second_order_kernels._second_order_kernel, consts,

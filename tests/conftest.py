@@ -350,3 +350,24 @@ def run_aot_compile(script: str) -> str:
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r.stdout
+
+
+#: the Triton second-order tunings the benchmark times besides the default
+#: (narrow/second_order.py: Tuning.merge_dw, the GEMM form Tuning.split)
+SECOND_ORDER_VARIANTS = ["", "merge_dw", "split"]
+
+
+def use_second_order_variant(monkeypatch, name: str, variant: str) -> None:
+    """Make the Triton backend's second-order path take ``variant`` (skip for other
+    backends); '' leaves the default."""
+    if not variant:
+        return
+    if name != "triton":
+        pytest.skip("a Triton second-order tuning")
+    from dataclasses import replace
+
+    from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
+
+    tuned = kernel.tuning
+    monkeypatch.setattr(kernel, "tuning",
+                        lambda device, P: replace(tuned(device, P), **{variant: True}))

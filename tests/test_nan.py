@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 
-from conftest import devices, is_slow, make_params
+from conftest import (SECOND_ORDER_VARIANTS, devices, is_slow, make_params,
+                      use_second_order_variant)
 
 ACTS = sorted(activations.ACTIVATIONS)
 # narrow: one fused kernel; wide: the GEMM-with-epilogue kernels (GPU only: 256 columns
@@ -110,4 +111,42 @@ def test_gated_nonfinite_like_eager(dev, impl, act):
     ye.backward(gy.cpu().float())
     _same_pattern(y, ye, "y")
     for i, (a, b) in enumerate(zip(leaves, el)):
+        _same_pattern(a.grad, b.grad, f"gradient {i}")
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("where", ["x", "weight"])
+@pytest.mark.parametrize("variant", SECOND_ORDER_VARIANTS)
+def test_eikonal_nonfinite_like_eager(backend, act, where, variant, monkeypatch):
+    """Second order (the eikonal pattern: g = d y / d x with create_graph=True, a loss on y
+    and g, backward): the non-finite pattern of x's and every parameter's gradient is
+    eager's double backward's, element by element, on the backend's second-order path
+    (and the Triton backend's alternative tunings)."""
+    name, dev = backend
+    use_second_order_variant(monkeypatch, name, variant)
+    slow = is_slow(name, dev)
+    dtype = torch.float32 if dev.type == "cpu" else torch.float16
+    widths = SHAPES["narrow"]
+    spec = fm.MLPSpec(widths, act, "none", True, dtype)
+    ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    ws, bs = make_params(widths, True, dtype, dev)
+    x = torch.randn(37 if slow else 1037, widths[0], device=dev).to(dtype)
+    _plant(x, ws, where)
+    v = torch.zeros(x.shape[0], widths[-1], device=dev, dtype=dtype)
+    v[:, 0] = 1  # g: the gradient of the first output (an SDF value)
+
+    def step(leaves, fn):
+        n = len(ws)
+        y = fn(leaves[0], leaves[1:1 + n], leaves[1 + n:])
+        (g,) = torch.autograd.grad(y, leaves[0], v, create_graph=True)
+        ((g * g).sum() + y.sum()).backward()
+
+    leaves = [t.clone().requires_grad_() for t in [x, *ws, *bs]]
+    step(leaves, lambda x_, w_, b_: fm.fused_mlp(x_, w_, b_, act, backend=name))
+    eager = [t.detach().clone().requires_grad_() for t in [x, *ws, *bs]]
+    step(eager, lambda x_, w_, b_: _eager(x_, w_, b_, act, "none"))
+    assert torch.isnan(eager[1].grad).any() or torch.isinf(eager[1].grad).any()
+    for i, (a, b) in enumerate(zip(leaves, eager)):
         _same_pattern(a.grad, b.grad, f"gradient {i}")

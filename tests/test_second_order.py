@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations, gated, op, second_order
 
-from conftest import (GRAD_VS_EAGER, assert_close, devices, is_slow, make_params, rel_error,
-                      tolerance)
+from conftest import (GRAD_VS_EAGER, SECOND_ORDER_VARIANTS, assert_close, devices, is_slow,
+                      make_params, rel_error, tolerance, use_second_order_variant)
 
 ACTS = sorted(activations.ACTIVATIONS)
 
@@ -261,7 +261,7 @@ SECOND_ORDER_CASES = [  # act, output act, bias, widths: every activation, 0-4 h
 
 @pytest.mark.parametrize("case", SECOND_ORDER_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[3])}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("variant", ["", "merge_dw", "split"])
+@pytest.mark.parametrize("variant", SECOND_ORDER_VARIANTS)
 def test_backend_second_order_kernel(backend, case, dtype, variant, monkeypatch):
     """A backend's second-order kernel (Backend.second_order) against the closed form in
     float64 on fresh data, outputs poisoned; in half precision within GRAD_VS_EAGER x the
@@ -270,16 +270,7 @@ def test_backend_second_order_kernel(backend, case, dtype, variant, monkeypatch)
     form Tuning.split)."""
     name, dev = backend
     be = fm.dispatch.REGISTRY[name]
-    if variant:
-        if name != "triton":
-            pytest.skip("a Triton kernel tuning")
-        from dataclasses import replace
-
-        from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
-
-        tuned = kernel.tuning
-        monkeypatch.setattr(kernel, "tuning",
-                            lambda device, P: replace(tuned(device, P), **{variant: True}))
+    use_second_order_variant(monkeypatch, name, variant)
     slow = is_slow(name, dev)
     if slow and dtype is not torch.float32 and variant != "split":
         pytest.skip("emulated kernel on CPU: fp32 (the GPU run covers fp16/bf16)")

@@ -51,8 +51,8 @@ def tuning(device: torch.device, P: int) -> Tuning:
     width 128 (its weight tiles alone fill the registers: 3.6 KB of spills a thread at 16
     rows, 13 KB at 64; not timed). 4 warps, one program per SM: the only setting timed.
     benchmarks/second_order.py sweeps the others (the sm_90 compile at width 64, softplus:
-    32 rows x 4 warps 255 registers, so two programs fit an SM; x 8 warps 185 registers,
-    one; 16 rows x 4 warps 238; with merge_dw 255, 234 and 229; no spills in any)."""
+    32 rows x 4 warps 255 registers, so two programs fit an SM; x 8 warps 181 registers,
+    one; 16 rows x 4 warps 208; with merge_dw 255, 240 and 227; no spills in any)."""
     if device.type == "cpu":
         return Tuning(16)
     return Tuning(16 if P > 64 else 32)
@@ -84,7 +84,8 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     scratch = progs * ((L_HID + 1) * bm * P + bm * P)
     z = torch.empty(scratch, device=x.device, dtype=dt)
     u = torch.empty_like(z)
-    zb = torch.empty_like(z) if second else z
+    hid2 = spec.activation_id in CURVED
+    zb = torch.empty_like(z) if hid2 else z
     ts = torch.empty_like(z) if tune.merge_dw and second and need_w else z
     per_prog = P * P * (L_HID + 2) + P * (L_HID + 2)
     acc = torch.zeros(progs, per_prog, device=x.device, dtype=torch.float32)
@@ -107,7 +108,8 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
                 dict(L_HID=L_HID, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm,
                      ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
                      HAS_BIAS=biases is not None, NEED_X=gx is not None,
-                     NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, SECOND=second,
+                     NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, HID2=hid2,
+                     OUT2=spec.output_activation_id in CURVED,
                      F32=interp, PREC="ieee" if interp else "tf32x3",
                      MERGE_DW=tune.merge_dw),
                 x.device, num_warps=tune.warps, num_stages=1)
@@ -185,28 +187,28 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
         else:
             t = _pointwise(1, ids[i], zs[i], a=T, out=nxt)
     gv = t if need_v else None
-    # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l into the lower halves
+    # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l into the lower halves,
+    # each term only where it exists (as eager's double backward: no zero times a NaN)
     gw, gb, g = [None] * L, [None] * L, None
     for i in range(L - 1, -1, -1):
         e = None
-        if second:
+        if g is not None or zbar[i] is not None:
             e = de[i][M:]
-            if g is None and zbar[i] is None:
-                e.zero_()
-            elif g is None:
+            if g is None:
                 e.copy_(zbar[i])
             elif zbar[i] is None:
                 _pointwise(1, ids[i], zs[i], a=g, out=e)
             else:
                 _pointwise(3, ids[i], zs[i], a=g, b=zbar[i], out=e)
-        if need_w:
-            gw[i] = torch.mm(de[i].t(), ta[i])
+        if need_w:  # [d; e]^T [t; a], or d^T t alone
+            gw[i] = (torch.mm(de[i].t(), ta[i]) if e is not None
+                     else torch.mm(de[i][:M].t(), ta[i][:M]))
         if need_b:
             gb[i] = (e.sum(0, dtype=torch.float32).to(e.dtype) if e is not None
                      else torch.zeros_like(biases[i]))
-        if second and (i or need_x):
+        if e is not None and (i or need_x):
             g = torch.mm(e, weights[i])
     gx = None
     if need_x:
-        gx = g if second else torch.zeros_like(x)
+        gx = g if g is not None else torch.zeros_like(x)
     return gv, gx, (gw if need_w else []), (gb if need_b else [])

@@ -64,14 +64,16 @@ def _second_order_kernel(
     L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     BLOCK_M: tl.constexpr, ACT: tl.constexpr, OUT_ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr, NEED_X: tl.constexpr, NEED_V: tl.constexpr,
-    NEED_W: tl.constexpr, NEED_B: tl.constexpr, SECOND: tl.constexpr,
+    NEED_W: tl.constexpr, NEED_B: tl.constexpr, HID2: tl.constexpr, OUT2: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, MERGE_DW: tl.constexpr = False,
 ):
     """x, v (the first backward's grad_y), gg (the gradient at g = (dy/dx)^T v) -> the
     gradients of x (gx), v (gv), every weight and bias (acc: this program's partial sums,
-    [W0 | W1..W_L_HID | W_last | b0 | b1.. | b_last], each padded). SECOND: some layer's
-    activation has a non-zero second derivative (else the backward pass carries nothing:
-    the host fills gx and the biases' gradients with zeros). MERGE_DW (with SECOND and
+    [W0 | W1..W_L_HID | W_last | b0 | b1.. | b_last], each padded). HID2 / OUT2: the
+    hidden / output activation has a non-zero second derivative; a layer without one adds
+    no zbar term at all (eager's double backward has none: a zero times a NaN would be a
+    NaN it does not have). Neither: the backward pass carries nothing (the host fills gx
+    and the biases' gradients with zeros). MERGE_DW (with HID2 or OUT2, and
     NEED_W): the tangent pass stores each layer's input t to scratch (t_ptr) instead of
     adding d_l^T t_{l-1} into acc, and the backward pass adds both weight-gradient terms of
     a layer in one read-modify-write of its fp32 slice (half the acc traffic, one more
@@ -89,6 +91,7 @@ def _second_order_kernel(
     us = u_ptr + pid * SCR
     zbs = zb_ptr + pid * SCR
     ts = t_ptr + pid * SCR  # MERGE_DW: the tangent entering layer l >= 1 at (l - 1) * TILE
+    SECOND: tl.constexpr = HID2 or OUT2
     DEFER: tl.constexpr = MERGE_DW and SECOND and NEED_W
     acc = acc_ptr + pid * (B_L + OUT_P)
     for blk in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
@@ -141,7 +144,7 @@ def _second_order_kernel(
                     _accumulate(acc + W_H + (l - 1) * H_P * H_P,
                                 _times_act_grad(ul, zl, ACT).to(dt), t, H_P, H_P, F32, PREC)
             T = _dot(t, wT, F32, PREC)
-            if SECOND:
+            if HID2:
                 tl.store(_slot(zbs + l * TILE, BLOCK_M, H_P),
                          (T * ul * _act_grad2(zl, ACT)).to(dt))
             t = _times_act_grad(T, zl, ACT).to(dt)
@@ -154,25 +157,35 @@ def _second_order_kernel(
         if NEED_V:
             _put(gv_ptr, rows, rmask, OUT, OUT, OUT_P, _times_act_grad(T, zo, OUT_ACT).to(dt))
         if SECOND:
-            # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l
-            e = (T * v * _act_grad2(zo, OUT_ACT)).to(dt)
+            # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l, each term only
+            # where it exists (OUT2: the last layer's e; HID2: the hidden zbar terms)
             zp = tl.load(_slot(zs + L_HID * TILE, BLOCK_M, H_P)).to(tl.float32)
-            if DEFER:
-                _accumulate2(acc + W_L, e, _act(zp, ACT).to(dt),
-                             _times_act_grad(v, zo, OUT_ACT).to(dt),
-                             tl.load(_slot(ts + L_HID * TILE, BLOCK_M, H_P)), OUT_P, H_P,
-                             F32, PREC)
-            elif NEED_W:
-                _accumulate(acc + W_L, e, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
-            if NEED_B:
-                _accumulate_bias(acc + B_L, e, OUT_P)
-            g = _dot(e, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+            if OUT2:
+                e = (T * v * _act_grad2(zo, OUT_ACT)).to(dt)
+                if DEFER:
+                    _accumulate2(acc + W_L, e, _act(zp, ACT).to(dt),
+                                 _times_act_grad(v, zo, OUT_ACT).to(dt),
+                                 tl.load(_slot(ts + L_HID * TILE, BLOCK_M, H_P)), OUT_P,
+                                 H_P, F32, PREC)
+                elif NEED_W:
+                    _accumulate(acc + W_L, e, _act(zp, ACT).to(dt), OUT_P, H_P, F32, PREC)
+                if NEED_B:
+                    _accumulate_bias(acc + B_L, e, OUT_P)
+                g = _dot(e, _load_w(wl_ptr, H, OUT, H_P, OUT_P), F32, PREC)
+            elif DEFER:  # the tangent's term alone
+                _accumulate(acc + W_L, _times_act_grad(v, zo, OUT_ACT).to(dt),
+                            tl.load(_slot(ts + L_HID * TILE, BLOCK_M, H_P)), OUT_P, H_P,
+                            F32, PREC)
             for j in tl.static_range(L_HID):
                 l = L_HID - j
                 zl = zp
                 zp = tl.load(_slot(zs + (l - 1) * TILE, BLOCK_M, H_P)).to(tl.float32)
-                e = _times_act_grad(g, zl, ACT) + tl.load(
-                    _slot(zbs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+                if OUT2 or j > 0:  # a gradient from the layer above
+                    e = _times_act_grad(g, zl, ACT)
+                    if HID2:
+                        e += tl.load(_slot(zbs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
+                else:  # the first term: this layer's zbar (HID2)
+                    e = tl.load(_slot(zbs + l * TILE, BLOCK_M, H_P)).to(tl.float32)
                 e = e.to(dt)
                 if DEFER:
                     ul = tl.load(_slot(us + l * TILE, BLOCK_M, H_P)).to(tl.float32)
@@ -186,8 +199,12 @@ def _second_order_kernel(
                 if NEED_B:
                     _accumulate_bias(acc + B0 + l * H_P, e, H_P)
                 g = _dot(e, _load_w(wh_ptr + (l - 1) * H * H, H, H, H_P, H_P), F32, PREC)
-            e = _times_act_grad(g, zp, ACT) + tl.load(
-                _slot(zbs, BLOCK_M, H_P)).to(tl.float32)
+            if OUT2 or L_HID > 0:
+                e = _times_act_grad(g, zp, ACT)
+                if HID2:
+                    e += tl.load(_slot(zbs, BLOCK_M, H_P)).to(tl.float32)
+            else:
+                e = tl.load(_slot(zbs, BLOCK_M, H_P)).to(tl.float32)
             e = e.to(dt)
             if DEFER:
                 u0 = tl.load(_slot(us, BLOCK_M, H_P)).to(tl.float32)
