@@ -52,24 +52,29 @@ def _plant(x, ws, where):
             ws[1][2, 5] = float("nan")
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("where", ["x", "weight"])
-def test_nonfinite_like_eager(backend, shape, act, where):
-    name, dev = backend
-    slow = is_slow(name, dev)
-    if slow and shape == "wide":
-        pytest.skip("emulated kernel on CPU: the wide kernels are checked on the device")
+def _planted(name, dev, widths, act, out_act, where):
+    """x, weights and biases for ``name`` on ``dev`` (fp32 on the CPU, fp16 on a GPU) with
+    NaN/Inf planted (_plant); skips where the backend does not run the net."""
     dtype = torch.float32 if dev.type == "cpu" else torch.float16
-    widths = SHAPES[shape]
-    out_act = "softplus" if act == "relu" else "relu"
     spec = fm.MLPSpec(widths, act, out_act, True, dtype)
     ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
     if not ok:
         pytest.skip(f"{name}: {why}")
     ws, bs = make_params(widths, True, dtype, dev)
-    x = torch.randn(37 if slow else 1037, widths[0], device=dev).to(dtype)
+    x = torch.randn(37 if is_slow(name, dev) else 1037, widths[0], device=dev).to(dtype)
     _plant(x, ws, where)
+    return x, ws, bs
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("where", ["x", "weight"])
+def test_nonfinite_like_eager(backend, shape, act, where):
+    name, dev = backend
+    if is_slow(name, dev) and shape == "wide":
+        pytest.skip("emulated kernel on CPU: the wide kernels are checked on the device")
+    out_act = "softplus" if act == "relu" else "relu"
+    x, ws, bs = _planted(name, dev, SHAPES[shape], act, out_act, where)
     leaves = [t.clone().requires_grad_() for t in [x, *ws, *bs]]
     n = len(ws)
     y = fm.fused_mlp(leaves[0], leaves[1:1 + n], leaves[1 + n:], act, out_act, backend=name)
@@ -124,17 +129,9 @@ def test_eikonal_nonfinite_like_eager(backend, act, where, variant, monkeypatch)
     (and the Triton backend's alternative tunings)."""
     name, dev = backend
     use_second_order_variant(monkeypatch, name, variant)
-    slow = is_slow(name, dev)
-    dtype = torch.float32 if dev.type == "cpu" else torch.float16
     widths = SHAPES["narrow"]
-    spec = fm.MLPSpec(widths, act, "none", True, dtype)
-    ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
-    if not ok:
-        pytest.skip(f"{name}: {why}")
-    ws, bs = make_params(widths, True, dtype, dev)
-    x = torch.randn(37 if slow else 1037, widths[0], device=dev).to(dtype)
-    _plant(x, ws, where)
-    v = torch.zeros(x.shape[0], widths[-1], device=dev, dtype=dtype)
+    x, ws, bs = _planted(name, dev, widths, act, "none", where)
+    v = torch.zeros(x.shape[0], widths[-1], device=dev, dtype=x.dtype)
     v[:, 0] = 1  # g: the gradient of the first output (an SDF value)
 
     def step(leaves, fn):
