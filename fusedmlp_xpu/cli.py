@@ -126,6 +126,9 @@ def cmd_info(args) -> int:
     print("example: FusedMLP(64, 64, 64, 4) on", dev)
     ex = fm.explain(m, x, backend="auto" if bad_env else None)
     print("  " + str(ex).replace("\n", "\n  "))
+    trains = fm.explain(m, x, backend="auto" if bad_env else None, train=True).backend
+    if trains != ex.backend:  # an inference-only backend chosen above
+        print(f"  training calls: {trains or 'NONE'} (explain(..., train=True) says why)")
     if bad_env:
         raise UsageError(bad_env)
     return 0

@@ -114,6 +114,27 @@ def test_info_says_triton_on_cpu_needs_the_interpreter(interpret, capsys, monkey
         assert " no " in line and "TRITON_INTERPRET=1" in line
 
 
+def test_info_names_the_training_backend_when_it_differs(capsys, monkeypatch):
+    """With an inference-only backend chosen for the example, info also names the backend
+    that takes training calls."""
+    if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        pytest.skip("the example runs on the GPU")
+    from fusedmlp_xpu import dispatch
+    from fusedmlp_xpu.backends.reference import ReferenceBackend
+
+    class InferenceOnly(ReferenceBackend):
+        name = "infer-only"
+        trains = False
+
+    monkeypatch.setitem(dispatch.REGISTRY, "infer-only", InferenceOnly())
+    monkeypatch.setitem(dispatch.ORDER, "cpu", ("infer-only", "reference"))
+    monkeypatch.delenv("FUSEDMLP_BACKEND", raising=False)
+    monkeypatch.setattr(dispatch, "_decisions", {})
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: infer-only" in out and "training calls: reference" in out
+
+
 def test_help_points_to_files_in_the_repo(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
