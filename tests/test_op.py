@@ -1,4 +1,4 @@
-"""The custom ops themselves: opcheck, torch.compile, autocast, env override."""
+"""The custom ops themselves: opcheck, torch.compile, torch.export, autocast, env override."""
 from __future__ import annotations
 
 import pytest
@@ -60,6 +60,48 @@ def test_compile_fullgraph_matches_eager(backend):
     torch.testing.assert_close(g_comp, g_eager)
     explanation = torch._dynamo.explain(mlp)(x)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.parametrize("kind", ["narrow", "gated"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_export_with_a_dynamic_batch(backend, kind, grad):
+    """torch.export of a fused module: the graph holds the fusedmlp op (the training
+    forward when grad is on, the inference op under no_grad), runs at a batch size it was
+    not traced with, survives torch.export.save/load, and the loaded module trains (its
+    gradients equal eager's)."""
+    import io
+
+    name, dev = backend
+    if is_slow(name, dev):
+        pytest.skip("export with an emulated kernel: covered by the reference and the device")
+    torch.manual_seed(0)
+    if kind == "narrow":
+        m = fm.FusedMLP(16, 8, 32, 2, activation="gelu", device=dev, backend=name)
+    else:
+        if name not in ("reference", "triton"):
+            pytest.skip(f"{name} has no gated kernels")
+        m = fm.GatedMLP(16, 32, 8, device=dev, backend=name)
+    eager = m.to_sequential() if kind == "narrow" else None
+    n = torch.export.Dim("n", min=1, max=4096)
+    with torch.set_grad_enabled(grad):
+        ep = torch.export.export(m, (torch.randn(5, 16, device=dev),),
+                                 dynamic_shapes={"x": {0: n}})
+    ops = {str(nd.target) for nd in ep.graph.nodes if "fusedmlp" in str(nd.target)}
+    want = ("gated_mlp" if kind == "gated" else "mlp") + ("_train" if grad else "")
+    assert ops == {f"fusedmlp.{want}.default"}, ops
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    buf.seek(0)
+    loaded = torch.export.load(buf).module()
+    x = torch.randn(11, 16, device=dev, requires_grad=True)
+    y = loaded(x)
+    with torch.no_grad():
+        torch.testing.assert_close(y, m(x))
+    if grad:
+        y.square().sum().backward()
+        x2 = x.detach().clone().requires_grad_()
+        (eager or m)(x2).square().sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
 
 
 @pytest.mark.gpu
