@@ -117,9 +117,12 @@ class FusedMLP(nn.Module):
         return [op.linear_params(self, n)[0] for n in self._names]
 
     def biases(self) -> list[torch.Tensor] | None:
-        if not self.has_bias:
-            return None
-        return [op.linear_params(self, n)[1] for n in self._names]
+        return self._params()[1]
+
+    def _params(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """(weights, biases or None) in one pass over the layers (the per-call path)."""
+        wb = [op.linear_params(self, n) for n in self._names]
+        return [w for w, _ in wb], ([b for _, b in wb] if self.has_bias else None)
 
     def spec(self, dtype: torch.dtype | None = None) -> MLPSpec:
         dtype = dtype or self._modules[self._names[0]].weight.dtype
@@ -136,7 +139,7 @@ class FusedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.softplus_beta != 1.0:  # rescaled parameters every call: the op's full path
             try:
-                return op.fused_mlp(x, self.weights(), self.biases(), self.activation,
+                return op.fused_mlp(x, *self._params(), self.activation,
                                     self.output_activation, self.backend, self.recompute,
                                     softplus_beta=self.softplus_beta)
             except ValueError as e:
@@ -153,7 +156,7 @@ class FusedMLP(nn.Module):
                     y = bound.run(x)
                     if y is not None:
                         return y
-        weights, biases = self.weights(), self.biases()
+        weights, biases = self._params()
         lean = (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.widths[0]
                 and not x.is_meta and not torch.is_autocast_enabled(x.device.type))
         if lean:  # every parameter on x's device and dtype (one layer moved alone is not)
@@ -262,19 +265,21 @@ class _BoundForward:
     every call, what cannot have changed: the spec, the backend, the parameters' dtype,
     device and layout. A bound call only checks that nothing it relies on did change
     (x's device, dtype and width; no autocast, compile, tracing or dispatch mode; the
-    same forced backend, registry and fast-path switch; every parameter the same object
-    at the same address) in ``valid``; otherwise the module takes its full path (and binds
+    same forced backend, registry and fast-path switch; every Linear and every parameter
+    the same object, at the same address) in ``valid``; otherwise the module takes its full path (and binds
     again where a parameter changed). ``run(x)`` is the backend's bound forward; it may
     return None for a call it does not take (the module's full path then runs it)."""
 
     __slots__ = ("dtype", "device", "in_features", "backend", "env", "generation",
-                 "params", "run")
+                 "children", "params", "run")
 
     def __init__(self, module: FusedMLP, x: torch.Tensor, run):
         self.dtype, self.device, self.in_features = x.dtype, x.device, module.widths[0]
         self.backend, self.env, self.generation = (
             module.backend, envvars.get(dispatch.ENV_VAR), dispatch.generation)
-        # weak references: a replaced parameter's memory is not kept alive by this
+        # weak references: a replaced parameter's (or Linear's) memory is not kept alive
+        # by this; a Linear replaced by another module (an adapter) unbinds
+        self.children = tuple((n, weakref.ref(module._modules[n])) for n in module._names)
         self.params = tuple((lin._parameters, name, weakref.ref(p), p.data_ptr())
                             for lin in module.linears
                             for name, p in lin._parameters.items() if p is not None)
@@ -289,6 +294,11 @@ class _BoundForward:
                 or (self.backend is None and envvars.get(dispatch.ENV_VAR) != self.env)
                 or _any_autocast() or not op.EAGER_FAST_PATH or op._dispatch_modes()):
             return False
+        mods = module._modules
+        for n, ref in self.children:
+            if mods.get(n) is not ref():
+                module._bound = None
+                return False
         for params, name, ref, ptr in self.params:
             p = params.get(name)
             if p is None or p is not ref() or p.data_ptr() != ptr:

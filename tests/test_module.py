@@ -282,3 +282,45 @@ def test_bound_calls_follow_every_change(binding, monkeypatch):
     assert c._bound is None
     with torch.no_grad():
         assert torch.equal(c(x), m(x))
+
+
+def test_bound_calls_unbind_when_a_linear_is_replaced(monkeypatch):
+    """A FusedMLP's bound no-grad calls (module.py, _BoundForward) hold the Linears'
+    parameters: replacing a Linear by another module (an adapter) unbinds, so the call
+    reports the wrapper instead of running the old weights. A stub backend that binds
+    stands in for the GPU kernels."""
+    from fusedmlp_xpu import dispatch
+
+    class Binds(ReferenceBackend):
+        name = "binds"
+        runs = 0
+
+        def bind_forward(self, spec, device, weights, biases):
+            def run(x):
+                Binds.runs += 1
+                return self.forward(x, weights, biases, spec, False)[0]
+            return run
+
+    monkeypatch.setitem(dispatch.REGISTRY, "binds", Binds())
+    monkeypatch.setitem(dispatch.ORDER, "cpu", ("binds", "reference"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(dispatch, "_decisions", {})
+    m = fm.FusedMLP(8, 4, 16, 1).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        m(x), m(x)
+        assert Binds.runs == 2 and m._bound is not None
+
+        class Adapter(nn.Module):  # a LoRA-like wrapper around the original Linear
+            def __init__(self, base):
+                super().__init__()
+                self.base = base
+
+            def forward(self, t):
+                return 2 * self.base(t)
+
+        name = m._names[0]
+        m._modules[name] = Adapter(m._modules[name])
+        with pytest.raises(TypeError, match=rf"FusedMLP\.{name}: expected the nn.Linear"):
+            m(x)
+        assert Binds.runs == 2 and m._bound is None

@@ -30,7 +30,7 @@ class Backend:
         raise NotImplementedError
 
     #: whether it trains: ``forward(save=True)`` and ``backward``; False for an
-    #: inference-only backend, whose training calls raise NotImplementedError
+    #: inference-only backend, to which the dispatcher gives no training call
     trains: bool = True
 
     def supports(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .... import activations
 from ... import device_guard, memory
 from ..common import cdiv, pow2
 from . import launchers
 from .operands import _dense, _stacked
 
-#: activation ids with a non-zero second derivative (activations.py: gelu .. softplus)
-CURVED = frozenset({3, 4, 5, 6, 7, 8})
+#: activation ids with a non-zero second derivative (the registry's grad2)
+CURVED = frozenset(a.id for a in activations.BY_ID.values() if a.grad2 is not None)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,9 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
     L_HID = spec.n_layers - 2
     P = padded_width(spec)
-    second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
+    hid2 = spec.activation_id in CURVED
+    out2 = spec.output_activation_id in CURVED
+    second = hid2 or out2
     tune = tune or tuning(x.device, P)
     if tune.split:
         return _second_order_gemms(gg, v, x, weights, biases, spec, needs)
@@ -84,7 +87,6 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     scratch = progs * ((L_HID + 1) * bm * P + bm * P)
     z = torch.empty(scratch, device=x.device, dtype=dt)
     u = torch.empty_like(z)
-    hid2 = spec.activation_id in CURVED
     zb = torch.empty_like(z) if hid2 else z
     ts = torch.empty_like(z) if tune.merge_dw and second and need_w else z
     per_prog = P * P * (L_HID + 2) + P * (L_HID + 2)
@@ -109,7 +111,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
                      ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
                      HAS_BIAS=biases is not None, NEED_X=gx is not None,
                      NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, HID2=hid2,
-                     OUT2=spec.output_activation_id in CURVED,
+                     OUT2=out2,
                      F32=interp, PREC="ieee" if interp else "tf32x3",
                      MERGE_DW=tune.merge_dw),
                 x.device, num_warps=tune.warps, num_stages=1)
