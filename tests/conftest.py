@@ -161,7 +161,6 @@ def on_a_new_thread(monkeypatch, fn, between=None):
     asked for them) come NaN-filled from this thread: filling them there would be CUDA
     work of that thread."""
     import importlib
-    import threading
 
     mem = importlib.import_module("fusedmlp_xpu.backends.memory")
     poisoned, asked = mem.new_empty, []
@@ -186,6 +185,16 @@ def on_a_new_thread(monkeypatch, fn, between=None):
         return t
 
     monkeypatch.setattr(mem, "new_empty", handing)
+    try:
+        return on_its_own_thread(fn)
+    finally:
+        monkeypatch.setattr(mem, "new_empty", poisoned)
+
+
+def on_its_own_thread(fn):
+    """fn() run on a new thread; its result back, or its exception raised here."""
+    import threading
+
     got: dict = {}
 
     def body():
@@ -197,7 +206,6 @@ def on_a_new_thread(monkeypatch, fn, between=None):
     t = threading.Thread(target=body)
     t.start()
     t.join()
-    monkeypatch.setattr(mem, "new_empty", poisoned)
     if "error" in got:
         raise got["error"]
     return got["result"]

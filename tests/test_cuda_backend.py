@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,8 @@ from fusedmlp_xpu.backends import cuda as cuda_backend
 from fusedmlp_xpu.backends import cuda_build as cb
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import TOLERANCE, assert_close, make_params, reference, term_size
+from conftest import (TOLERANCE, assert_close, make_params, on_its_own_thread, reference,
+                      term_size)
 
 ROOT = Path(__file__).resolve().parent.parent
 SM90 = ((9, 0), 132, cb.SM90_SMEM)  # what device_info reports on an H200
@@ -418,22 +418,15 @@ def test_launch_from_a_new_thread():
     dev = _gpu_or_skip()
     ws, bs = make_params((32, 32, 32, 8), True, torch.float16, dev)
     x = torch.randn(300, 32, device=dev).half()
-    got = {}
 
     def body():
-        try:
-            with torch.no_grad():
-                got["y"] = fm.fused_mlp(x, ws, bs, backend="cuda")
-            torch.cuda.synchronize()
-        except BaseException as e:  # noqa: BLE001 (raised on the test's thread)
-            got["error"] = e
+        with torch.no_grad():
+            y = fm.fused_mlp(x, ws, bs, backend="cuda")
+        torch.cuda.synchronize()
+        return y
 
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "error" in got:
-        raise got["error"]
-    assert_close(got["y"], reference(x, ws, bs, "relu", "none"), TOLERANCE[torch.float16])
+    y = on_its_own_thread(body)
+    assert_close(y, reference(x, ws, bs, "relu", "none"), TOLERANCE[torch.float16])
 
 
 @pytest.mark.gpu

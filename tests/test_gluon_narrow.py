@@ -12,8 +12,8 @@ from fusedmlp_xpu.backends.triton.narrow import forward as n_forward, tuning as 
 from fusedmlp_xpu.backends.triton.narrow import hopper_forward
 from fusedmlp_xpu.spec import MLPSpec
 
-from conftest import (SERIALIZED, assert_close, make_params, on_a_new_thread, reference,
-                      tolerance)
+from conftest import (SERIALIZED, assert_close, make_params, on_a_new_thread,
+                      on_its_own_thread, reference, tolerance)
 
 
 def _sm90() -> bool:
@@ -186,32 +186,23 @@ def test_gluon_forward_in_a_cuda_graph():
 def test_gluon_forward_captured_on_a_new_thread():
     """Captured on a thread whose first launch of the kernel is inside the capture
     (launch.bind_context runs there: it must not end the capture), replayed on new data."""
-    import threading
-
     dev = torch.device("cuda")
     m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16, backend="triton")
     x = torch.randn(n_tuning.GLUON_MIN_ROWS * 2, 64, device=dev, dtype=torch.float16)
     with torch.no_grad():
         m(x)  # compiled, its launch kept
     torch.cuda.synchronize()
-    g, got = torch.cuda.CUDAGraph(), {}
+    g = torch.cuda.CUDAGraph()
 
     def capture():
-        try:
-            with torch.no_grad(), torch.cuda.graph(g):
-                got["y"] = m(x)
-        except BaseException as e:  # noqa: BLE001  (raised on the test's thread)
-            got["error"] = e
+        with torch.no_grad(), torch.cuda.graph(g):
+            return m(x)
 
-    t = threading.Thread(target=capture)
-    t.start()
-    t.join()
-    if "error" in got:
-        raise got["error"]
+    y = on_its_own_thread(capture)
     x.copy_(torch.randn_like(x))
     g.replay()
     torch.cuda.synchronize()
-    assert_close(got["y"], reference(x, m.weights(), m.biases(), "relu", "none"),
+    assert_close(y, reference(x, m.weights(), m.biases(), "relu", "none"),
                  tolerance("triton", torch.float16))
 
 

@@ -59,10 +59,7 @@ def driver_module():
 
 
 def _check(driver, result, what: str):
-    err, *values = result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuda backend: {what} failed: {err!r}")
-    return values[0] if len(values) == 1 else values
+    return cuda_build.unpack(result, driver.CUresult.CUDA_SUCCESS, what)
 
 
 # --- loaded kernels --------------------------------------------------------------------

@@ -202,12 +202,17 @@ def nvrtc_module():
     return nvrtc
 
 
-def _check(nvrtc, result, what: str):
-    """The values of a binding call's (error, *values) result; raises on an error."""
+def unpack(result, success, what: str, error: type[Exception] = RuntimeError):
+    """The values of an NVIDIA binding call's (error, *values) result: one value alone,
+    several as a list; ``error`` naming the call where the code is not ``success``."""
     err, *values = result
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise CudaToolchainError(f"cuda backend: {what} failed: {err!r}")
+    if err != success:
+        raise error(f"cuda backend: {what} failed: {err!r}")
     return values[0] if len(values) == 1 else values
+
+
+def _check(nvrtc, result, what: str):
+    return unpack(result, nvrtc.nvrtcResult.NVRTC_SUCCESS, what, CudaToolchainError)
 
 
 def nvrtc_version() -> tuple[int, int]:
