@@ -80,7 +80,6 @@ def _second_order_kernel(
     [BLOCK_M, P] tile a layer to scratch)."""
     pid = tl.program_id(0)
     dt = x_ptr.dtype.element_ty
-    LAST: tl.constexpr = L_HID + 1
     TILE: tl.constexpr = BLOCK_M * H_P
     SCR: tl.constexpr = (L_HID + 1) * TILE + BLOCK_M * OUT_P
     W_H: tl.constexpr = H_P * IN_P  # offsets in acc: the hidden weights, the last, biases
