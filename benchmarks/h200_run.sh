@@ -51,7 +51,11 @@ for s in $steps; do
     # kernel's tunings (benchmarks/second_order.py) at 2^18 and 2^20 rows
     second-order) timeout ${SO_TESTS_S:-300} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_second_order.py tests/test_softplus_beta.py > "$OUT/so-tests.log" 2>&1
                   echo "passed $(grep -c ' PASSED ' "$OUT/so-tests.log"), failed $(grep -c ' FAILED ' "$OUT/so-tests.log")"; grep -E " FAILED | ERROR " "$OUT/so-tests.log" | head -10; tail -1 "$OUT/so-tests.log"
-                  for r in 262144 1048576; do timeout ${SO_S:-150} python3 benchmarks/second_order.py --rows $r --out "$OUT/so-kernel-$r.json" ${SO_ARGS:-} 2>&1 | grep -v Warn; done ;;
+                  ;& # and on to the sweep
+    so-sweep) for r in 262144 1048576; do timeout ${SO_S:-150} python3 benchmarks/second_order.py --rows $r --out "$OUT/so-kernel-$r.json" ${SO_ARGS:-} 2>&1 | grep -v Warn; done
+              # the fastest tuning at 2^20 rows that passed its check, for the steps that follow
+              best=$(python3 -c "import json,sys; t=[r for r in json.load(open(sys.argv[1]))['tunings'] if r['ok']]; print(min(t, key=lambda r: r['ms'])['spelling'] if t else '')" "$OUT/so-kernel-1048576.json" 2>/dev/null)
+              [ -n "$best" ] && export FUSEDMLP_SECOND_ORDER_TUNING=$best; echo "second-order tuning for later steps: ${best:-the default}" ;;
     # whole training steps, one JSON per config (STEPS_ARGS: --batch, --dtype, --steps)
     steps) for c in ${STEPS_CONFIGS:-sdf-eikonal loop-image}; do
              timeout ${STEPS_S:-280} python3 -m fusedmlp_xpu.cli bench --suite steps --configs $c ${STEPS_ARGS:-} --out "$OUT/steps-$c.json" > "$OUT/steps-$c.txt" 2>&1

@@ -37,21 +37,14 @@ DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "
 NEEDS = (False, True, True, True)  # v, x, weights, biases: what the eikonal step asks
 
 
-def parse_tuning(text: str) -> kernel.Tuning:
-    if text.lower() == "split":
-        return kernel.SPLIT
-    merge = text.lower().endswith("m")
+def checked_tuning(text: str) -> str:
+    """A --tunings word, kept as spelled (the JSON's "spelling": what
+    FUSEDMLP_SECOND_ORDER_TUNING takes) once Tuning.parse accepts it."""
     try:
-        bm, warps, per_sm = (int(t) for t in text.lower().removesuffix("m").split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"tuning: expected ROWSxWARPSxPER_SM[m] such as 32x4x2 or 32x4x2m, got "
-            f"{text!r}") from None
-    if bm < 16 or bm & (bm - 1) or warps not in (1, 2, 4, 8, 16) or per_sm < 1:
-        raise argparse.ArgumentTypeError(
-            f"tuning {text!r}: rows a power of two >= 16, warps 1-16 (a power of two), "
-            "programs per SM >= 1")
-    return kernel.Tuning(bm, warps, per_sm, merge)
+        kernel.Tuning.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def inputs(rows: int, device, dtype):
@@ -107,8 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--rows", type=int, default=2 ** 18)
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
-    p.add_argument("--tunings", nargs="+", type=parse_tuning,
-                   default=[parse_tuning(t) for t in DEFAULT_TUNINGS])
+    p.add_argument("--tunings", nargs="+", type=checked_tuning, default=list(DEFAULT_TUNINGS))
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -125,9 +117,10 @@ def main(argv=None) -> int:
            "dtype": args.dtype, "widths": list(spec.widths), "activation": spec.activation,
            "bias": spec.bias, "error_bound": bound, "default": str(kernel.tuning(
                device, kernel.padded_width(spec))), "tunings": []}
-    for tune in args.tunings:
-        rec = {"tuning": str(tune), "block_m": tune.block_m, "warps": tune.warps,
-               "per_sm": tune.per_sm, "merge_dw": tune.merge_dw, "split": tune.split}
+    for text in args.tunings:
+        tune = kernel.Tuning.parse(text)
+        rec = {"tuning": str(tune), "spelling": text, "block_m": tune.block_m,
+               "warps": tune.warps, "per_sm": tune.per_sm, "merge_dw": tune.merge_dw, "split": tune.split}
         try:
             run = lambda tune=tune: kernel.second_order(  # noqa: E731
                 gg, v, x, ws, bs, spec, NEEDS, tune)

@@ -349,3 +349,21 @@ def test_kernel_benchmark_checks_each_tuning(tmp_path):
     assert got["first_backward_x_ms"] > 0
     with pytest.raises(SystemExit):
         mod.main(["--out", str(out), "--tunings", "16x3x1"])
+
+
+def test_tuning_override_from_the_environment(monkeypatch):
+    """FUSEDMLP_SECOND_ORDER_TUNING picks the kernel's tuning (the benchmark's spelling); a
+    malformed value is an error naming the variable, not a silent default."""
+    if not fm.dispatch.availability("triton")[0]:
+        pytest.skip("triton not available")
+    from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
+
+    cpu = torch.device("cpu")
+    default = kernel.tuning(cpu, 64)
+    monkeypatch.setenv("FUSEDMLP_SECOND_ORDER_TUNING", "32x8x2m")
+    assert kernel.tuning(cpu, 64) == kernel.Tuning(32, 8, 2, True) != default
+    monkeypatch.setenv("FUSEDMLP_SECOND_ORDER_TUNING", "split")
+    assert kernel.tuning(cpu, 64).split
+    monkeypatch.setenv("FUSEDMLP_SECOND_ORDER_TUNING", "32x3x1")
+    with pytest.raises(ValueError, match="FUSEDMLP_SECOND_ORDER_TUNING.*32x3x1"):
+        kernel.tuning(cpu, 64)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .... import activations
+from .... import activations, envvars
 from ... import device_guard, memory
 from ..common import cdiv, pow2
 from . import launchers
@@ -40,6 +40,23 @@ class Tuning:
         return (f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
                 + (", merged dW" if self.merge_dw else ""))
 
+    @classmethod
+    def parse(cls, text: str) -> "Tuning":
+        """``ROWSxWARPSxPER_SM`` with a trailing ``m`` for merge_dw (``32x4x2m``), or
+        ``split``: the benchmark's and FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
+        t = text.strip().lower()
+        if t == "split":
+            return cls(0, split=True)
+        try:
+            bm, warps, per_sm = (int(n) for n in t.removesuffix("m").split("x"))
+        except ValueError:
+            raise ValueError(f"second-order tuning: expected ROWSxWARPSxPER_SM[m] such as "
+                             f"32x4x2 or 32x4x2m, or split; got {text!r}") from None
+        if bm < 16 or bm & (bm - 1) or warps not in (1, 2, 4, 8, 16) or per_sm < 1:
+            raise ValueError(f"second-order tuning {text!r}: rows a power of two >= 16, "
+                             "warps 1-16 (a power of two), programs per SM >= 1")
+        return cls(bm, warps, per_sm, t.endswith("m"))
+
 
 #: the GEMM form (Tuning.split)
 SPLIT = Tuning(0, split=True)
@@ -53,7 +70,14 @@ def tuning(device: torch.device, P: int) -> Tuning:
     rows, 13 KB at 64; not timed). 4 warps, one program per SM: the only setting timed.
     benchmarks/second_order.py sweeps the others (the sm_90 compile at width 64, softplus:
     32 rows x 4 warps 255 registers, so two programs fit an SM; x 8 warps 181 registers,
-    one; 16 rows x 4 warps 208; with merge_dw 255, 240 and 227; no spills in any)."""
+    one; 16 rows x 4 warps 208; with merge_dw 255, 240 and 227; no spills in any).
+    FUSEDMLP_SECOND_ORDER_TUNING (``Tuning.parse``'s spelling) overrides it."""
+    forced = envvars.get("FUSEDMLP_SECOND_ORDER_TUNING")
+    if forced:
+        try:
+            return Tuning.parse(forced)
+        except ValueError as e:
+            raise ValueError(f"FUSEDMLP_SECOND_ORDER_TUNING: {e}") from None
     if device.type == "cpu":
         return Tuning(16)
     return Tuning(16 if P > 64 else 32)
