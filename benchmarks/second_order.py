@@ -120,7 +120,8 @@ def main(argv=None) -> int:
     for text in args.tunings:
         tune = kernel.Tuning.parse(text)
         rec = {"tuning": str(tune), "spelling": text, "block_m": tune.block_m,
-               "warps": tune.warps, "per_sm": tune.per_sm, "merge_dw": tune.merge_dw, "split": tune.split}
+               "warps": tune.warps, "per_sm": tune.per_sm, "merge_dw": tune.merge_dw,
+               "split": tune.split}
         try:
             run = lambda tune=tune: kernel.second_order(  # noqa: E731
                 gg, v, x, ws, bs, spec, NEEDS, tune)
