@@ -1,9 +1,11 @@
-"""Where the host time of one training step from Python goes (`loop-image` of
-`fusedmlp bench --suite steps`): ms per step by device events, back to back, for the
+"""Where the time of one training step from Python goes (`loop-image` or `sdf-eikonal`
+of `fusedmlp bench --suite steps`): ms per step by device events, back to back, for the
 fused and the eager net, then the fused step under cProfile (top functions by own time
-and by cumulative time) and torch.profiler's CPU-side table. Writes JSON.
+and by cumulative time), torch.profiler's CPU-side table and, on CUDA, its table of
+device time by kernel for the fused and the eager step. Writes JSON.
 
-    python benchmarks/host_step.py --out host.json [--batch 262144] [--out-features 3]
+    python benchmarks/host_step.py --out host.json [--config sdf-eikonal] [--batch 262144]
+        [--out-features 3]
 
 Environment switches (FUSEDMLP_GLUON=0, FUSEDMLP_FAST_LAUNCH=0, ...) apply as usual: run
 it once per switch to see which part of the package a step's host time sits in."""
@@ -28,6 +30,7 @@ from fusedmlp_xpu.benchtools import calls_ms, environment
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--config", default="loop-image", choices=sorted(bench_steps.CONFIGS))
     p.add_argument("--batch", type=int, default=2 ** 18)
     p.add_argument("--dtype", default="float16", choices=sorted(bench_steps.DTYPES))
     p.add_argument("--out-features", type=int, default=None)
@@ -35,12 +38,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = bench_steps.DTYPES[args.dtype]
-    cfg = bench_steps.CONFIGS["loop-image"]
+    cfg = bench_steps.CONFIGS[args.config]
     if args.out_features:
         cfg = replace(cfg, out_features=args.out_features)
     task = bench_steps.Task(cfg, args.batch, device)
     fused, seq = bench_steps.make_nets(cfg, device, dtype)
-    out = {"env": environment(device), "batch": args.batch, "dtype": args.dtype,
+    out = {"env": environment(device), "config": cfg.name, "batch": args.batch, "dtype": args.dtype,
            "out_features": cfg.out_features,
            "switches": {k: v for k, v in os.environ.items() if k.startswith("FUSEDMLP_")}}
     trainers = {"fused": bench_steps.Trainer(fused, dtype, device),
@@ -71,6 +74,17 @@ def main(argv=None) -> int:
     table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     out["torch_profiler_cpu"] = table
     print(table, flush=True)
+    if device.type == "cuda":
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        for name, tr in trainers.items():
+            with torch.profiler.profile(activities=acts) as tp:
+                for _ in range(10):
+                    tr.step(task)
+                torch.cuda.synchronize()
+            table = tp.key_averages().table(sort_by="self_cuda_time_total", row_limit=30,
+                                            max_name_column_width=70)
+            out[f"torch_profiler_device_{name}"] = table
+            print(f"-- device time by kernel, 10 {name} steps\n{table}", flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     return 0
