@@ -1,7 +1,8 @@
 """The second-order kernel (the eikonal node's backward, narrow/second_order_kernels.py)
 at a sweep of tunings, beside the same closed form as torch ops and eager torch's double
-backward (and the first backward that computes g, for scale), on the sdf-eikonal net
-(32 -> 64 x 4 -> 16, softplus, biases). Writes JSON.
+backward (and, for scale, the step's other MLP kernels: the training forward, the first
+backward that computes g, the weights' backward of y's own loss term), on the sdf-eikonal
+net (32 -> 64 x 4 -> 16, softplus, biases). Writes JSON.
 
     PYTHONPATH=. python benchmarks/second_order.py --out so.json [--rows 262144]
         [--dtype float16] [--tunings 32x4x1 32x4x2 32x8x1 16x4x2]
@@ -140,10 +141,22 @@ def main(argv=None) -> int:
     out["first_backward_x_ms"] = time_ms(  # the eikonal node's forward (g), for scale
         device, lambda: be.backward(v, x, ws, bs, None, spec, (True, False, False)),
         args.repeats)
+    # the step's other MLP kernels, for scale: the training forward (saving z where the
+    # backend saves) and the backward of y's own loss term (weights and biases)
+    keep = not be.recomputes(spec, device)
+    saved = be.forward(x, ws, bs, spec, keep)[1] if keep else None
+    gy = torch.randn(x.shape[0], spec.out_features, device=device, dtype=dtype)
+    out["forward_train_ms"] = time_ms(device, lambda: be.forward(x, ws, bs, spec, keep),
+                                      args.repeats)
+    out["forward_saves_z"] = keep
+    out["backward_weights_ms"] = time_ms(
+        device, lambda: be.backward(gy, x, ws, bs, saved, spec, (False, True, True)),
+        args.repeats)
     out["closed_form_torch_ops_ms"] = time_ms(device, closed, args.repeats)
     out["eager_double_backward_ms"] = time_ms(
         device, lambda: eager_double_backward(spec, ws, bs, x, v, gg), args.repeats)
-    for k in ("first_backward_x_ms", "closed_form_torch_ops_ms", "eager_double_backward_ms"):
+    for k in ("forward_train_ms", "first_backward_x_ms", "backward_weights_ms",
+              "closed_form_torch_ops_ms", "eager_double_backward_ms"):
         print(f"{k}: {out[k]:.4f}", flush=True)
     write_json(args.out, out)
     return 0 if all(r["ok"] for r in out["tunings"]) else 1

@@ -346,7 +346,8 @@ def test_kernel_benchmark_checks_each_tuning(tmp_path):
     for rec in got["tunings"]:
         assert rec["ok"] and rec["ms"] > 0 and rec["max_rel_error"] <= got["error_bound"]
     assert got["eager_double_backward_ms"] > 0 and got["closed_form_torch_ops_ms"] > 0
-    assert got["first_backward_x_ms"] > 0
+    assert got["first_backward_x_ms"] > 0 and got["forward_train_ms"] > 0
+    assert got["backward_weights_ms"] > 0
     with pytest.raises(SystemExit):
         mod.main(["--out", str(out), "--tunings", "16x3x1"])
 
