@@ -213,7 +213,7 @@ def compile_second_order(args) -> int:
     cases = ((64, 8, False), (64, 1, False)) if args.quick else (
         (32, 8, False), (64, 8, False), (64, 1, False), (128, 8, False), (64, 8, True))
     for P, act, merge in cases:
-        tune = second_order.tuning(torch.device("cuda"), P)
+        tune = second_order.kernel_tuning(torch.device("cuda"), P)
         bm = tune.block_m
         consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
                       HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,

@@ -351,7 +351,12 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
             continue
         for _ in range(args.warmup):
             run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
         losses = _losses(trainer, run, args.steps, device)
+        if device.type == "cuda":  # the training steps' peak (a captured graph's pool too)
+            rec["peak_mb"] = torch.cuda.max_memory_allocated(device) / 2 ** 20
         tail = losses[-min(10, len(losses)):]
         rec.update(loss_first=losses[0], loss_last=losses[-1], loss_final=sum(tail) / len(tail),
                    steps=args.steps, finite=all(math.isfinite(x) for x in losses))
@@ -400,7 +405,8 @@ def run_steps(args, checkpoint=None) -> dict:
         f"loss_final: mean loss of the last 10 of {args.steps} steps from the same seed and "
         f"weights; losses_agree: every variant within {AGREE:.0%} of the others",
         "half precision: parameters in the dtype, Adam over float32 master copies",
-        "device_ms_by_phase: torch.profiler, eager and fused only (CUDA)"]}
+        "device_ms_by_phase: torch.profiler, eager and fused only (CUDA)",
+        "peak_mb: torch.cuda.max_memory_allocated over the loss run's steps (CUDA)"]}
     plan = [(CONFIGS[n], N, d) for n in names for N in (args.batch or
             ([2 ** 10] if tiny else CONFIGS[n].batches)) for d in dtypes]
     for i, (cfg, N, d) in enumerate(plan, 1):

@@ -178,13 +178,15 @@ def grads(gbar, v, x, weights, biases, spec, needs):
 
 
 class InputGrad(torch.autograd.Function):
-    """g = (dy/dx)^T v of the MLP on backend ``be``; backward: the closed form."""
+    """g = (dy/dx)^T v of the MLP on backend ``be``; backward: the closed form. ``saved``:
+    the pre-activations the forward saved on ``be`` (None: the backend computes them
+    again), read by the first backward only: its backward recomputes what it needs."""
 
     @staticmethod
-    def forward(ctx, spec, be, v, x, *params):
+    def forward(ctx, spec, be, saved, v, x, *params):
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        gx, _, _ = backward_rows(be, v, x, weights, biases, None, spec, (True, False, False))
+        gx, _, _ = backward_rows(be, v, x, weights, biases, saved, spec, (True, False, False))
         ctx.spec, ctx.be = spec, be
         ctx.save_for_backward(v, x, *params)
         return gx
@@ -195,10 +197,11 @@ class InputGrad(torch.autograd.Function):
         v, x, *params = ctx.saved_tensors
         weights, biases = params[:n], (params[n:] if spec.bias else None)
         need = ctx.needs_input_grad
-        need_w = any(need[4:4 + n])
-        need_b = spec.bias and any(need[4 + n:])
+        need_v, need_x = need[3], need[4]
+        need_w = any(need[5:5 + n])
+        need_b = spec.bias and any(need[5 + n:])
         if torch.is_grad_enabled():  # create_graph=True again: third derivatives
-            groups = [[v] if need[2] else [], [x] if need[3] else [],
+            groups = [[v] if need_v else [], [x] if need_x else [],
                       list(weights) if need_w else [], list(biases) if need_b else []]
             gv, gx, gw, gb = grads_by_recompute(
                 lambda: input_grad_torch(v, x, weights, biases, spec), gbar, groups)
@@ -207,11 +210,11 @@ class InputGrad(torch.autograd.Function):
             lead = x.shape[:-1]
             flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
             args = (flat(gbar.contiguous()), flat(v.contiguous()), flat(x), weights, biases,
-                    spec, (need[2], need[3], need_w, need_b))
+                    spec, (need_v, need_x, need_w, need_b))
             out = ctx.be.second_order(*args)  # the backend's kernel, where it has one
             gv, gx, gw, gb = grads(*args) if out is None else out
             gv = None if gv is None else gv.reshape(*lead, gv.shape[-1])
             gx = None if gx is None else gx.reshape(x.shape)
         gw = list(gw) if need_w else [None] * n
         gb = (list(gb) if need_b else [None] * n) if spec.bias else []
-        return (None, None, gv, gx, *gw, *gb)
+        return (None, None, None, gv, gx, *gw, *gb)

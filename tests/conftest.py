@@ -360,9 +360,9 @@ def run_aot_compile(script: str) -> str:
     return r.stdout
 
 
-#: the Triton second-order tunings the benchmark times besides the default
-#: (narrow/second_order.py: Tuning.merge_dw, the GEMM form Tuning.split)
-SECOND_ORDER_VARIANTS = ["", "merge_dw", "split"]
+#: the Triton second-order tunings besides the default (narrow/second_order.py): the one
+#: kernel at its tuning, with its merged weight-gradient pass, and the GEMM form
+SECOND_ORDER_VARIANTS = ["", "kernel", "merge_dw", "split"]
 
 
 def use_second_order_variant(monkeypatch, name: str, variant: str) -> None:
@@ -372,10 +372,14 @@ def use_second_order_variant(monkeypatch, name: str, variant: str) -> None:
         return
     if name != "triton":
         pytest.skip("a Triton second-order tuning")
+    if variant == "kernel" and not torch.cuda.is_available():
+        pytest.skip("the default without a GPU")
     from dataclasses import replace
 
     from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
 
-    tuned = kernel.tuning
-    monkeypatch.setattr(kernel, "tuning",
-                        lambda device, P: replace(tuned(device, P), **{variant: True}))
+    pick = {"kernel": kernel.kernel_tuning,
+            "merge_dw": lambda device, P: replace(kernel.kernel_tuning(device, P),
+                                                  merge_dw=True),
+            "split": lambda device, P: kernel.SPLIT}[variant]
+    monkeypatch.setattr(kernel, "tuning", pick)

@@ -368,3 +368,36 @@ def test_tuning_override_from_the_environment(monkeypatch):
     monkeypatch.setenv("FUSEDMLP_SECOND_ORDER_TUNING", "32x3x1")
     with pytest.raises(ValueError, match="FUSEDMLP_SECOND_ORDER_TUNING.*32x3x1"):
         kernel.tuning(cpu, 64)
+
+
+@pytest.mark.parametrize("name", ["reference", "triton"])
+def test_eikonal_first_backward_reads_the_saved_forward(name, op_path, monkeypatch):
+    """g = dy/dx (create_graph=True) after a forward that saved its pre-activations reads
+    them: no second forward (on the H200 the sdf net's forward is 0.6 ms of an 11 ms
+    eikonal step at 2^20 rows); the eikonal gradients stay those of float64 eager."""
+    be = fm.dispatch.REGISTRY[name]
+    if not fm.dispatch.availability(name)[0]:
+        pytest.skip(f"{name} not available")
+    spec_dt = torch.float32
+    m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", backend=name, dtype=spec_dt)
+    x = torch.randn(9, 3, dtype=spec_dt, requires_grad=True)
+    if be.recomputes(m.spec(spec_dt), x.device):
+        pytest.skip(f"{name} saves nothing here: its backward recomputes by design")
+    calls = []
+    real = type(be).forward
+    monkeypatch.setattr(type(be), "forward",
+                        lambda self, *a: calls.append(a[-1]) or real(self, *a))
+    y = m(x)
+    assert calls == [True], calls  # one training forward, saving
+    (g,) = torch.autograd.grad(y[:, 0].sum(), x, create_graph=True)
+    assert calls == [True], f"the first backward ran the forward again: {calls}"
+    loss = (g.norm(dim=-1) - 1).pow(2).mean() + y.abs().mean()
+    got = torch.autograd.grad(loss, [x, *m.parameters()])
+    seq = m.to_sequential().double()
+    x64 = x.detach().double().requires_grad_()
+    y64 = seq(x64)
+    (g64,) = torch.autograd.grad(y64[:, 0].sum(), x64, create_graph=True)
+    loss64 = (g64.norm(dim=-1) - 1).pow(2).mean() + y64.abs().mean()
+    want = torch.autograd.grad(loss64, [x64, *seq.parameters()])
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_close(a, b, tolerance(name, spec_dt), f"eikonal gradient {i}")

@@ -95,9 +95,13 @@ class TritonBackend(Backend):
                 why += ("; that backward on sm_90 from {} rows: the Gluon kernel "
                         "(asynchronous weight-gradient MMAs, TMA)".format(tuning.GLUON_MIN_ROWS)
                         if ok else f"; not the Gluon backward: {why_not}")
+        from .narrow import second_order as so
+
+        so_tune = so.tuning(device, so.padded_width(spec))
         why += ("; second derivatives through the input gradient (an eikonal loss: "
-                "autograd.grad(y, x, create_graph=True), then backward): the closed form in "
-                "one kernel (narrow/second_order.py)")
+                "autograd.grad(y, x, create_graph=True), then backward): the closed form "
+                + ("as whole-batch GEMMs with fused pointwise kernels" if so_tune.split
+                   else f"in one kernel, {so_tune}") + " (narrow/second_order.py)")
         return True, why
 
     # -- launches -----------------------------------------------------------------------

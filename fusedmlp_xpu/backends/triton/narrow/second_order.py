@@ -63,14 +63,20 @@ SPLIT = Tuning(0, split=True)
 
 
 def tuning(device: torch.device, P: int) -> Tuning:
-    """The tuning at padded width P: 16 rows in the interpreter; on GPUs 32 rows up to width
-    64 (the sdf net, 2^18 rows, fp16, H200: 3.03 ms a call at 32 rows against 3.22 at 64,
-    h200-so-time-20261203.txt; the sm_90 compile: no spills at 32 rows, 160 B at 64), 16 at
-    width 128 (its weight tiles alone fill the registers: 3.6 KB of spills a thread at 16
-    rows, 13 KB at 64; not timed). 4 warps, one program per SM: the only setting timed.
-    benchmarks/second_order.py sweeps the others (the sm_90 compile at width 64, softplus:
-    32 rows x 4 warps 255 registers, so two programs fit an SM; x 8 warps 181 registers,
-    one; 16 rows x 4 warps 208; with merge_dw 255, 240 and 227; no spills in any).
+    """The tuning at padded width P: on GPUs the GEMM form (SPLIT), in the interpreter the
+    one kernel (``kernel_tuning``). The sdf net (32 -> 64 x 4 -> 16, softplus, biases),
+    fp16, H200, ms a call (benchmarks/second_order.py, every tuning checked against
+    float64 first; h200-so-kernel-{262144,1048576}-20261203.json), 2^18 / 2^20 rows:
+      GEMM form                                  1.47 / 4.23
+      one kernel, 16 rows x 4 warps x 2 per SM, merged dW  1.83 / 7.17
+      one kernel, 32 rows x 8 warps x 1 per SM   1.86 / 7.27
+      one kernel, 32 rows x 4 warps x 1 per SM   2.68 / 10.51  (the default before)
+      eager torch's double backward (with its forward and first backward)  2.63 / 7.07
+    The kernel's tiles are too small for the tensor cores to pay: every row block does
+    ~14 dependent [rows, 64] x [64, 64] products. Width 128 is not timed (the kernel spills
+    3.6 KB a thread there; the GEMM form does not care). Memory: the GEMM form keeps about
+    seven [M, width] activations a layer alive at once (at 2^20 rows, width 64, fp16:
+    ~0.9 GB a layer).
     FUSEDMLP_SECOND_ORDER_TUNING (``Tuning.parse``'s spelling) overrides it."""
     forced = envvars.get("FUSEDMLP_SECOND_ORDER_TUNING")
     if forced:
@@ -78,9 +84,18 @@ def tuning(device: torch.device, P: int) -> Tuning:
             return Tuning.parse(forced)
         except ValueError as e:
             raise ValueError(f"FUSEDMLP_SECOND_ORDER_TUNING: {e}") from None
+    return kernel_tuning(device, P) if device.type == "cpu" else SPLIT
+
+
+def kernel_tuning(device: torch.device, P: int) -> Tuning:
+    """The one kernel's tuning at padded width P: 16 rows in the interpreter; on GPUs 32
+    rows x 8 warps up to width 64 (181 registers in the sm_90 compile at width 64,
+    softplus: no spills; the timings in ``tuning``), 16 rows x 4 warps at width 128 (its
+    weight tiles alone fill the registers: 3.6 KB of spills a thread at 16 rows, 13 KB at
+    64; not timed)."""
     if device.type == "cpu":
         return Tuning(16)
-    return Tuning(16 if P > 64 else 32)
+    return Tuning(16) if P > 64 else Tuning(32, 8)
 
 
 def padded_width(spec) -> int:
