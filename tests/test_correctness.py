@@ -372,6 +372,38 @@ def test_split_backward_partial_grads(backend, monkeypatch, one_kernel):
     test_partial_grads(backend)
 
 
+@pytest.mark.parametrize("resident", [False, True], ids=["per-block", "resident"])
+@pytest.mark.parametrize("act", ["softplus", "relu"])
+def test_x_only_backward_from_saved_z_runs_the_chain_alone(backend, resident, act,
+                                                            monkeypatch):
+    """x's gradient alone from saved pre-activations (frozen weights; an eikonal step's
+    first backward) with an unrolled chain: the chain runs storing no g, and no weight-
+    gradient kernel; x's gradient against the reference, fp16, three programs."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    split = n_tuning.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
+                           g_stages=2, g_resident=resident)
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: split)
+    monkeypatch.setattr(n_launchers, "_n_programs", lambda device, n_blocks, per_sm=1:
+                        max(1, min(n_blocks, 3)))
+    launched = []
+    for mode in ("bwd_resident", "bwd_recompute", "g", "bwd", "dw"):
+        la = n_launchers._launcher(mode)
+        monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
+                            launched.append((_m, a[2].get("STORE_G"))) or _l(*a, **k))
+    widths, dt = (32, 64, 64, 64, 16), torch.float16
+    ws, bs = make_params(widths, True, dt, dev)
+    x = torch.randn(1037, widths[0], device=dev).to(dt).requires_grad_()
+    y = fm.fused_mlp(x, ws, bs, act, backend=name, recompute=False)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    assert launched == [("g", False)], launched
+    _, rgx, _, _ = reference(x, ws, bs, act, "none", grad_y=gy,
+                             kinks_at=saved_z(x, ws, bs, act, "none", name))
+    assert_close(x.grad, rgx, tolerance(name, dt), "grad x")
+
+
 @pytest.mark.parametrize("fits_at", [0, 1], ids=["none-fits", "one-stage-fits"])
 def test_unrolled_chain_that_does_not_fit_steps_down(backend, fits_at, monkeypatch):
     """An unrolled input-gradient chain the device refuses (Triton's OutOfResources; seen

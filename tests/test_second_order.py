@@ -319,7 +319,9 @@ def test_explain_names_the_second_order_path(name):
     if not ok:
         pytest.skip(f"{name} not available")
     spec = fm.MLPSpec((3, 64, 64, 16), "softplus", "none", True, torch.float32)
-    text = str(fm.dispatch.explain_choice(torch.device("cpu"), spec, name))
+    # the device triton runs here (CPU tensors only in the interpreter)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    text = str(fm.dispatch.explain_choice(dev, spec, name))
     assert "second derivatives" in text and "closed form" in text, text
 
 
@@ -379,8 +381,10 @@ def test_eikonal_first_backward_reads_the_saved_forward(name, op_path, monkeypat
     if not fm.dispatch.availability(name)[0]:
         pytest.skip(f"{name} not available")
     spec_dt = torch.float32
-    m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", backend=name, dtype=spec_dt)
-    x = torch.randn(9, 3, dtype=spec_dt, requires_grad=True)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", backend=name, dtype=spec_dt,
+                    device=dev)
+    x = torch.randn(9, 3, dtype=spec_dt, device=dev, requires_grad=True)
     if be.recomputes(m.spec(spec_dt), x.device):
         pytest.skip(f"{name} saves nothing here: its backward recomputes by design")
     calls = []
@@ -393,11 +397,11 @@ def test_eikonal_first_backward_reads_the_saved_forward(name, op_path, monkeypat
     assert calls == [True], f"the first backward ran the forward again: {calls}"
     loss = (g.norm(dim=-1) - 1).pow(2).mean() + y.abs().mean()
     got = torch.autograd.grad(loss, [x, *m.parameters()])
-    seq = m.to_sequential().double()
-    x64 = x.detach().double().requires_grad_()
+    seq = m.to_sequential().double().cpu()
+    x64 = x.detach().double().cpu().requires_grad_()
     y64 = seq(x64)
     (g64,) = torch.autograd.grad(y64[:, 0].sum(), x64, create_graph=True)
     loss64 = (g64.norm(dim=-1) - 1).pow(2).mean() + y64.abs().mean()
     want = torch.autograd.grad(loss64, [x64, *seq.parameters()])
     for i, (a, b) in enumerate(zip(got, want)):
-        assert_close(a, b, tolerance(name, spec_dt), f"eikonal gradient {i}")
+        assert_close(a.cpu(), b, tolerance(name, spec_dt), f"eikonal gradient {i}")

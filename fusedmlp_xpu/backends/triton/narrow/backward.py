@@ -41,10 +41,9 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
         if out is not None:
             return out
     need_wb = need_w or need_b
+    split = tuning._split_backward(x.device, spec) if M > 0 else None
     # nothing saved (recompute): the one kernel also when only x needs a gradient
-    split = (tuning._split_backward(x.device, spec) if M > 0 and (need_wb or saved is None)
-             else None)
-    if _one_kernel(split, spec):  # the backward in one kernel, if it fits
+    if _one_kernel(split, spec) and (need_wb or saved is None):  # one kernel, if it fits
         out = _backward_plan(spec, x.device, split, needs, saved is None)(
             grad_y, x, weights, biases, saved)
         if out is not None:
@@ -56,8 +55,12 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
     wh = _stacked(weights[1:-1]) if spec.n_layers > 2 else None
     meta = _launch_meta(spec, x.device.type)
     L_HID = spec.n_layers - 2
-    if not need_wb:
+    x_only = not need_wb
+    if x_only and not (split is not None and split.g_unroll):
         split = None  # x's gradient alone: the fused kernel
+    # x's gradient alone with an unrolled chain: the chain, storing no g, and no weight-
+    # gradient kernel (the sdf net's x gradient at 2^20 rows took 0.89 ms in the fused
+    # kernel on the H200, benchmarks/second_order.py first_backward_x_ms)
     if saved is None:  # recompute: the forward once more, saving
         _, saved = forward(x, weights, biases, spec, True)
     z = saved if saved.stride(-1) == 1 else saved.contiguous()
@@ -76,7 +79,7 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
         P = launchers._n_programs(x.device, n_blocks,
                                   split.g_per_sm if split is not None else 1)
     g = acc = grad_y  # placeholders for pointers a launch does not use
-    if split is not None:
+    if split is not None and not x_only:
         g = memory.new_empty(M, (L_HID + 1) * H + (
             OUT if spec.output_activation != "none" else 0), like=x)
     elif need_wb:  # every program adds into its slot: zeros first
@@ -91,16 +94,16 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
                     "g", x.device, spec, (P,), (*ptrs, g, M, IN, H, OUT, n_blocks, *strides),
                     dict(meta, **_chain_pads(spec, resident), L_HID=L_HID,
                          NEED_X=need_x, BLOCK_M=block_m, STAGES=split.g_stages,
-                         RESIDENT=resident), warps)):
+                         RESIDENT=resident, STORE_G=not x_only), warps)):
                 # the fused kernel adds [T_P, T_P] partials into the scratch: T_P tiles
                 launchers._launcher("bwd").launch(
                     (P,), (*ptrs, acc, g, M, IN, H, OUT, L_HID, n_blocks, *strides),
                     dict(meta, **({} if split is None else _chain_pads(spec, False)),
                          W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                          NEED_W=need_w and split is None, NEED_B=need_b and split is None,
-                         STORE_G=split is not None, BLOCK_M=block_m), x.device,
+                         STORE_G=split is not None and not x_only, BLOCK_M=block_m), x.device,
                     num_warps=warps, num_stages=stages)
-            if split is not None:
+            if split is not None and not x_only:
                 acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b,
                                           W_SLOT, SLOT)
     gws, gbs = [], []

@@ -194,13 +194,15 @@ def _mlp_g_kernel(
     L_HID: tl.constexpr, IN_P: tl.constexpr, H_P: tl.constexpr, OUT_P: tl.constexpr,
     ACT: tl.constexpr, OUT_ACT: tl.constexpr, NEED_X: tl.constexpr,
     F32: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
-    RESIDENT: tl.constexpr = False,
+    RESIDENT: tl.constexpr = False, STORE_G: tl.constexpr = True,
 ):
     """The split backward's input-gradient chain with the layer loop unrolled (L_HID a
     constexpr), as the persistent forward: the loop over row blocks is innermost, so
     Triton's pipeliner can fetch the next block's gy and z while this one is computed
     (STAGES buffers), and every layer's z load is independent of the chain.
-    RESIDENT (L_HID <= 4): every weight tile loaded once per program, before the loop."""
+    RESIDENT (L_HID <= 4): every weight tile loaded once per program, before the loop.
+    STORE_G: every layer's g stored for the weight-gradient kernel (off: x's gradient
+    alone, from the saved z)."""
     pid = tl.program_id(0)
     w0t = 0
     w1t = 0
@@ -216,7 +218,7 @@ def _mlp_g_kernel(
         _bwd_rows(gy_ptr, x_ptr, w0_ptr, wh_ptr, wl_ptr, z_ptr, gx_ptr, g_ptr,
                   g_ptr, g_ptr, g_ptr, g_ptr, rows,
                   M, IN, H, OUT, L_HID, s_gym, s_xm, s_xk, s_zm, s_gm, IN_P, H_P, OUT_P,
-                  1, ACT, OUT_ACT, NEED_X, False, False, True, F32, PREC, True,
+                  1, ACT, OUT_ACT, NEED_X, False, False, STORE_G, F32, PREC, True,
                   w0t, w1t, w2t, w3t, w4t, wlt, RESIDENT)
 
 
