@@ -59,8 +59,8 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
     if x_only and not (split is not None and split.g_unroll):
         split = None  # x's gradient alone: the fused kernel
     # x's gradient alone with an unrolled chain: the chain, storing no g, and no weight-
-    # gradient kernel (the sdf net's x gradient at 2^20 rows took 0.89 ms in the fused
-    # kernel on the H200, benchmarks/second_order.py first_backward_x_ms)
+    # gradient kernel (the sdf net at 2^20 rows, fp16, H200: the forward and x's gradient
+    # 1.44 ms against 1.51 with the fused kernel; h200-so-parts-20261203{,b}.json)
     if saved is None:  # recompute: the forward once more, saving
         _, saved = forward(x, weights, biases, spec, True)
     z = saved if saved.stride(-1) == 1 else saved.contiguous()
@@ -101,8 +101,8 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
                     dict(meta, **({} if split is None else _chain_pads(spec, False)),
                          W_SLOT=W_SLOT, SLOT=SLOT, NEED_X=need_x,
                          NEED_W=need_w and split is None, NEED_B=need_b and split is None,
-                         STORE_G=split is not None and not x_only, BLOCK_M=block_m), x.device,
-                    num_warps=warps, num_stages=stages)
+                         STORE_G=split is not None and not x_only, BLOCK_M=block_m),
+                    x.device, num_warps=warps, num_stages=stages)
             if split is not None and not x_only:
                 acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b,
                                           W_SLOT, SLOT)
