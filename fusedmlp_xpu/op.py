@@ -174,8 +174,7 @@ def _backward(ctx, grad_y):
             # the input gradient only (eikonal): one node, backward in closed form
             be = dispatch.choose(x.device, spec, backend or None, train=True)
             # the saved pre-activations, as mlp_backward reads them (the same choice)
-            z = None if saved is None else saved.detach()
-            gx = [second_order.InputGrad.apply(spec, be, z, grad_y, x, *params)]
+            gx = [second_order.input_grad(spec, be, saved, grad_y, x, params)]
             return gx[0], [None] * n_w, ([None] * n_w if has_b else None), None, None, None
         gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
                                              (need_x, need_w, need_b))
@@ -261,8 +260,7 @@ class _EagerMLP(torch.autograd.Function):
         if _create_graph():  # create_graph=True: a backward autograd can differentiate
             if need_x and second_order.applies(spec, x, params):
                 # the input gradient only (eikonal): one node, backward in closed form
-                z = None if saved is None else saved.detach()
-                gx = second_order.InputGrad.apply(spec, ctx.be, z, grad_y, x, *params)
+                gx = second_order.input_grad(spec, ctx.be, saved, grad_y, x, params)
                 return (None, None, None, gx) + (None,) * len(params)
             gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
                                                  (need_x, need_w, need_b))

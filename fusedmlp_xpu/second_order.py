@@ -177,6 +177,13 @@ def grads(gbar, v, x, weights, biases, spec, needs):
     return gv, gx, gw, gb
 
 
+def input_grad(spec, be, saved, v, x, params):
+    """g = (dy/dx)^T v as the ``InputGrad`` node; ``saved``: the pre-activations the forward
+    saved on ``be`` (or None), detached: the node reads them, nothing differentiates them."""
+    z = None if saved is None else saved.detach()
+    return InputGrad.apply(spec, be, z, v, x, *params)
+
+
 class InputGrad(torch.autograd.Function):
     """g = (dy/dx)^T v of the MLP on backend ``be``; backward: the closed form. ``saved``:
     the pre-activations the forward saved on ``be`` (None: the backend computes them

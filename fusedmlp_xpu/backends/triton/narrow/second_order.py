@@ -46,7 +46,7 @@ class Tuning:
         ``split``: the benchmark's and FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
         t = text.strip().lower()
         if t == "split":
-            return cls(0, split=True)
+            return SPLIT
         try:
             bm, warps, per_sm = (int(n) for n in t.removesuffix("m").split("x"))
         except ValueError:
