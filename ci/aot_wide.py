@@ -27,6 +27,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import mangle_type  # noqa: E402
 
+from fusedmlp_xpu.activations import ACTIVATIONS  # noqa: E402
+from fusedmlp_xpu.backends.triton.common import APPROX  # noqa: E402
 from fusedmlp_xpu.backends.triton.wide import (  # noqa: E402
     configs, gated_kernels, gemm_kernels)
 from fusedmlp_xpu.backends.triton.wide import tma as wide_tma  # noqa: E402
@@ -43,9 +45,9 @@ UNIT_STRIDES = {
 # the constexpr combinations wide-gelu / wide-swiglu training use, plus prologue variants
 VARIANTS = {
     "fwd": [dict(ACT=4, HAS_BIAS=True, STORE_Z=True), dict(ACT=0, HAS_BIAS=True, STORE_Z=False),
-            dict(ACT=4 + configs.APPROX.value, HAS_BIAS=True, STORE_Z=False)],
+            dict(ACT=4 + APPROX, HAS_BIAS=True, STORE_Z=False)],
     "dx": [dict(G_ACT=0, ACT=4, DUAL=False, STORE_H=True), dict(G_ACT=6, ACT=0, DUAL=True, STORE_H=False),
-           dict(G_ACT=0, ACT=4 + configs.APPROX.value, DUAL=False, STORE_H=False)],
+           dict(G_ACT=0, ACT=4 + APPROX, DUAL=False, STORE_H=False)],
     "dw": [dict(G_ACT=0), dict(G_ACT=7)],
     "gated_fwd": [dict(ACT=5, HAS_BIAS=False, STORE_GU=True)],
     "gated_bwd": [dict(ACT=5)],
@@ -100,7 +102,7 @@ def compile_tma(kind: str, arch: int, dtype=torch.bfloat16, cfg=None, approx=Fal
                                                        u_desc=me, dg_desc=me, du_desc=me, h_desc=me)),
     }[{"fwd_z": "fwd", "gated_gu": "gated"}.get(kind, kind)]
     t = {2: torch.empty(1024, 1024, dtype=dtype), 3: torch.empty(1024, 2, 1024, dtype=dtype)}
-    gelu = 4 + (configs.APPROX.value if approx else 0)
+    gelu = 4 + (APPROX if approx else 0)
     values = {"ACT": 5 if kind.startswith("gated") else gelu, "HAS_BIAS": kind.startswith("fwd"),
               "STORE_Z": kind == "fwd_z", "STORE_GU": kind == "gated_gu",
               "STORE_H": True, "SUBTILE": sub, "STREAM_K": True, "PART_N": wide_tma._part_cols(bn),
@@ -259,7 +261,7 @@ def compile_gluon(arch: int) -> int:
     for epi, act, store_h in ((g.DX, "gelu_tanh", True), (g.DX, "gelu_tanh", False),
                               (g.GATED, "silu", True), (g.GATED, "silu", False)):
         stages = g.stages(epi, store_h)
-        aid = configs._ACT[act] + (configs.APPROX.value if act == "gelu_tanh" else 0)
+        aid = ACTIVATIONS[act].id + (APPROX if act == "gelu_tanh" else 0)
         sig = dict(a_desc=desc([bm, bk]), b_desc=desc([bk, bn]),
                    **{n: desc([bm, bn]) for n in ("e0_desc", "e1_desc", "o0_desc", "o1_desc",
                                                   "h_desc")}, M="i32", N="i32", K="i32")

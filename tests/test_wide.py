@@ -18,6 +18,7 @@ from conftest import (GRAD_VS_EAGER, SERIALIZED, TOLERANCE, assert_close, eager_
 triton = pytest.importorskip("triton")
 wide = pytest.importorskip("fusedmlp_xpu.backends.triton.wide")
 act_mod = pytest.importorskip("fusedmlp_xpu.backends.triton.act")
+common = pytest.importorskip("fusedmlp_xpu.backends.triton.common")
 tl = triton.language
 
 
@@ -233,28 +234,38 @@ def test_device_wide_and_decode(m, dtype):
 
 
 def test_act_id_rule(monkeypatch):
-    """The hardware tanh (act.APPROX) only for gelu_tanh and tanh with 16-bit operands on
-    a compiled NVIDIA device, and not when switched off."""
-    monkeypatch.setattr(wide.configs, "interpreting", lambda: False)
+    """The PTX forms (act.APPROX) only on a compiled NVIDIA device: the hardware tanh for
+    gelu_tanh and tanh with 16-bit operands unless switched off, softplus's lg2 always;
+    the narrow kernels take the softplus one only."""
+    monkeypatch.setattr(common, "interpreting", lambda: False)
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.delenv(wide.configs.APPROX_ENV, raising=False)
-    cuda, approx = torch.device("cuda", 0), wide.configs.APPROX.value
+    monkeypatch.delenv(common.APPROX_ENV, raising=False)
+    cuda, approx = torch.device("cuda", 0), act_mod.APPROX.value
     for act in ACTS:
         base = activations.ACTIVATIONS[act].id
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
-            want = base + approx * (act in ("gelu_tanh", "tanh") and dtype != torch.float32)
+            tanh = act in ("gelu_tanh", "tanh") and dtype != torch.float32
+            want = base + approx * (tanh or act == "softplus")
             assert wide.configs.act_id(act, cuda, dtype) == want, (act, dtype)
+            spec = MLPSpec((8, 16, 4), act, act, dtype=dtype)
+            narrow = base + approx * (act == "softplus")
+            assert common.narrow_act_ids(spec, "cuda") == (narrow, narrow), (act, dtype)
+            assert common.narrow_act_ids(spec, "cpu") == (base, base), (act, dtype)
         for dev in ("cpu", "xpu"):
             assert wide.configs.act_id(act, torch.device(dev), torch.bfloat16) == base
-    monkeypatch.setenv(wide.configs.APPROX_ENV, "0")
+    monkeypatch.setenv(common.APPROX_ENV, "0")
     assert wide.configs.act_id("gelu_tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS[
         "gelu_tanh"].id
-    monkeypatch.delenv(wide.configs.APPROX_ENV)
-    monkeypatch.setattr(wide.configs, "interpreting", lambda: True)
+    monkeypatch.delenv(common.APPROX_ENV)
+    monkeypatch.setattr(common, "interpreting", lambda: True)
     assert wide.configs.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
-    monkeypatch.setattr(wide.configs, "interpreting", lambda: False)
+    assert wide.configs.act_id("softplus", cuda, torch.float16) == activations.ACTIVATIONS[
+        "softplus"].id
+    monkeypatch.setattr(common, "interpreting", lambda: False)
     monkeypatch.setattr(torch.version, "hip", "6.0")  # ROCm devices are "cuda" too: no PTX
     assert wide.configs.act_id("tanh", cuda, torch.bfloat16) == activations.ACTIVATIONS["tanh"].id
+    assert wide.configs.act_id("softplus", cuda, torch.float32) == activations.ACTIVATIONS[
+        "softplus"].id
 
 
 @triton.jit
@@ -266,11 +277,12 @@ def _act_probe_kernel(z_ptr, y_ptr, d_ptr, n, ACT: tl.constexpr):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act", ["gelu_tanh", "tanh"])
-def test_approx_tanh_activations(act):
-    """act and act' through the hardware tanh against float64, elementwise, over
-    [-12, 12]: act within 1e-3 max(1, |z|), act' within 5e-3 (it takes 1 - tanh^2, where
-    tanh.approx's error counts most), and the portable form within 1e-5 max(1, |z|)."""
+@pytest.mark.parametrize("act", ["gelu_tanh", "tanh", "softplus"])
+def test_approx_activations(act):
+    """act and act' through the PTX forms against float64, elementwise, over [-12, 12]:
+    the hardware tanh's act within 1e-3 max(1, |z|), act' within 5e-3 (it takes
+    1 - tanh^2, where tanh.approx's error counts most); softplus's lg2 within 1e-6
+    max(1, |z|) (its act' is the portable sigmoid); the portable forms within 1e-5."""
     if not torch.cuda.is_available() or torch.version.hip is not None:
         pytest.skip("needs an NVIDIA GPU")
     z = torch.linspace(-12, 12, 100_003, device="cuda", dtype=torch.float64)
@@ -280,8 +292,8 @@ def test_approx_tanh_activations(act):
     (dref,) = torch.autograd.grad(ref.sum(), zd)
     base = activations.ACTIVATIONS[act].id
     scale = z.abs().clamp(min=1)
-    for act_id, bound_y, bound_d in ((base + wide.configs.APPROX.value, 1e-3, 5e-3),
-                                     (base, 1e-5, 1e-5)):
+    fast = (1e-6, 1e-5) if act == "softplus" else (1e-3, 5e-3)
+    for act_id, bound_y, bound_d in ((base + act_mod.APPROX.value, *fast), (base, 1e-5, 1e-5)):
         y, d = (torch.full_like(z, float("nan"), dtype=torch.float32) for _ in range(2))
         _act_probe_kernel[(triton.cdiv(z.numel(), 1024),)](z.float(), y, d, z.numel(),
                                                            ACT=act_id)

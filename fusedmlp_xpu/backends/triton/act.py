@@ -1,16 +1,19 @@
 """Activations for the Triton kernels (narrow/, wide/): act(z) and d act / dz by the
 registry's integer id (fusedmlp_xpu/activations.py), on fp32 tiles.
 
-An id plus APPROX (chosen on the host, for NVIDIA CUDA devices only: see wide/configs.act_id)
+An id plus APPROX (chosen on the host, for NVIDIA CUDA devices only: common.act_id)
 computes the tanh-based activations (gelu_tanh, tanh) with the GPU's one-instruction
 tanh (PTX ``tanh.approx.f32``, absolute error about 5e-4) instead of a sigmoid (an
-exponential and a division). The id without it is the portable form: Triton's
-interpreter and other vendors' backends have no PTX."""
+exponential and a division), and softplus's logarithm with PTX ``lg2.approx.f32``
+instead of libdevice's logf (Triton's tl.log is a software routine). The id without it
+is the portable form: Triton's interpreter and other vendors' backends have no PTX."""
 import triton
 import triton.language as tl
 
-#: added to an activation id: tanh through PTX tanh.approx.f32 (NVIDIA only)
-APPROX = tl.constexpr(64)
+from . import common
+
+#: added to an activation id: the PTX form (NVIDIA only)
+APPROX = tl.constexpr(common.APPROX)
 
 
 # Ids and constants as in activations.py (LEAKY_RELU_SLOPE 0.01, SOFTPLUS_THRESHOLD 20).
@@ -37,6 +40,17 @@ def tanh_approx(z):
 
 
 @triton.jit
+def log1p_unit_approx(t):
+    """log(1 + t) for t in [0, 1] (NaN passes): log2 by PTX lg2.approx.f32 (absolute
+    error about 2^-22 on [1, 2]) times ln 2; below t = 2e-3, where rounding 1 + t would
+    cost the small result its relative precision, the series t - t^2 / 2 (relative
+    error < 1.4e-6)."""
+    big = 0.6931471805599453 * tl.inline_asm_elementwise(
+        "lg2.approx.f32 $0, $1;", "=f,f", [1.0 + t], dtype=tl.float32, is_pure=True, pack=1)
+    return tl.where(t < 2e-3, t - 0.5 * t * t, big)
+
+
+@triton.jit
 def _gelu_u(z):
     # sqrt(2 / pi) (z + 0.044715 z^3), the tanh argument of gelu_tanh
     return z * (0.7978845608028654 + 0.035677408136300125 * z * z)
@@ -50,6 +64,10 @@ def act(z, ACT: tl.constexpr):
         z = h + h * tanh_approx(_gelu_u(z))
     elif ACT == 7 + APPROX:
         z = tanh_approx(z)
+    elif ACT == 8 + APPROX:
+        # softplus(z) = max(z, 0) + log(1 + exp(-|z|)): no overflow, no threshold; NaN
+        # passes through the logarithm, +-inf give inf / 0
+        z = tl.where(z > 0, z, 0.0) + log1p_unit_approx(tl.exp(-tl.abs(z)))
     elif ACT == 1:
         # not tl.maximum: it drops NaN (relu(NaN) must be NaN, as in eager)
         z = tl.where(z < 0.0, 0.0, z)
@@ -142,7 +160,7 @@ def act_grad2(z, ACT: tl.constexpr):
     elif ACT == 7:
         t = tanh(z)
         d = -2.0 * t * (1.0 - t * t)
-    elif ACT == 8:
+    elif ACT == 8 or ACT == 8 + APPROX:
         s = tl.sigmoid(z)
         d = tl.where(z > 20.0, 0.0, s * (1.0 - s))
     else:

@@ -561,7 +561,8 @@ def kernel_consts(spec, need_x: bool, need_w: bool, need_b: bool) -> dict:
     """The kernel's constexpr arguments for ``spec`` and the gradients asked for."""
     gdt = gl.float16 if spec.dtype == torch.float16 else gl.bfloat16
     lay = gl.NVMMASharedLayout.get_default_for
-    T_P = _launch_meta(spec, "cuda")["H_P"]  # the Triton backward's reduction's slots
+    meta = _launch_meta(spec, "cuda")
+    T_P = meta["H_P"]  # the Triton backward's reduction's slots
     L_HID = spec.n_layers - 2
     chains, stages = tuning(spec)
     IN_P, H_P, _ = _pads(spec)
@@ -574,8 +575,8 @@ def kernel_consts(spec, need_x: bool, need_w: bool, need_b: bool) -> dict:
         tiles = (IN_P + (L_HID + 1) * H_P) // 2 + (8 * (L_HID + 2) if need_b else 0)
         sums = (tiles + 56 + 7) // 8 * 8
     return dict(h_layout=lay([BLOCK_M, H_P], gdt), g_layout=lay([BLOCK_M, G_P], gdt),
-                ones_layout=lay([BLOCK_M, 16], gdt), L_HID=L_HID, ACT=spec.activation_id,
-                OUT_ACT=spec.output_activation_id, NEED_X=need_x, NEED_W=need_w,
+                ones_layout=lay([BLOCK_M, 16], gdt), L_HID=L_HID, ACT=meta["ACT"],
+                OUT_ACT=meta["OUT_ACT"], NEED_X=need_x, NEED_W=need_w,
                 NEED_B=need_b, HAS_BIAS=spec.bias, X_STAGES=stages, T_P=T_P,
                 SLOT=T_P * T_P + T_P, G_P=G_P, CHAINS=chains,
                 CHAIN_REGS=((chains + 1) * maxnreg(chains) - sums) // chains // 8 * 8,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from .. import launch
-from ..common import pow2
+from ..common import narrow_act_ids, pow2
 # the shared Gluon floor; ENV (0: every forward on forward_kernels.py), Addr and device_ok
 # are read through this module by its callers and tests
 from ..gluon import ENV, IMPORT_ERROR, Addr, device_ok, gluon  # noqa: F401
@@ -310,9 +310,9 @@ class Plan:
         self.x_layout, self.y_layout = lay([bm, IN_P], gdt), lay([bm, OUT_P], gdt)
         self.w_blocks = ([H_P, IN_P], [H_P, H_P], [OUT_P, H_P])
         self.w_layouts = tuple(lay(b, gdt) for b in self.w_blocks)
-        # the exact activations, as forward_kernels.py's kernels (same results, same tolerances)
-        self.consts = dict(L_HID=self.L_HID, ACT=spec.activation_id,
-                           OUT_ACT=spec.output_activation_id, HAS_BIAS=spec.bias,
+        # the activations of forward_kernels.py's kernels (same results, same tolerances)
+        act, out_act = narrow_act_ids(spec, "cuda")
+        self.consts = dict(L_HID=self.L_HID, ACT=act, OUT_ACT=out_act, HAS_BIAS=spec.bias,
                            STAGES=self.stages)
         self.max_programs = self.per_sm * torch.cuda.get_device_properties(
             device).multi_processor_count

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..common import pow2
+from ..common import narrow_act_ids, pow2
 from ..launch import fitting
 
 
@@ -88,6 +88,6 @@ def _launch_meta(spec, device_type: str) -> dict:
     # input gradients and illegal addresses, while every equal-width case passed the suite;
     # the price is extra FLOPs in the first/last layer when they are narrower.
     P = pow2(max(spec.widths))
-    return dict(IN_P=P, H_P=P, OUT_P=P, ACT=spec.activation_id,
-                OUT_ACT=spec.output_activation_id,
+    act, out_act = narrow_act_ids(spec, device_type)
+    return dict(IN_P=P, H_P=P, OUT_P=P, ACT=act, OUT_ACT=out_act,
                 F32=interp, PREC="ieee" if interp else "tf32x3")

@@ -11,7 +11,7 @@ import torch
 
 from .... import activations, envvars
 from ... import device_guard, memory
-from ..common import cdiv, pow2
+from ..common import cdiv, narrow_act_ids, pow2
 from . import launchers
 from .operands import _dense, _stacked
 
@@ -139,6 +139,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
         b0, bl = biases[0], biases[-1]
         bh = _stacked(biases[1:-1]) if L_HID else b0
     interp = x.device.type == "cpu"
+    meta = launchers._launch_meta(spec, x.device.type)
     if M > 0:
         with device_guard(x):
             launchers._launcher("second_order").launch(
@@ -147,7 +148,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
                  x if gx is None else gx, x if gv is None else gv, z, u, zb, ts, acc,
                  M, IN, H, OUT, x.stride(0), v.stride(0), gg.stride(0)),
                 dict(L_HID=L_HID, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm,
-                     ACT=spec.activation_id, OUT_ACT=spec.output_activation_id,
+                     ACT=meta["ACT"], OUT_ACT=meta["OUT_ACT"],
                      HAS_BIAS=biases is not None, NEED_X=gx is not None,
                      NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, HID2=hid2,
                      OUT2=out2,
@@ -192,8 +193,10 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
     need_v, need_x, need_w, need_b = needs
     need_b = need_b and biases is not None
     M, L = x.shape[0], spec.n_layers
-    ids = [spec.activation_id] * (L - 1) + [spec.output_activation_id]
-    second = any(i in CURVED for i in ids)
+    second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
+    curved = [spec.activation_id in CURVED] * (L - 1) + [spec.output_activation_id in CURVED]
+    act, out_act = narrow_act_ids(spec, x.device.type)
+    ids = [act] * (L - 1) + [out_act]  # the kernels' ids
     x, v, gg = (t if t.is_contiguous() else t.contiguous() for t in (x, v, gg))
     outs = [w.shape[0] for w in weights]
     ins = [w.shape[1] for w in weights]
@@ -222,7 +225,7 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
     for i in range(L):
         T = torch.mm(t, weights[i].t())
         nxt = ta[i + 1][:M] if i + 1 < L else None
-        if ids[i] in CURVED:
+        if curved[i]:
             zbar[i] = torch.empty_like(T)
             t = _pointwise(2, ids[i], zs[i], a=T, b=us[i], o2=zbar[i], out=nxt)
         else:

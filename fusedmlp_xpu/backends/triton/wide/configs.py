@@ -10,22 +10,11 @@ import torch
 import triton
 
 from .... import activations, envvars
-from ..act import APPROX
-from ..common import cdiv, pow2
+from ..common import (APPROX_ENV, act_id, cdiv, interpreting,  # noqa: F401 (re-exported)
+                      pow2)
 from ..launch import TunedLauncher
 from .gated_kernels import _gated_bwd_kernel, _gated_fwd_kernel
 from .gemm_kernels import _linear_dw_kernel, _linear_dx_kernel, _linear_fwd_kernel
-
-
-_ACT = {name: a.id for name, a in activations.ACTIVATIONS.items()}
-
-
-#: FUSEDMLP_APPROX_TANH=0 keeps the tanh-based activations in their portable form on
-#: NVIDIA GPUs too (act.py: the hardware tanh is used for fp16 / bf16 operands otherwise)
-APPROX_ENV = "FUSEDMLP_APPROX_TANH"
-
-
-_APPROX_ACTS = ("gelu_tanh", "tanh")
 
 
 GATE_ACTIVATIONS = activations.GATE_ACTIVATIONS
@@ -171,27 +160,6 @@ _KERNELS = {
 
 
 _tuned: dict[tuple[str, str], object] = {}
-
-
-def interpreting() -> bool:
-    return envvars.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def act_id(act: str, where, dtype: torch.dtype | None = None) -> int:
-    """The ACT constexpr of ``act`` for a kernel on ``where`` (a device, or a tensor whose
-    device and dtype count): the registry id, plus act.APPROX for gelu_tanh and tanh
-    with fp16 / bf16 operands on an NVIDIA GPU (their outputs round to 8-11 bits anyway;
-    fp32 keeps the exact form), unless FUSEDMLP_APPROX_TANH=0."""
-    i = _ACT[act]
-    if act not in _APPROX_ACTS:
-        return i
-    if isinstance(where, torch.Tensor):
-        where, dtype = where.device, where.dtype
-    if (where.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-            and torch.version.hip is None and not interpreting()
-            and envvars.get(APPROX_ENV) != "0"):
-        i += APPROX.value
-    return i
 
 
 def _vendor(device: torch.device) -> str:
