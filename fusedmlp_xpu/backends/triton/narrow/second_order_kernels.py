@@ -113,6 +113,9 @@ def _second_order_kernel(
         if HAS_BIAS:
             zo += _load_b(bl_ptr, OUT, OUT_P)[None, :]
         zo = zo.to(dt).to(tl.float32)  # as the other passes read it back
+        # each pass reads back what the one before stored to scratch, in another layout:
+        # other threads' values, which Triton orders only with an explicit barrier
+        tl.debug_barrier()
         # the first backward from v: u_l (the gradient at layer l's output) to scratch
         v = _rows(v_ptr, rows, rmask, s_v, OUT, OUT_P).to(tl.float32)
         d = _times_act_grad(v, zo, OUT_ACT).to(dt)
@@ -124,6 +127,7 @@ def _second_order_kernel(
             d = _times_act_grad(u, zl, ACT).to(dt)
             u = _dot(d, _load_w(wh_ptr + (l - 1) * H * H, H, H, H_P, H_P), F32, PREC)
             tl.store(_slot(us + (l - 1) * TILE, BLOCK_M, H_P), u.to(dt))
+        tl.debug_barrier()  # u stored
         # the tangent pass from gg: T_l = t W_l^T, t = T s'(z_l); W_l gets d_l^T t_{l-1};
         # zbar_l = T_l u_l s''(z_l) to scratch
         t = _rows(gg_ptr, rows, rmask, s_g, IN, IN_P).to(dt)
@@ -156,6 +160,7 @@ def _second_order_kernel(
         if NEED_V:
             _put(gv_ptr, rows, rmask, OUT, OUT, OUT_P, _times_act_grad(T, zo, OUT_ACT).to(dt))
         if SECOND:
+            tl.debug_barrier()  # zbar (and t) stored
             # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l, each term only
             # where it exists (OUT2: the last layer's e; HID2: the hidden zbar terms)
             zp = tl.load(_slot(zs + L_HID * TILE, BLOCK_M, H_P)).to(tl.float32)
@@ -217,6 +222,7 @@ def _second_order_kernel(
             if NEED_X:
                 gx = _dot(e, _load_w(w0_ptr, IN, H, IN_P, H_P), F32, PREC)
                 _put(gx_ptr, rows, rmask, IN, IN, IN_P, gx.to(dt))
+        tl.debug_barrier()  # every read of this block's scratch before the next one's stores
 
 
 @triton.jit
