@@ -4,8 +4,10 @@ tunings, beside the triton backend, in one process on one input. Writes JSON.
     PYTHONPATH=. python benchmarks/cuda_forward.py --out cuda-fwd.json
         [--config narrow-w64] [--rows 4194304] [--dtype float16] [--tunings 1x16 2x8 4x8]
 
-A tuning is MTxWARPS: 16-row tiles a warp, warps a CTA (cuda_build.ForwardConfig; the
-package's own choice is cuda_build.tuning). Each configuration is compiled by NVRTC for
+A tuning is MTxWARPS (the mma.sync kernel, fused_mlp_forward.cu: 16-row tiles a warp,
+warps a CTA) or wgN (the wgmma kernel, fused_mlp_forward_sm90.cu, Hopper only: N
+warpgroups a CTA); cuda_build.ForwardConfig; the package's own choice is
+cuda_build.forward_config. Each configuration is compiled by NVRTC for
 the device, run once into a NaN-filled output and checked against the float64 reference
 (error over the output's scale within the suite's tolerance of the dtype) before it is
 timed; a wrong one is reported WRONG and not timed. Times: device events, back-to-back
@@ -26,18 +28,23 @@ from fusedmlp_xpu.benchtools import calls_ms, environment, write_json
 from fusedmlp_xpu.spec import MLPSpec
 
 SCHEMA = "fusedmlp-bench-cuda-forward/1"
-DEFAULT_TUNINGS = ("1x16", "2x8", "3x8", "4x8", "4x4", "2x4")
+DEFAULT_TUNINGS = ("1x16", "2x8", "wg2", "wg3", "wg4")
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
-def parse_tuning(text: str) -> tuple[int, int]:
+def parse_tuning(text: str) -> tuple[int, int, str]:
+    """(16-row tiles a warp, warps a CTA, kernel family) of a --tunings word."""
+    t = text.lower()
     try:
-        mt, warps = (int(v) for v in text.lower().split("x"))
+        if t.startswith("wg"):
+            mt, warps, family = 1, 4 * int(t[2:]), "wgmma"
+        else:
+            (mt, warps), family = (int(v) for v in t.split("x")), "mma"
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--tunings: {text!r} is not MTxWARPS") from None
+        raise argparse.ArgumentTypeError(f"--tunings: {text!r} is not MTxWARPS or wgN") from None
     if not (1 <= mt <= 8 and 1 <= warps <= 32):
         raise argparse.ArgumentTypeError(f"--tunings: {text!r} out of range (MT 1-8, WARPS 1-32)")
-    return mt, warps
+    return mt, warps, family
 
 
 def median_ms(device, fn, repeats: int, target_ms: float = 20.0) -> float:
@@ -115,12 +122,13 @@ def main(argv=None) -> int:
         result["cuda_unsupported"] = why
         write_json(args.out, result)
         return 0
-    result["package_tuning"] = f"{base.mt}x{base.warps}"
+    result["package_tuning"] = f"{base.family} {base.mt}x{base.warps}"
     cap = torch.cuda.get_device_capability(device)
     arch = cuda_build.arch_for(cap)
-    for mt, warps in args.tunings or [parse_tuning(t) for t in DEFAULT_TUNINGS]:
-        c = dataclasses.replace(base, mt=mt, warps=warps)
-        rec = dict(tuning=f"{mt}x{warps}", smem_kb=c.smem_bytes() / 1024)
+    for mt, warps, family in args.tunings or [parse_tuning(t) for t in DEFAULT_TUNINGS]:
+        c = dataclasses.replace(base, mt=mt, warps=warps, family=family)
+        name = f"wg{warps // 4}" if family == "wgmma" else f"{mt}x{warps}"
+        rec = dict(tuning=name, family=family, smem_kb=c.smem_bytes() / 1024)
         try:
             built = cuda_build.compile_forward(c, arch)
             s = cuda_build.ptxas_stats(built.log)

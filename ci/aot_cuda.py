@@ -3,11 +3,12 @@
     python ci/aot_cuda.py [--arch sm_90a] [--quick]
 
 The cuda backend (fusedmlp_xpu/backends/cuda.py) compiles its kernels at run time; this
-compiles, for the target architecture, each configuration the backend produces for a
-table of nets (hidden 16/32/64/128 x fp16/bf16 x relu/none x bias, every activation,
+compiles, for the target architecture, each configuration the backend produces (both
+kernel families for sm_90a: mma.sync and wgmma) for a table of nets (hidden 16/32/64/128 x fp16/bf16 x relu/none x bias, every activation,
 odd in/out widths, a deep net) exactly as the backend would (cuda_build.forward_config:
 its tuning, its shared-memory count, which the kernel static_asserts), and fails on a
-compile error or on register spills over cuda_build.SPILL_BUDGET. One line per kernel:
+compile error, on register spills over cuda_build.SPILL_BUDGET, or on wgmma instructions
+ptxas serialized. One line per kernel:
 registers, spill bytes, stack, dynamic shared memory. Needs cuda-bindings and
 nvidia-cuda-nvrtc (pip install -e ".[cuda]"); compiled cubins go to the backend's disk
 cache ($FUSEDMLP_CACHE_DIR/cuda).
@@ -52,6 +53,30 @@ def nets(quick: bool) -> list[MLPSpec]:
     return out
 
 
+def compile_one(spec, family: str, arch: str) -> int:
+    """Compile ``spec``'s configuration of ``family``; print its line; 1 on a failure."""
+    cfg, why = cb.forward_config(spec, family=family)
+    name = f"fwd {cfg.describe() if cfg else spec.widths}"
+    if cfg is None:
+        print(f"{name}: NOT SUPPORTED ({why})")
+        return 1
+    try:
+        built = cb.compile_forward(cfg, arch)
+    except cb.CudaToolchainError as e:
+        print(f"{name}: FAILED {str(e)[:2000]}")
+        return 1
+    s = cb.ptxas_stats(built.log)
+    spill = s["spill_stores"] + s["spill_loads"]
+    over = "  OVER THE SPILL BUDGET" if spill > cb.SPILL_BUDGET else ""
+    # ptxas's "wgmma.mma_async instructions are serialized" (a register it could not prove
+    # untouched during the group): each MMA waits for the one before
+    serial = "  WGMMA SERIALIZED" if "serialized" in built.log else ""
+    print(f"{name:<70} {s['registers']:>3} regs {spill:>4} B spill {s['stack']:>4} B stack "
+          f"{cfg.smem_bytes() / 1024:>6.1f} KB smem{' (cached)' if built.cached else ''}"
+          f"{over}{serial}")
+    return int(bool(over or serial))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", default="sm_90a")
@@ -64,26 +89,10 @@ def main(argv=None) -> int:
         return 1
     print(f"NVRTC {major}.{minor}, {args.arch}, spill budget {cb.SPILL_BUDGET} B")
     failed = 0
+    families = ("mma", "wgmma") if args.arch == "sm_90a" else ("mma",)
     for spec in nets(args.quick):
-        cfg, why = cb.forward_config(spec)
-        name = f"fwd {cfg.describe() if cfg else spec.widths}"
-        if cfg is None:
-            print(f"{name}: NOT SUPPORTED ({why})")
-            failed += 1
-            continue
-        try:
-            built = cb.compile_forward(cfg, args.arch)
-        except cb.CudaToolchainError as e:
-            print(f"{name}: FAILED {str(e)[:2000]}")
-            failed += 1
-            continue
-        s = cb.ptxas_stats(built.log)
-        spill = s["spill_stores"] + s["spill_loads"]
-        over = "  OVER THE SPILL BUDGET" if spill > cb.SPILL_BUDGET else ""
-        failed += bool(over)
-        print(f"{name:<64} {s['registers']:>3} regs {spill:>4} B spill {s['stack']:>4} B stack "
-              f"{cfg.smem_bytes() / 1024:>6.1f} KB smem{' (cached)' if built.cached else ''}"
-              f"{over}")
+        for family in families:
+            failed += compile_one(spec, family, args.arch)
     return 1 if failed else 0
 
 

@@ -159,6 +159,29 @@ def test_smaller_shared_memory_takes_fewer_warps_then_says_why():
     assert cfg is None and "shared memory" in why and "227 KB" in why
 
 
+def test_wgmma_family_configuration():
+    """The wgmma forward on Hopper only; whole warpgroups of 16-row warps (4 up to width
+    64, 3 above, fewer where shared memory is short); weights unpadded in shared memory."""
+    assert cb.family_for((9, 0)) == "wgmma"
+    assert [cb.family_for(c) for c in ((8, 0), (8, 9), (10, 0), (12, 0))] == ["mma"] * 4
+    w64, w128 = _spec((64,) + (64,) * 5 + (64,)), _spec((64,) + (128,) * 5 + (64,))
+    cfg, _ = cb.forward_config(w64, family="wgmma")
+    assert (cfg.family, cfg.mt, cfg.warps, cfg.kernel) == ("wgmma", 1, 16, "fmlp_forward_sm90")
+    assert cfg.source.name == "fused_mlp_forward_sm90.cu"
+    assert cb.forward_config(w128, family="wgmma")[0].warps == 12
+    mma, _ = cb.forward_config(w64)
+    assert mma.family == "mma" and cfg.smem_bytes() < mma.smem_bytes()
+    small, _ = cb.forward_config(w64, 99 * 1024, "wgmma")
+    assert small.warps == 8 and small.smem_bytes() <= 99 * 1024
+    for bad in (dict(mt=2, warps=8), dict(mt=1, warps=6)):
+        with pytest.raises(ValueError, match="whole warpgroups"):
+            cb.ForwardConfig(**{**cfg.__dict__, **bad})
+    with pytest.raises(ValueError, match="family"):
+        cb.ForwardConfig(**{**cfg.__dict__, "family": "wmma"})
+    with pytest.raises(cb.CudaToolchainError, match="sm_90a"):
+        cb.compile_forward(cfg, "sm_89")
+
+
 # --- host side of a launch (CPU, launch stubbed) -------------------------------------
 class _FakeKernel:
     threads, smem, max_ctas = 512, 1 << 17, 132

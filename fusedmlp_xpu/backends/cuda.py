@@ -134,8 +134,7 @@ def forward_kernel(device: torch.device, cfg: cuda_build.ForwardConfig) -> Loade
                 built = cuda_build.compile_forward(cfg, cuda_build.arch_for(cap))
                 driver = driver_module()
                 _contexts.ensure(driver, index)
-                k = _kernels[key] = LoadedKernel(driver, built.cubin, cuda_build.FORWARD_KERNEL,
-                                                 cfg, sms)
+                k = _kernels[key] = LoadedKernel(driver, built.cubin, cfg.kernel, cfg, sms)
     return k
 
 
@@ -208,8 +207,8 @@ class CudaBackend(Backend):
             driver_module()
         except cuda_build.CudaToolchainError as e:
             return False, str(e)
-        missing = [p.name for p in (cuda_build.FORWARD_SOURCE, cuda_build.DEVICE_HEADER)
-                   if not p.exists()]
+        missing = [p.name for p in (cuda_build.FORWARD_SOURCE, cuda_build.FORWARD_SM90_SOURCE,
+                                    *cuda_build.HEADERS) if not p.exists()]
         if missing:
             return False, (f"cuda backend: kernel sources {missing} not found under "
                            f"{cuda_build.KERNEL_DIR} (needs a source checkout or editable "
@@ -225,10 +224,10 @@ class CudaBackend(Backend):
         if cap < cuda_build.MIN_CAPABILITY:
             return False, (f"sm_{cap[0]}{cap[1]}: the kernel needs mma.sync/ldmatrix/cp.async "
                            "(compute capability 8.0 or later)")
-        cfg, why = cuda_build.forward_config(spec, smem)
+        cfg, why = cuda_build.forward_config(spec, smem, cuda_build.family_for(cap))
         if cfg is None:
             return False, why
-        return True, (f"fully-fused mma.sync forward compiled by NVRTC for "
+        return True, (f"fully-fused {cfg.family} forward compiled by NVRTC for "
                       f"{cuda_build.arch_for(cap)} ({cfg.rows_per_warp} rows a warp, "
                       f"{cfg.warps} warps a CTA, {cfg.smem_bytes() // 1024} KB shared "
                       "memory); inference only")
@@ -246,7 +245,8 @@ class CudaBackend(Backend):
     def forward(self, x, weights, biases, spec, save):
         if save:
             raise NotImplementedError(_TRAINING)
-        cfg, why = cuda_build.forward_config(spec, device_info(x.device)[2])
+        cap, _, smem = device_info(x.device)
+        cfg, why = cuda_build.forward_config(spec, smem, cuda_build.family_for(cap))
         if cfg is None:  # the dispatcher asked supports() first; a direct call may not
             raise ValueError(f"cuda backend cannot run this spec: {why}")
         n = x.shape[0]

@@ -32,8 +32,13 @@ from .. import activations
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
 FORWARD_SOURCE = KERNEL_DIR / "fused_mlp_forward.cu"
+#: the wgmma forward (Hopper, sm_90a)
+FORWARD_SM90_SOURCE = KERNEL_DIR / "fused_mlp_forward_sm90.cu"
 DEVICE_HEADER = KERNEL_DIR / "fmlp_device.cuh"
+#: every header the kernels include, handed to NVRTC by name (and hashed into cache keys)
+HEADERS = (DEVICE_HEADER, KERNEL_DIR / "fmlp_forward_common.cuh", KERNEL_DIR / "fmlp_wgmma.cuh")
 FORWARD_KERNEL = "fmlp_forward"
+FORWARD_SM90_KERNEL = "fmlp_forward_sm90"
 
 #: widths the forward kernel takes (in, hidden and out features; padded to 16 inside)
 MAX_WIDTH = 128
@@ -76,6 +81,24 @@ class ForwardConfig:
     bf16: bool
     mt: int  # 16-row tiles per warp
     warps: int  # warps per CTA
+    #: "mma": fused_mlp_forward.cu (mma.sync, sm_80+); "wgmma": fused_mlp_forward_sm90.cu
+    #: (warpgroup MMAs, sm_90a only; mt 1, warps a multiple of 4)
+    family: str = "mma"
+
+    def __post_init__(self):
+        if self.family not in ("mma", "wgmma"):
+            raise ValueError(f"family: {self.family!r} is not 'mma' or 'wgmma'")
+        if self.family == "wgmma" and (self.mt != 1 or self.warps % 4):
+            raise ValueError(f"the wgmma forward takes mt 1 and whole warpgroups, not mt "
+                             f"{self.mt}, {self.warps} warps")
+
+    @property
+    def source(self) -> Path:
+        return FORWARD_SM90_SOURCE if self.family == "wgmma" else FORWARD_SOURCE
+
+    @property
+    def kernel(self) -> str:
+        return FORWARD_SM90_KERNEL if self.family == "wgmma" else FORWARD_KERNEL
 
     @property
     def rows_per_warp(self) -> int:
@@ -87,10 +110,12 @@ class ForwardConfig:
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA, as the kernel lays it out: every layer's
-        weights padded to 16 with rows 16 bytes longer (bank-conflict-free ldmatrix),
-        the biases as fp32, two x/y buffers of rows_per_warp rows per warp."""
+        weights padded to 16 (mma: with rows 16 bytes longer, for bank-conflict-free
+        ldmatrix; wgmma: in core matrices, unpadded), the biases as fp32, two x/y
+        buffers of rows_per_warp rows per warp."""
         in_p, out_p, h_p = pad16(self.in_features), pad16(self.out_features), pad16(self.hidden)
-        weights = h_p * (in_p + 8) + (self.hidden_layers * h_p + out_p) * (h_p + 8)
+        pad = 0 if self.family == "wgmma" else 8
+        weights = h_p * (in_p + pad) + (self.hidden_layers * h_p + out_p) * (h_p + pad)
         biases = (self.hidden_layers + 1) * h_p + out_p if self.bias else 0
         buffers = 2 * self.warps * self.rows_per_warp * (max(in_p, out_p) + 8)
         return 2 * weights + 4 * biases + 2 * buffers
@@ -107,7 +132,7 @@ class ForwardConfig:
         dt = "bf16" if self.bf16 else "fp16"
         return (f"{self.in_features}->{self.hidden}x{self.hidden_layers + 1}->"
                 f"{self.out_features} {dt} act {self.activation}/{self.output_activation}"
-                f"{' bias' if self.bias else ''} {self.rows_per_warp} rows/warp "
+                f"{' bias' if self.bias else ''} {self.family} {self.rows_per_warp} rows/warp "
                 f"{self.warps} warps")
 
 
@@ -152,26 +177,46 @@ def tuning(spec) -> tuple[int, int]:
     return next(m for m in (4, 2, 1) if m * per_tile <= 64), 16
 
 
+def wgmma_warpgroups(spec) -> int:
+    """Warpgroups a CTA of the wgmma forward: 4 (512 threads, at most 128 registers each)
+    where the widest layer's accumulators (padded width <= 64: 32 a thread) leave room,
+    else 3 (168). Measured on the H200 (h200-cuda-fwd-wgmma-*-20261203.json, 2^22
+    rows): narrow-w64 0.443 / 0.463 / 0.461 ms at 4 / 3 / 2 (fp16); narrow-w128 0.943
+    (spilling) / 0.860 / 0.945."""
+    return 4 if max(pad16(w) for w in spec.widths) <= 64 else 3
+
+
+#: the forward kernel family per compute capability: wgmma on Hopper (sm_90a), mma.sync
+#: everywhere else
+def family_for(capability: tuple[int, int]) -> str:
+    return "wgmma" if tuple(capability) == (9, 0) else "mma"
+
+
 @functools.lru_cache(maxsize=256)
-def forward_config(spec, smem_limit: int = SM90_SMEM) -> tuple[ForwardConfig | None, str]:
-    """The kernel configuration for ``spec`` within ``smem_limit`` bytes of shared memory
-    a CTA (fewer warps, then fewer rows a warp, where the tuning's does not fit), or
-    (None, why not)."""
+def forward_config(spec, smem_limit: int = SM90_SMEM,
+                   family: str = "mma") -> tuple[ForwardConfig | None, str]:
+    """The kernel configuration of ``family`` for ``spec`` within ``smem_limit`` bytes of
+    shared memory a CTA (fewer warps, then fewer rows a warp, where the tuning's does not
+    fit), or (None, why not)."""
     why = check_spec(spec)
     if why:
         return None, why
-    mt, warps = tuning(spec)
     base = dict(in_features=spec.in_features, out_features=spec.out_features,
                 hidden=spec.widths[1], hidden_layers=spec.n_layers - 2,
                 activation=spec.activation_id, output_activation=spec.output_activation_id,
-                bias=spec.bias, bf16=spec.dtype == torch.bfloat16)
-    for m in sorted({mt, 1}, reverse=True):
-        for w in range(warps, 1, -1):
-            cfg = ForwardConfig(**base, mt=m, warps=w)
-            if cfg.smem_bytes() <= smem_limit:
-                return cfg, ""
-    need = ForwardConfig(**base, mt=1, warps=2).smem_bytes()
-    return None, (f"the weights and two warps' buffers need {need // 1024} KB of shared "
+                bias=spec.bias, bf16=spec.dtype == torch.bfloat16, family=family)
+    if family == "wgmma":
+        shapes = [(1, 4 * g) for g in range(wgmma_warpgroups(spec), 0, -1)]
+    else:
+        mt, warps = tuning(spec)
+        shapes = [(m, w) for m in sorted({mt, 1}, reverse=True) for w in range(warps, 1, -1)]
+    for m, w in shapes:
+        cfg = ForwardConfig(**base, mt=m, warps=w)
+        if cfg.smem_bytes() <= smem_limit:
+            return cfg, ""
+    m, w = shapes[-1]
+    need = ForwardConfig(**base, mt=m, warps=w).smem_bytes()
+    return None, (f"the weights and {w} warps' buffers need {need // 1024} KB of shared "
                   f"memory, over the device's {smem_limit // 1024} KB a block")
 
 
@@ -276,7 +321,7 @@ def compile_cubin(source_path: Path, defines: dict[str, int], arch: str) -> Comp
     memo, the disk cache, or NVRTC (then written to the cache). The kernel headers of
     kernels/cuda are handed to NVRTC by name: no include path is needed."""
     source = source_path.read_bytes()
-    headers = {DEVICE_HEADER.name: DEVICE_HEADER.read_bytes()}
+    headers = {h.name: h.read_bytes() for h in HEADERS}
     options = compile_options(defines, arch)
     key = cache_key(source, headers, options, nvrtc_version())
     with _lock:
@@ -350,4 +395,6 @@ def ptxas_stats(log: str) -> dict[str, int]:
 
 
 def compile_forward(cfg: ForwardConfig, arch: str) -> Compiled:
-    return compile_cubin(FORWARD_SOURCE, cfg.defines(), arch)
+    if cfg.family == "wgmma" and arch != "sm_90a":
+        raise CudaToolchainError(f"cuda backend: the wgmma forward needs sm_90a, not {arch}")
+    return compile_cubin(cfg.source, cfg.defines(), arch)

@@ -1,0 +1,143 @@
+// What the narrow forward kernels (fused_mlp_forward.cu: mma.sync, any sm_80+;
+// fused_mlp_forward_sm90.cu: wgmma, Hopper) share: their configuration from the NVRTC -D
+// options, the kernel argument, and each warp's row I/O (its x tile global -> shared
+// with cp.async, its y tile registers -> shared -> 16-byte global stores). The weight
+// layouts in shared memory and the layer chains are each kernel's own.
+//
+// Configuration (one specialized kernel per configuration; fusedmlp_xpu/backends/
+// cuda_build.py computes the same shared-memory size, which each kernel checks):
+//   FMLP_IN, FMLP_OUT      in/out features (<= 128), FMLP_H hidden width (<= 128)
+//   FMLP_L_HID             number of hidden -> hidden layers (>= 0; n_layers - 2)
+//   FMLP_ACT, FMLP_OUT_ACT activation ids (activations.py), FMLP_BIAS 0/1, FMLP_BF16 0/1
+//   FMLP_MT                16-row tiles per warp, FMLP_WARPS warps per CTA
+//   FMLP_MAX_LAYERS        size of the pointer arrays in FmlpForwardParams
+//   FMLP_SMEM_BYTES        the host's count of the dynamic shared memory
+#pragma once
+
+#include "fmlp_device.cuh"
+
+#ifndef FMLP_MAX_LAYERS
+#define FMLP_MAX_LAYERS 32
+#endif
+
+namespace fmlp {
+
+__host__ __device__ constexpr int pad16(int v) { return (v + 15) / 16 * 16; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+constexpr bool kBF16 = FMLP_BF16 != 0;
+constexpr bool kBias = FMLP_BIAS != 0;
+constexpr int kIn = FMLP_IN, kOut = FMLP_OUT, kH = FMLP_H, kLHid = FMLP_L_HID;
+constexpr int kInP = pad16(kIn), kOutP = pad16(kOut), kHP = pad16(kH);
+constexpr int kMT = FMLP_MT, kWarps = FMLP_WARPS, kRows = 16 * kMT;
+// the x/y buffers' row stride in 16-bit elements: +8 (16 bytes) shifts consecutive rows
+// by 16 bytes mod 128, so the 8 rows of an ldmatrix hit 8 different bank groups
+constexpr int kXY = cmax(kInP, kOutP), kLdXY = kXY + 8;
+constexpr int kBiasFloats = kBias ? (kLHid + 1) * kHP + kOutP : 0;
+constexpr int kBufElems = kRows * kLdXY;  // one x/y buffer of a warp
+static_assert(kIn >= 1 && kIn <= 128 && kOut >= 1 && kOut <= 128 && kH >= 1 && kH <= 128,
+              "widths must be in [1, 128]");
+static_assert(kLHid >= 0 && kLHid + 2 <= FMLP_MAX_LAYERS, "layer count");
+
+}  // namespace fmlp
+
+// The kernel's one argument, mirrored by ctypes in fusedmlp_xpu/backends/cuda_build.py.
+struct FmlpForwardParams {
+  const unsigned short* x;  // [n_rows, IN], rows ld_x elements apart, columns contiguous
+  unsigned short* y;        // [n_rows, OUT], rows ld_y elements apart
+  long long n_rows;
+  long long ld_x;
+  long long ld_y;
+  const unsigned short* w[FMLP_MAX_LAYERS];  // layer l: [out_l, in_l], contiguous rows
+  const unsigned short* b[FMLP_MAX_LAYERS];  // layer l: [out_l]; unused without bias
+};
+
+namespace fmlp {
+
+template <int N_P>
+__device__ __forceinline__ void stage_bias(float* dst, const unsigned short* src, int n) {
+  for (int i = threadIdx.x; i < N_P; i += blockDim.x)
+    dst[i] = i < n ? to_float<kBF16>(src[i]) : 0.f;
+}
+
+// The warp's lanes over a row block's kRows x CHUNKS 16-byte chunks, unrolled: f(r, c8)
+// for row r of the block and first column c8 (a multiple of 8) of each chunk a lane takes.
+template <int CHUNKS, typename F>
+__device__ __forceinline__ void for_chunks(int lane, F&& f) {
+  constexpr int TOTAL = kRows * CHUNKS;
+#pragma unroll
+  for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
+    const int c = lane + 32 * i;
+    if (TOTAL % 32 != 0 && c >= TOTAL) break;
+    f(c / CHUNKS, (c % CHUNKS) * 8);
+  }
+}
+
+// The same, element by element over kRows x COLS: f(r, c).
+template <int COLS, typename F>
+__device__ __forceinline__ void for_elements(int lane, F&& f) {
+  for (int e = lane; e < kRows * COLS; e += 32) f(e / COLS, e % COLS);
+}
+
+// The warp's x tile of row block ``blk`` into its buffer at shared address ``buf``:
+// asynchronous 16-byte copies where IN is a multiple of 8 (rows outside the input and
+// padded columns zero-filled); element by element otherwise.
+__device__ __forceinline__ void load_x(const FmlpForwardParams& p, long long blk,
+                                       unsigned buf, int lane) {
+  const long long row0 = blk * kRows;
+  if constexpr (kIn % 8 == 0) {
+    for_chunks<kInP / 8>(lane, [&](int r, int c8) {
+      const long long row = row0 + r;
+      const bool ok = row < p.n_rows && c8 < kIn;
+      const unsigned short* src = ok ? p.x + row * p.ld_x + c8 : p.x;
+      cp_async_16(buf + 2u * (r * kLdXY + c8), src, ok ? 16 : 0);
+    });
+  } else {
+    for_elements<kInP>(lane, [&](int r, int c) {
+      const long long row = row0 + r;
+      const unsigned short v = (row < p.n_rows && c < kIn) ? p.x[row * p.ld_x + c]
+                                                         : (unsigned short)0;
+      st_shared_u16(buf + 2u * (r * kLdXY + c), v);
+    });
+  }
+}
+
+// The warp's y tile from registers (the last layer's packed output, laid out as A
+// fragments) to its buffer, then to global memory: 16-byte stores where OUT is a
+// multiple of 8 (y is contiguous, so its rows are 16-byte aligned), else element-wise.
+__device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long blk,
+                                        const unsigned (&o)[kMT][kOutP / 16][4],
+                                        unsigned buf, int lane) {
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nb = 0; nb < kOutP / 16; ++nb) {
+      const unsigned at = buf + 2u * ((mt * 16 + g) * kLdXY + nb * 16 + t2);
+      st_shared_u32(at, o[mt][nb][0]);
+      st_shared_u32(at + 2u * 8 * kLdXY, o[mt][nb][1]);
+      st_shared_u32(at + 2u * 8, o[mt][nb][2]);
+      st_shared_u32(at + 2u * (8 * kLdXY + 8), o[mt][nb][3]);
+    }
+  }
+  __syncwarp();
+  const long long row0 = blk * kRows;
+  if constexpr (kOut % 8 == 0) {
+    for_chunks<kOut / 8>(lane, [&](int r, int c8) {
+      const long long row = row0 + r;
+      if (row < p.n_rows) {
+        unsigned v[4];
+        ld_shared_v4(v, buf + 2u * (r * kLdXY + c8));
+        st_global_cs_v4(p.y + row * p.ld_y + c8, v);
+      }
+    });
+  } else {
+    for_elements<kOut>(lane, [&](int r, int c) {
+      const long long row = row0 + r;
+      if (row < p.n_rows) p.y[row * p.ld_y + c] = ld_shared_u16(buf + 2u * (r * kLdXY + c));
+    });
+  }
+  __syncwarp();  // the buffer is the target of the next prefetch
+}
+
+}  // namespace fmlp

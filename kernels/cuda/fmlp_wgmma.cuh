@@ -1,0 +1,295 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) for the narrow forward (fused_mlp_forward_sm90.cu):
+// D[64 x N] += A[64 x 16] B[16 x N] for one warpgroup (4 warps, 128 threads), A from
+// registers, B from shared memory through a matrix descriptor, fp32 accumulators.
+//
+// Register layouts (warp w of the warpgroup holds rows 16 w .. 16 w + 15; lane = 4 g + t):
+// - A: the mma.sync m16n8k16 A fragment of the warp's 16 rows (fmlp_device.cuh, mma_16816);
+// - D: for each 8-column tile i of the N columns, d[4i .. 4i+3] are the mma.sync m16n8
+//   accumulators of that tile: (row g, cols 8i + 2t, +1), (row g + 8, the same cols).
+// So, as with mma.sync, two adjacent 8-column tiles packed to 16 bits are the next
+// layer's A fragment of one 16-wide k slice, and a layer's output never leaves registers.
+//
+// B in shared memory, "K-major" (W[n][k] rows: the k values of one output contiguous),
+// without swizzling: 8 x 8 core matrices (8 n rows of 16 bytes = 8 k values each, 128
+// contiguous bytes); the descriptor gives the byte stride between the two core matrices
+// of a 16-wide k slice (leading dimension, LBO) and between consecutive 8-row groups
+// along n (stride dimension, SBO).
+//
+// Usage: wgmma_fence() (orders the registers' earlier writes: the bias-initialized D,
+// the A fragments) -> Wgmma<N>::mma<BF16>(d, a, desc) per k slice -> wgmma_commit() ->
+// wgmma_wait<0>() before D is read. The accumulator statements below take D as
+// read-write operands ("+f"), so the compiler keeps them in place across the group.
+#pragma once
+
+namespace fmlp {
+
+// The 64-bit shared-memory matrix descriptor: start address, LBO and SBO in 16-byte
+// units (bits 0-13, 16-29, 32-45), base offset 0, no swizzle (bits 62-63 = 0).
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_byte_addr, unsigned lbo,
+                                                         unsigned sbo) {
+  return (unsigned long long)((smem_byte_addr & 0x3FFFF) >> 4) |
+         ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+
+// Wgmma<N>::mma<BF16>(d, a, desc): one m64nNk16 MMA, D += A B (scale-d = 1: D is always
+// accumulated into; the kernels start it at the bias). N in 16, 32, ..., 128.
+template <int N>
+struct Wgmma;
+
+// "+f" operand lists of the accumulators d[0 .. n-1] (FMLP_WGMMA_D<n>), 8 at a time
+#define FMLP_WGMMA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FMLP_WGMMA_D8 FMLP_WGMMA_ACC8(0)
+#define FMLP_WGMMA_D16 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8)
+#define FMLP_WGMMA_D24 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16)
+#define FMLP_WGMMA_D32 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
+    FMLP_WGMMA_ACC8(24)
+#define FMLP_WGMMA_D40 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
+    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32)
+#define FMLP_WGMMA_D48 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
+    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32), FMLP_WGMMA_ACC8(40)
+#define FMLP_WGMMA_D56 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
+    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32), FMLP_WGMMA_ACC8(40), FMLP_WGMMA_ACC8(48)
+#define FMLP_WGMMA_D64 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
+    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32), FMLP_WGMMA_ACC8(40), FMLP_WGMMA_ACC8(48), \
+    FMLP_WGMMA_ACC8(56)
+
+template <>
+struct Wgmma<16> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[8], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D8
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D8
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<32> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[16], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+          "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D16
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+          "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D16
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<48> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[24], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23}, "
+          "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D24
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23}, "
+          "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D24
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[32], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+          "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D32
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+          "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D32
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<80> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[40], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39}, "
+          "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D40
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39}, "
+          "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D40
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<96> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[48], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+          "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D48
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+          "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D48
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<112> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[56], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+          "%48, %49, %50, %51, %52, %53, %54, %55}, "
+          "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D56
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+          "%48, %49, %50, %51, %52, %53, %54, %55}, "
+          "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D56
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+template <>
+struct Wgmma<128> {
+  template <bool BF16>
+  static __device__ __forceinline__ void mma(float (&d)[64], const unsigned (&a)[4],
+                                             unsigned long long desc) {
+    if (BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+          "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D64
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+          "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+          : FMLP_WGMMA_D64
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+  }
+};
+
+}  // namespace fmlp

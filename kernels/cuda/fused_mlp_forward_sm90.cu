@@ -1,0 +1,192 @@
+// The narrow fully-fused MLP forward (inference) on Hopper (sm_90a) with warpgroup MMAs:
+// y = out_act(W_L act(... act(W_1 x + b_1) ...) + b_L), every layer in ONE kernel, for
+// x [n_rows, IN] -> y [n_rows, OUT] in fp16 or bf16 with fp32 accumulation. Same
+// arithmetic as fused_mlp_forward.cu (mma.sync): the MMAs differ, not the results'
+// rounding (fp32 accumulators started at the bias, one rounding per layer output).
+//
+// Why: the mma.sync kernel reads every B fragment from shared memory once per 16-row
+// tile of a warp and issues 8x more MMA instructions; on the H200 it ran narrow-w64
+// inference at 0.50-0.52 ms at every tuning against triton's wgmma kernel's 0.37
+// (benchmarks/results/h200-cuda-fwd-tunings-narrow-w64-20261203.json). This one ran it
+// at 0.43-0.44 ms (fp16/bf16, 4 warpgroups), and narrow-w128 at 0.86 against triton's
+// 0.85 (3 warpgroups): h200-cuda-fwd-wgmma-*-20261203.json. What limits it: one layer's
+// MMAs and its epilogue run in turn within a warpgroup; only other warpgroups overlap.
+//
+// Layout of the work:
+// - Every CTA stages all layers' weights (biases as fp32) in shared memory once, in
+//   wgmma's core-matrix layout without swizzling (fmlp_wgmma.cuh), zero-padded to
+//   multiples of 16; then a proxy fence (wgmma reads shared memory through the async
+//   proxy) and one __syncthreads. The grid is persistent.
+// - A warpgroup (4 warps) owns row blocks of 64 rows, striding over the grid's
+//   warpgroups; warp w of it holds rows 16 w .. 16 w + 15 of the block: its x tile
+//   copied with cp.async while the warpgroup computes the previous block (two buffers
+//   per warp), read as A fragments with ldmatrix, its y tile written through the same
+//   buffer (fmlp_forward_common.cuh: the mma.sync kernel's row I/O at 16 rows a warp).
+// - Each layer is one wgmma group: m64nNk16 over its k slices (N = the layer's padded
+//   outputs), A from registers, B from shared memory; then bias (already in the
+//   accumulators), activation, and packing to the next layer's A fragments, in registers.
+//   Several warpgroups per SM overlap one's MMAs with another's epilogue.
+//
+// Configuration: the -D options of fmlp_forward_common.cuh, with FMLP_MT 1 and
+// FMLP_WARPS a multiple of 4 (warpgroups x 4).
+#include "fmlp_forward_common.cuh"
+#include "fmlp_wgmma.cuh"
+
+namespace fmlp {
+
+static_assert(kMT == 1, "the wgmma forward holds 16 rows a warp");
+static_assert(kWarps % 4 == 0, "whole warpgroups");
+constexpr int kWG = kWarps / 4;
+// byte offsets of the weight regions (core-matrix layout: N_P x K_P x 2 bytes each), then
+// the biases (fp32), then two x/y buffers per warp
+constexpr unsigned kOffWH = 2u * kHP * kInP;
+constexpr unsigned kOffWL = kOffWH + 2u * kLHid * kHP * kHP;
+constexpr unsigned kWeightBytes = kOffWL + 2u * kOutP * kHP;
+constexpr unsigned kSmemBytes = kWeightBytes + 4u * kBiasFloats + 2u * 2u * kWarps * kBufElems;
+static_assert(kWeightBytes % 16 == 0, "weight region not a multiple of 16 bytes");
+static_assert(kSmemBytes == FMLP_SMEM_BYTES, "host and kernel disagree on shared memory");
+
+// Byte offset of W[n][k] in a layer's core-matrix layout with N_P rows: 8 x 8 core
+// matrices of 128 contiguous bytes (8 rows n of 16 bytes), ordered n-group fastest
+// within each 8-wide k group. So one 16-wide k slice kb starts at kb * N_P * 32 bytes,
+// its second core-matrix column is N_P * 16 bytes on (LBO) and the next 8 rows 128 (SBO).
+template <int N_P>
+__host__ __device__ constexpr unsigned cm_offset(int n, int k) {
+  return ((k >> 3) * (N_P >> 3) + (n >> 3)) * 128u + (n & 7) * 16u + (k & 7) * 2u;
+}
+
+// Stage one [rows, k] weight matrix (global, contiguous) into its core-matrix layout,
+// zero-padded to [N_P, K_P]; all threads of the CTA take part.
+template <int N_P, int K_P>
+__device__ __forceinline__ void stage_weight_cm(unsigned char* dst, const unsigned short* src,
+                                                int rows, int k) {
+  constexpr int CHUNKS = K_P / 8;
+  if (k % 8 == 0) {  // 16-byte chunks (the host passes 16-byte aligned weights)
+    for (int c = threadIdx.x; c < N_P * CHUNKS; c += blockDim.x) {
+      const int n = c / CHUNKS, k8 = (c % CHUNKS) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (n < rows && k8 < k) v = *reinterpret_cast<const uint4*>(src + (long long)n * k + k8);
+      *reinterpret_cast<uint4*>(dst + cm_offset<N_P>(n, k8)) = v;
+    }
+  } else {
+    for (int e = threadIdx.x; e < N_P * K_P; e += blockDim.x) {
+      const int n = e / K_P, c = e % K_P;
+      *reinterpret_cast<unsigned short*>(dst + cm_offset<N_P>(n, c)) =
+          (n < rows && c < k) ? src[(long long)n * k + c] : (unsigned short)0;
+    }
+  }
+}
+
+// Keep the compiler from moving accesses of the accumulators across the wgmma group's
+// fence and wait: an empty volatile statement that reads and writes each of them.
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+// One layer for the warpgroup's 64 rows: out (A fragments of the next layer, this warp's
+// 16 rows) = act(in W^T + bias) over N_P outputs, K_P inputs; W at shared byte address w.
+template <int K_P, int N_P, int ACT>
+__device__ __forceinline__ void layer(const unsigned (&in)[K_P / 16][4],
+                                      unsigned (&out)[N_P / 16][4], unsigned w,
+                                      const float* bias, int lane) {
+  const int t2 = (lane & 3) * 2;
+  float d[N_P / 2];
+#pragma unroll
+  for (int i = 0; i < N_P / 8; ++i) {
+    float b0 = 0.f, b1 = 0.f;
+    if (kBias) {
+      const float2 bb = *reinterpret_cast<const float2*>(bias + i * 8 + t2);
+      b0 = bb.x;
+      b1 = bb.y;
+    }
+    d[4 * i] = b0; d[4 * i + 1] = b1; d[4 * i + 2] = b0; d[4 * i + 3] = b1;
+  }
+  pin(d);
+  wgmma_fence();
+#pragma unroll
+  for (int kb = 0; kb < K_P / 16; ++kb)
+    Wgmma<N_P>::template mma<kBF16>(d, in[kb],
+                                    wgmma_desc(w + kb * N_P * 32u, N_P * 16u, 128u));
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin(d);
+#pragma unroll
+  for (int nb = 0; nb < N_P / 16; ++nb) {
+    out[nb][0] = pack2<kBF16>(act<ACT>(d[8 * nb]), act<ACT>(d[8 * nb + 1]));
+    out[nb][1] = pack2<kBF16>(act<ACT>(d[8 * nb + 2]), act<ACT>(d[8 * nb + 3]));
+    out[nb][2] = pack2<kBF16>(act<ACT>(d[8 * nb + 4]), act<ACT>(d[8 * nb + 5]));
+    out[nb][3] = pack2<kBF16>(act<ACT>(d[8 * nb + 6]), act<ACT>(d[8 * nb + 7]));
+  }
+}
+
+}  // namespace fmlp
+
+extern "C" __global__ void __launch_bounds__(FMLP_WARPS * 32, 1)
+fmlp_forward_sm90(const FmlpForwardParams p) {
+  using namespace fmlp;
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  if (dynamic_smem_size() < kSmemBytes) __trap();  // a host/kernel size mismatch
+
+  // --- weights and biases, once per CTA ---
+  float* bias = reinterpret_cast<float*>(smem_bytes + kWeightBytes);
+  stage_weight_cm<kHP, kInP>(smem_bytes, p.w[0], kH, kIn);
+  for (int l = 0; l < kLHid; ++l)
+    stage_weight_cm<kHP, kHP>(smem_bytes + kOffWH + 2u * l * kHP * kHP, p.w[1 + l], kH, kH);
+  stage_weight_cm<kOutP, kHP>(smem_bytes + kOffWL, p.w[kLHid + 1], kOut, kH);
+  if (kBias) {
+    for (int l = 0; l <= kLHid; ++l) stage_bias<kHP>(bias + l * kHP, p.b[l], kH);
+    stage_bias<kOutP>(bias + (kLHid + 1) * kHP, p.b[kLHid + 1], kOut);
+  }
+  // the generic-proxy stores above, visible to wgmma's async-proxy reads
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+
+  // --- row blocks of 64, one warpgroup each; 16 rows a warp ---
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2, wl = warp & 3;
+  const unsigned base = smem_addr(smem_bytes);
+  const unsigned buf0 = base + kWeightBytes + 4u * kBiasFloats + 2u * (2 * warp) * kBufElems;
+  const unsigned w0_s = base, wh_s = base + kOffWH, wl_s = base + kOffWL;
+  const long long n_blocks = (p.n_rows + 63) / 64;
+  const long long stride = (long long)gridDim.x * kWG;
+  // lane's row address in the four 8x8 A matrices: (rows 0-7 | 8-15) x (k 0-7 | 8-15)
+  const unsigned a_lane = 2u * (((lane & 7) + ((lane >> 3) & 1) * 8) * kLdXY + (lane >> 4) * 8);
+
+  long long blk = (long long)blockIdx.x * kWG + wg;
+  if (blk < n_blocks) load_x(p, 4 * blk + wl, buf0, lane);
+  cp_async_commit();
+  int cur = 0;
+  for (; blk < n_blocks; blk += stride) {  // uniform across the warpgroup
+    const unsigned buf = buf0 + 2u * cur * kBufElems;
+    if (blk + stride < n_blocks)
+      load_x(p, 4 * (blk + stride) + wl, buf0 + 2u * (cur ^ 1) * kBufElems, lane);
+    cp_async_commit();
+    cp_async_wait<1>();  // this block's tile has landed (the next one may be in flight)
+    __syncwarp();
+
+    unsigned xa[kInP / 16][4];
+#pragma unroll
+    for (int kb = 0; kb < kInP / 16; ++kb) ldmatrix_x4(xa[kb], buf + a_lane + 2u * kb * 16);
+
+    unsigned h[kHP / 16][4];
+    layer<kInP, kHP, FMLP_ACT>(xa, h, w0_s, bias, lane);
+    constexpr int kUnroll = (kLHid >= 1 && kLHid <= 4) ? kLHid : 1;
+#pragma unroll kUnroll
+    for (int l = 0; l < kLHid; ++l) {
+      unsigned h2[kHP / 16][4];
+      layer<kHP, kHP, FMLP_ACT>(h, h2, wh_s + 2u * l * kHP * kHP, bias + (1 + l) * kHP, lane);
+#pragma unroll
+      for (int kb = 0; kb < kHP / 16; ++kb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[kb][i] = h2[kb][i];
+    }
+    unsigned o[1][kOutP / 16][4];
+    layer<kHP, kOutP, FMLP_OUT_ACT>(h, o[0], wl_s, bias + (kLHid + 1) * kHP, lane);
+    __syncwarp();  // every lane has read its x fragments: the buffer takes y now
+    store_y(p, 4 * blk + wl, o, buf, lane);
+    cur ^= 1;
+  }
+  cp_async_wait<0>();
+}
