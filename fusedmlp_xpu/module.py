@@ -187,6 +187,8 @@ class FusedMLP(nn.Module):
         make = getattr(be, "bind_forward", None)
         run = None if make is None else make(spec, x.device, weights, biases)
         if run is None:
+            run = _routed_forward(be, spec, x.device, weights, biases, self.backend)
+        if run is None:
             return None
         self._bound = _BoundForward(self, x, run)
         return self._bound
@@ -256,6 +258,30 @@ class FusedMLP(nn.Module):
 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
     lambda: any(torch.is_autocast_enabled(d) for d in op.DEVICE_TYPES))
+
+
+def _routed_forward(be, spec, device, weights, biases, backend):
+    """A bound no-grad forward for the row counts where ``be`` runs plain eager calls as
+    the reference's torch ops (``Backend.torch_rows``, op._torch_ops), or None where it
+    names none (or a backend is forced: then the kernels run at every row count). Those
+    calls are small, host-bound ones; bound, they skip the per-call questions of the full
+    path. Parameters are held by weak reference (the caller's ``valid`` checks each is
+    still the same object first); other row counts return None: the full path."""
+    ranges = be.torch_rows(spec, device, False)
+    if not ranges or dispatch.requested(backend) is not None:
+        return None
+    forward = dispatch.REGISTRY["reference"].forward
+    wrefs = tuple(weakref.ref(w) for w in weights)
+    brefs = None if biases is None else tuple(weakref.ref(b) for b in biases)
+
+    def run(x):
+        n = x.shape[0]
+        for lo, hi in ranges:
+            if lo <= n <= hi:
+                return forward(x, [r() for r in wrefs],
+                               None if brefs is None else [r() for r in brefs], spec, False)[0]
+        return None
+    return run
 
 
 class _BoundForward:

@@ -324,3 +324,46 @@ def test_bound_calls_unbind_when_a_linear_is_replaced(monkeypatch):
         with pytest.raises(TypeError, match=rf"FusedMLP\.{name}: expected the nn.Linear"):
             m(x)
         assert Binds.runs == 2 and m._bound is None
+
+
+def test_routed_rows_bind_to_torch_ops(monkeypatch):
+    """No-grad calls of the row counts a backend runs as torch ops (Backend.torch_rows:
+    the wide layers' small calls on CUDA) bind to those ops (module._routed_forward): the
+    same result as the full path, none of its per-call questions; other row counts, a
+    replaced parameter and a forced backend take the full path. A stub backend with
+    routes and a counting kernel path stands in for the GPU's."""
+    from fusedmlp_xpu import dispatch
+
+    class Routes(ReferenceBackend):
+        name = "routes"
+        kernel_calls = 0
+
+        def torch_rows(self, spec, device, train):
+            return ((1, 4), (10, 12))
+
+        def forward(self, x, weights, biases, spec, save):
+            Routes.kernel_calls += 1
+            return super().forward(x, weights, biases, spec, save)
+
+    monkeypatch.setitem(dispatch.REGISTRY, "routes", Routes())
+    monkeypatch.setitem(dispatch.ORDER, "cpu", ("routes", "reference"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(dispatch, "_decisions", {})
+    m = fm.FusedMLP(8, 4, 16, 1, activation="gelu_tanh").eval()
+    seq = m.to_sequential()
+    with torch.no_grad():
+        for rows in (3, 11, 4, 1):  # routed: torch ops, never the backend's forward
+            x = torch.randn(rows, 8)
+            assert torch.allclose(m(x), seq(x), rtol=0, atol=1e-6)
+        assert Routes.kernel_calls == 0 and m._bound is not None
+        bound = m._bound
+        x = torch.randn(7, 8)  # not routed: the backend's forward, the binding kept
+        assert torch.allclose(m(x), seq(x), rtol=0, atol=1e-6)
+        assert Routes.kernel_calls == 1 and m._bound is bound
+        m.linears[0].weight = nn.Parameter(torch.zeros_like(m.linears[0].weight))
+        x = torch.randn(2, 8)  # a new parameter: bound again, to it
+        assert torch.allclose(m(x), m.to_sequential()(x), rtol=0, atol=1e-6)
+        assert m._bound is not bound and m._bound is not None
+        f = fm.FusedMLP(8, 4, 16, 1, backend="routes").eval()
+        f(x)  # a forced backend runs its kernels at every row count
+        assert Routes.kernel_calls == 2 and f._bound is None
