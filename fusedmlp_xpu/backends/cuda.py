@@ -1,7 +1,8 @@
 """The ``cuda`` backend: CUDA C++ kernels of ``kernels/cuda``, compiled at run time by
 NVRTC, loaded and launched through the CUDA driver API (NVIDIA's Python bindings).
 
-Kernel chain: ``fmlp_forward`` (kernels/cuda/fused_mlp_forward.cu) -> ``cuda_build``
+Kernel chain: ``fmlp_forward_sm90`` (kernels/cuda/fused_mlp_forward_sm90.cu, wgmma) on
+sm_90, ``fmlp_forward`` (fused_mlp_forward.cu, mma.sync) elsewhere -> ``cuda_build``
 (configuration, NVRTC, disk cache) -> ``CudaBackend.forward`` (this file: module load in
 torch's context, launch on torch's current stream).
 
@@ -32,10 +33,10 @@ import torch
 from . import Backend, cuda_build, device_guard, memory
 
 #: Measured inference wins over triton, by (compute capability, dtype, hidden width):
-#: the benchmark result file that showed it. Empty: the one measurement so far is a loss
-#: (narrow-w64 inference, 2^22 rows, fp16, H200: 0.540 ms against triton's 0.372,
-#: h200-cuda-bench-narrow-w64-20261203.json; fusedmlp bench --suite narrow --backends
-#: triton cuda).
+#: the benchmark result file that showed it. Empty: every measurement so far is a loss
+#: (2^22 rows, H200, benchmarks/cuda_forward.py: narrow-w64 with wgmma 0.443 ms fp16 /
+#: 0.427 bf16 against triton's 0.377 / 0.357, narrow-w128 0.860 against 0.850,
+#: h200-cuda-fwd-wgmma-*-20261203.json; mma.sync 0.50-0.53 at every tuning).
 MEASURED_WINS: dict[tuple[tuple[int, int], torch.dtype, int], str] = {}
 
 _TRAINING = ("cuda backend: training is not implemented yet (the forward that saves the "

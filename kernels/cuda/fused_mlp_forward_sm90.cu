@@ -9,8 +9,10 @@
 // inference at 0.50-0.52 ms at every tuning against triton's wgmma kernel's 0.37
 // (benchmarks/results/h200-cuda-fwd-tunings-narrow-w64-20261203.json). This one ran it
 // at 0.43-0.44 ms (fp16/bf16, 4 warpgroups), and narrow-w128 at 0.86 against triton's
-// 0.85 (3 warpgroups): h200-cuda-fwd-wgmma-*-20261203.json. What limits it: one layer's
-// MMAs and its epilogue run in turn within a warpgroup; only other warpgroups overlap.
+// 0.85 (3 warpgroups): h200-cuda-fwd-wgmma-*-20261203.json. Not the in-warpgroup order
+// of MMAs and epilogues: a variant running two row blocks a warpgroup interleaved (one's
+// MMAs beside the other's epilogue, 182 registers) was slower, 0.47-0.48 ms at 1-2
+// warpgroups (h200-cuda-fwd-pairs-narrow-w64-*-20261203.json). Not profiled yet.
 //
 // Layout of the work:
 // - Every CTA stages all layers' weights (biases as fp32) in shared memory once, in
