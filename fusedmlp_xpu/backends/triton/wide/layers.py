@@ -100,8 +100,8 @@ class _LinearForward:
         # with the portable gelu; h200-probe-approx-20261201.json)
         self.blas_act = act if (device.type == "cuda" and not save_z
                                 and _blas_forward_ok(act, has_b)) else None
-        self.blas_max_rows = (BLAS_LT_GELU_MAX_ROWS if self.consts["ACT"] >= APPROX.value
-                              else float("inf"))
+        self.blas_max_rows = (BLAS_LT_GELU_MAX_ROWS if act == "gelu_tanh"
+                              and self.consts["ACT"] >= APPROX.value else float("inf"))
         self.lean = launch.enabled(device)
         self._direct = _Direct(configs._kernel("fwd", device), device)  # looked up once
         self._entries = self._direct.entries
