@@ -26,6 +26,8 @@ import torch
 from fusedmlp_xpu import bench_steps
 from fusedmlp_xpu.benchtools import calls_ms, environment
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats(key).print_stats(25)
-        text = s.getvalue()
+        # file names relative to the repository (no machine's paths in the results)
+        text = s.getvalue().replace(ROOT + os.sep, "")
         out[f"cprofile_{key}"] = text
         print(f"-- cProfile, {args.steps} fused steps, by {key}\n{text}", flush=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
