@@ -271,7 +271,7 @@ def _routed_forward(be, spec, device, weights, biases, backend):
     ranges = be.torch_rows(spec, device, False)
     if not ranges or dispatch.requested(backend) is not None:
         return None
-    forward = dispatch.REGISTRY["reference"].forward
+    forward = op.composite_forward
     wrefs = tuple(weakref.ref(w) for w in weights)
     brefs = None if biases is None else tuple(weakref.ref(b) for b in biases)
 
@@ -280,7 +280,7 @@ def _routed_forward(be, spec, device, weights, biases, backend):
         for lo, hi in ranges:
             if lo <= n <= hi:
                 return forward(x, [r() for r in wrefs],
-                               None if brefs is None else [r() for r in brefs], spec, False)[0]
+                               None if brefs is None else [r() for r in brefs], spec)
         return None
     return run
 
