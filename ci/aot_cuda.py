@@ -4,11 +4,11 @@
 
 The cuda backend (fusedmlp_xpu/backends/cuda.py) compiles its kernels at run time; this
 compiles, for the target architecture, each configuration the backend produces (both
-kernel families for sm_90a: mma.sync and wgmma) for a table of nets (hidden 16/32/64/128 x fp16/bf16 x relu/none x bias, every activation,
-odd in/out widths, a deep net) exactly as the backend would (cuda_build.forward_config:
-its tuning, its shared-memory count, which the kernel static_asserts), and fails on a
-compile error, on register spills over cuda_build.SPILL_BUDGET, or on wgmma instructions
-ptxas serialized. One line per kernel:
+kernel families for sm_90a: mma.sync and wgmma) for a table of nets (hidden 16/32/64/128
+x fp16/bf16 x relu/none x bias, every activation, odd in/out widths, a deep net) exactly
+as the backend would (cuda_build.forward_config: its tuning, its shared-memory count,
+which the kernel static_asserts), and fails on a compile error, on register spills over
+cuda_build.SPILL_BUDGET, or on wgmma instructions ptxas serialized. One line per kernel:
 registers, spill bytes, stack, dynamic shared memory. Needs cuda-bindings and
 nvidia-cuda-nvrtc (pip install -e ".[cuda]"); compiled cubins go to the backend's disk
 cache ($FUSEDMLP_CACHE_DIR/cuda).

@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     failed = 0
     for P in (64, 128) if args.quick else (16, 32, 64, 128):
         spec = MLPSpec((64, P, P, 64), dtype=torch.float16)  # the tuning of fp16 operands
-        acts = ((1, 0),) if args.quick else ((1, 0), (4, 6), (SOFTPLUS, 2))  # relu/none, gelu_tanh/...
+        # relu/none, gelu_tanh/sigmoid, softplus/leaky_relu
+        acts = ((1, 0),) if args.quick else ((1, 0), (4, 6), (SOFTPLUS, 2))
         for act, out_act in acts:
             base = dict(IN_P=P, H_P=P, OUT_P=P, ACT=act, OUT_ACT=out_act, F32=False,
                         PREC="tf32x3")
@@ -221,7 +222,8 @@ def compile_second_order(args) -> int:
         bm = tune.block_m
         consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
                       HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,
-                      HID2=act % APPROX in second_order.CURVED, OUT2=False, F32=False, PREC="tf32x3",
+                      HID2=act % APPROX in second_order.CURVED, OUT2=False, F32=False,
+                      PREC="tf32x3",
                       MERGE_DW=merge)
         try:
             smem, mma, info = compile_kernel(second_order_kernels._second_order_kernel, consts,

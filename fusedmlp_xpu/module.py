@@ -266,8 +266,9 @@ def _routed_forward(be, spec, device, weights, biases, backend):
     names none (or a backend is forced: then the kernels run at every row count). Those
     calls are small, host-bound ones (wide-gelu fp16 inference at 1-512 rows ran 0.63-1.02x
     eager on the H200 through the full path, h200-sweep-fp16-all-20261203.json); bound,
-    they skip its per-call questions. Parameters are held by weak reference (the caller's ``valid`` checks each is
-    still the same object first); other row counts return None: the full path."""
+    they skip its per-call questions. Parameters are held by weak reference (the caller's
+    ``valid`` checks each is still the same object first); other row counts return None:
+    the full path."""
     ranges = be.torch_rows(spec, device, False)
     if not ranges or dispatch.requested(backend) is not None:
         return None
