@@ -16,9 +16,10 @@
 // along n (stride dimension, SBO).
 //
 // Usage: wgmma_fence() (orders the registers' earlier writes: the bias-initialized D,
-// the A fragments) -> Wgmma<N>::mma<BF16>(d, a, desc) per k slice -> wgmma_commit() ->
+// the A fragments) -> Wgmma<N>::mma(d, a, desc) per k slice -> wgmma_commit() ->
 // wgmma_wait<0>() before D is read. The accumulator statements below take D as
 // read-write operands ("+f"), so the compiler keeps them in place across the group.
+// The operand type is the configuration's (FMLP_BF16: fmlp_forward_common.cuh).
 #pragma once
 
 namespace fmlp {
@@ -45,250 +46,110 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
 
-// Wgmma<N>::mma<BF16>(d, a, desc): one m64nNk16 MMA, D += A B (scale-d = 1: D is always
+// Wgmma<N>::mma(d, a, desc): one m64nNk16 MMA, D += A B (scale-d = 1: D is always
 // accumulated into; the kernels start it at the bias). N in 16, 32, ..., 128.
 template <int N>
 struct Wgmma;
 
-// "+f" operand lists of the accumulators d[0 .. n-1] (FMLP_WGMMA_D<n>), 8 at a time
+#if FMLP_BF16
+#define FMLP_WGMMA_AB "bf16.bf16"
+#else
+#define FMLP_WGMMA_AB "f16.f16"
+#endif
+
+// The accumulators d[0 .. n-1] as "+f" operands (FMLP_WGMMA_D<n>) and as the statement's
+// register list (FMLP_WGMMA_R<n>: "%0, ..., %<n-1>"), 8 at a time.
 #define FMLP_WGMMA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define FMLP_WGMMA_D8 FMLP_WGMMA_ACC8(0)
-#define FMLP_WGMMA_D16 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8)
-#define FMLP_WGMMA_D24 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16)
-#define FMLP_WGMMA_D32 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
-    FMLP_WGMMA_ACC8(24)
-#define FMLP_WGMMA_D40 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
-    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32)
-#define FMLP_WGMMA_D48 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
-    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32), FMLP_WGMMA_ACC8(40)
-#define FMLP_WGMMA_D56 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
-    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32), FMLP_WGMMA_ACC8(40), FMLP_WGMMA_ACC8(48)
-#define FMLP_WGMMA_D64 FMLP_WGMMA_ACC8(0), FMLP_WGMMA_ACC8(8), FMLP_WGMMA_ACC8(16), \
-    FMLP_WGMMA_ACC8(24), FMLP_WGMMA_ACC8(32), FMLP_WGMMA_ACC8(40), FMLP_WGMMA_ACC8(48), \
-    FMLP_WGMMA_ACC8(56)
+#define FMLP_WGMMA_D16 FMLP_WGMMA_D8, FMLP_WGMMA_ACC8(8)
+#define FMLP_WGMMA_D24 FMLP_WGMMA_D16, FMLP_WGMMA_ACC8(16)
+#define FMLP_WGMMA_D32 FMLP_WGMMA_D24, FMLP_WGMMA_ACC8(24)
+#define FMLP_WGMMA_D40 FMLP_WGMMA_D32, FMLP_WGMMA_ACC8(32)
+#define FMLP_WGMMA_D48 FMLP_WGMMA_D40, FMLP_WGMMA_ACC8(40)
+#define FMLP_WGMMA_D56 FMLP_WGMMA_D48, FMLP_WGMMA_ACC8(48)
+#define FMLP_WGMMA_D64 FMLP_WGMMA_D56, FMLP_WGMMA_ACC8(56)
+#define FMLP_WGMMA_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define FMLP_WGMMA_R16 FMLP_WGMMA_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define FMLP_WGMMA_R24 FMLP_WGMMA_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define FMLP_WGMMA_R32 FMLP_WGMMA_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define FMLP_WGMMA_R40 FMLP_WGMMA_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FMLP_WGMMA_R48 FMLP_WGMMA_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FMLP_WGMMA_R56 FMLP_WGMMA_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define FMLP_WGMMA_R64 FMLP_WGMMA_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+
+// One m64nNk16 statement over N / 2 accumulators; A0..A3, DESC and ONE are the numbers
+// (as strings) of the operands after them: a[0..3], the descriptor, the constant 1 that
+// sets the scale-d predicate.
+#define FMLP_WGMMA_RS(N, ND, A0, A1, A2, A3, DESC, ONE)                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n"                         \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FMLP_WGMMA_AB " "        \
+               "{" FMLP_WGMMA_R##ND "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" DESC     \
+               ", p, 1, 1, 0;\n}\n"                                                       \
+               : FMLP_WGMMA_D##ND                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
 
 template <>
 struct Wgmma<16> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[8], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D8
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-          "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D8
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(16, 8, "8", "9", "10", "11", "12", "13");
   }
 };
 
 template <>
 struct Wgmma<32> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[16], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-          "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D16
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-          "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D16
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(32, 16, "16", "17", "18", "19", "20", "21");
   }
 };
 
 template <>
 struct Wgmma<48> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[24], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23}, "
-          "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D24
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23}, "
-          "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D24
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(48, 24, "24", "25", "26", "27", "28", "29");
   }
 };
 
 template <>
 struct Wgmma<64> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[32], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D32
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D32
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(64, 32, "32", "33", "34", "35", "36", "37");
   }
 };
 
 template <>
 struct Wgmma<80> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[40], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39}, "
-          "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D40
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39}, "
-          "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D40
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(80, 40, "40", "41", "42", "43", "44", "45");
   }
 };
 
 template <>
 struct Wgmma<96> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[48], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
-          "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D48
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
-          "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D48
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(96, 48, "48", "49", "50", "51", "52", "53");
   }
 };
 
 template <>
 struct Wgmma<112> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[56], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-          "%48, %49, %50, %51, %52, %53, %54, %55}, "
-          "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D56
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-          "%48, %49, %50, %51, %52, %53, %54, %55}, "
-          "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D56
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(112, 56, "56", "57", "58", "59", "60", "61");
   }
 };
 
 template <>
 struct Wgmma<128> {
-  template <bool BF16>
   static __device__ __forceinline__ void mma(float (&d)[64], const unsigned (&a)[4],
                                              unsigned long long desc) {
-    if (BF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-          "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D64
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-          "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-          : FMLP_WGMMA_D64
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-    }
+    FMLP_WGMMA_RS(128, 64, "64", "65", "66", "67", "68", "69");
   }
 };
 

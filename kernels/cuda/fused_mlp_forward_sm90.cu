@@ -109,8 +109,7 @@ __device__ __forceinline__ void layer(const unsigned (&in)[K_P / 16][4],
   wgmma_fence();
 #pragma unroll
   for (int kb = 0; kb < K_P / 16; ++kb)
-    Wgmma<N_P>::template mma<kBF16>(d, in[kb],
-                                    wgmma_desc(w + kb * N_P * 32u, N_P * 16u, 128u));
+    Wgmma<N_P>::mma(d, in[kb], wgmma_desc(w + kb * N_P * 32u, N_P * 16u, 128u));
   wgmma_commit();
   wgmma_wait<0>();
   pin(d);
