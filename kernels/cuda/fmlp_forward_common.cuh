@@ -54,6 +54,30 @@ struct FmlpForwardParams {
 
 namespace fmlp {
 
+// Stage one [rows, k] weight matrix (global, contiguous) into shared memory at ``dst``,
+// zero-padded to [ROWS_P, K_P], element (r, c) at byte offset off(r, c) of the kernel's
+// layout, which keeps 8 consecutive c (from a multiple of 8) in 16 contiguous bytes; all
+// threads of the CTA take part.
+template <int ROWS_P, int K_P, typename Off>
+__device__ __forceinline__ void stage_weight(unsigned char* dst, const unsigned short* src,
+                                             int rows, int k, Off off) {
+  constexpr int CHUNKS = K_P / 8;
+  if (k % 8 == 0) {  // 16-byte chunks (the host passes 16-byte aligned weights)
+    for (int c = threadIdx.x; c < ROWS_P * CHUNKS; c += blockDim.x) {
+      const int r = c / CHUNKS, c8 = (c % CHUNKS) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows && c8 < k) v = *reinterpret_cast<const uint4*>(src + (long long)r * k + c8);
+      *reinterpret_cast<uint4*>(dst + off(r, c8)) = v;
+    }
+  } else {
+    for (int e = threadIdx.x; e < ROWS_P * K_P; e += blockDim.x) {
+      const int r = e / K_P, c = e % K_P;
+      *reinterpret_cast<unsigned short*>(dst + off(r, c)) =
+          (r < rows && c < k) ? src[(long long)r * k + c] : (unsigned short)0;
+    }
+  }
+}
+
 template <int N_P>
 __device__ __forceinline__ void stage_bias(float* dst, const unsigned short* src, int n) {
   for (int i = threadIdx.x; i < N_P; i += blockDim.x)

@@ -40,25 +40,13 @@ static_assert((2 * kWeightElems) % 16 == 0, "weight region not a multiple of 16 
 // the host computes the same size (cuda_build.ForwardConfig.smem_bytes) and passes it
 static_assert(kSmemBytes == FMLP_SMEM_BYTES, "host and kernel disagree on shared memory");
 
-// Stage one [rows, k] weight matrix (global, contiguous) into shared memory as
-// [ROWS_P, K_P + 8], zero-padded; all threads of the CTA take part.
+// Stage one [rows, k] weight matrix as [ROWS_P, K_P + 8] 16-bit elements (rows padded
+// by 16 bytes: conflict-free ldmatrix).
 template <int ROWS_P, int K_P>
-__device__ __forceinline__ void stage_weight(unsigned short* dst, const unsigned short* src,
-                                             int rows, int k) {
-  constexpr int LD = K_P + 8, CHUNKS = K_P / 8;
-  if (k % 8 == 0) {  // 16-byte chunks (the host passes 16-byte aligned weights)
-    for (int c = threadIdx.x; c < ROWS_P * CHUNKS; c += blockDim.x) {
-      const int r = c / CHUNKS, c8 = (c % CHUNKS) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < rows && c8 < k) v = *reinterpret_cast<const uint4*>(src + (long long)r * k + c8);
-      *reinterpret_cast<uint4*>(dst + r * LD + c8) = v;
-    }
-  } else {
-    for (int e = threadIdx.x; e < ROWS_P * K_P; e += blockDim.x) {
-      const int r = e / K_P, c = e % K_P;
-      dst[r * LD + c] = (r < rows && c < k) ? src[(long long)r * k + c] : (unsigned short)0;
-    }
-  }
+__device__ __forceinline__ void stage_weight_padded(unsigned short* dst, const unsigned short* src,
+                                                    int rows, int k) {
+  stage_weight<ROWS_P, K_P>(reinterpret_cast<unsigned char*>(dst), src, rows, k,
+                            [](int r, int c) { return 2u * (r * (K_P + 8) + c); });
 }
 
 // One layer: out[mt][nb] (A fragments of the next layer) = act(in[mt][:] W^T + bias)
@@ -68,7 +56,8 @@ __device__ __forceinline__ void layer(const unsigned (&in)[kMT][K_P / 16][4],
                                       unsigned (&out)[kMT][N_P / 16][4], unsigned w,
                                       const float* bias, int lane) {
   // lane's row address in the four 8x8 B matrices: (n 0-7 | 8-15) x (k 0-7 | 8-15)
-  const unsigned b_lane = w + 2u * ((((lane >> 4) << 3) + (lane & 7)) * LDW + ((lane >> 3) & 1) * 8);
+  const unsigned b_lane =
+      w + 2u * ((((lane >> 4) << 3) + (lane & 7)) * LDW + ((lane >> 3) & 1) * 8);
   const int t2 = (lane & 3) * 2;
 #pragma unroll
   for (int nb = 0; nb < N_P / 16; ++nb) {
@@ -119,10 +108,10 @@ fmlp_forward(const FmlpForwardParams p) {
   unsigned short* wh = smem + kOffWH;
   unsigned short* wl = smem + kOffWL;
   float* bias = reinterpret_cast<float*>(smem + kWeightElems);
-  stage_weight<kHP, kInP>(w0, p.w[0], kH, kIn);
+  stage_weight_padded<kHP, kInP>(w0, p.w[0], kH, kIn);
   for (int l = 0; l < kLHid; ++l)
-    stage_weight<kHP, kHP>(wh + l * kHP * kLdWH, p.w[1 + l], kH, kH);
-  stage_weight<kOutP, kHP>(wl, p.w[kLHid + 1], kOut, kH);
+    stage_weight_padded<kHP, kHP>(wh + l * kHP * kLdWH, p.w[1 + l], kH, kH);
+  stage_weight_padded<kOutP, kHP>(wl, p.w[kLHid + 1], kOut, kH);
   if (kBias) {
     for (int l = 0; l <= kLHid; ++l) stage_bias<kHP>(bias + l * kHP, p.b[l], kH);
     stage_bias<kOutP>(bias + (kLHid + 1) * kHP, p.b[kLHid + 1], kOut);

@@ -57,26 +57,11 @@ __host__ __device__ constexpr unsigned cm_offset(int n, int k) {
   return ((k >> 3) * (N_P >> 3) + (n >> 3)) * 128u + (n & 7) * 16u + (k & 7) * 2u;
 }
 
-// Stage one [rows, k] weight matrix (global, contiguous) into its core-matrix layout,
-// zero-padded to [N_P, K_P]; all threads of the CTA take part.
+// Stage one [rows, k] weight matrix into its core-matrix layout, zero-padded to [N_P, K_P].
 template <int N_P, int K_P>
 __device__ __forceinline__ void stage_weight_cm(unsigned char* dst, const unsigned short* src,
                                                 int rows, int k) {
-  constexpr int CHUNKS = K_P / 8;
-  if (k % 8 == 0) {  // 16-byte chunks (the host passes 16-byte aligned weights)
-    for (int c = threadIdx.x; c < N_P * CHUNKS; c += blockDim.x) {
-      const int n = c / CHUNKS, k8 = (c % CHUNKS) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (n < rows && k8 < k) v = *reinterpret_cast<const uint4*>(src + (long long)n * k + k8);
-      *reinterpret_cast<uint4*>(dst + cm_offset<N_P>(n, k8)) = v;
-    }
-  } else {
-    for (int e = threadIdx.x; e < N_P * K_P; e += blockDim.x) {
-      const int n = e / K_P, c = e % K_P;
-      *reinterpret_cast<unsigned short*>(dst + cm_offset<N_P>(n, c)) =
-          (n < rows && c < k) ? src[(long long)n * k + c] : (unsigned short)0;
-    }
-  }
+  stage_weight<N_P, K_P>(dst, src, rows, k, [](int n, int c) { return cm_offset<N_P>(n, c); });
 }
 
 // Keep the compiler from moving accesses of the accumulators across the wgmma group's
