@@ -11,7 +11,7 @@ import torch
 
 from .... import activations, envvars
 from ... import device_guard, memory
-from ..common import cdiv, narrow_act_ids, pow2
+from ..common import cdiv, pow2
 from . import launchers
 from .operands import _dense, _stacked
 
@@ -138,7 +138,6 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     if biases is not None:
         b0, bl = biases[0], biases[-1]
         bh = _stacked(biases[1:-1]) if L_HID else b0
-    interp = x.device.type == "cpu"
     meta = launchers._launch_meta(spec, x.device.type)
     if M > 0:
         with device_guard(x):
@@ -152,7 +151,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
                      HAS_BIAS=biases is not None, NEED_X=gx is not None,
                      NEED_V=need_v, NEED_W=need_w, NEED_B=need_b and second, HID2=hid2,
                      OUT2=out2,
-                     F32=interp, PREC="ieee" if interp else "tf32x3",
+                     F32=meta["F32"], PREC=meta["PREC"],
                      MERGE_DW=tune.merge_dw),
                 x.device, num_warps=tune.warps, num_stages=1)
     sums = acc.sum(0)
@@ -193,10 +192,10 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
     need_v, need_x, need_w, need_b = needs
     need_b = need_b and biases is not None
     M, L = x.shape[0], spec.n_layers
-    second = spec.activation_id in CURVED or spec.output_activation_id in CURVED
     curved = [spec.activation_id in CURVED] * (L - 1) + [spec.output_activation_id in CURVED]
-    act, out_act = narrow_act_ids(spec, x.device.type)
-    ids = [act] * (L - 1) + [out_act]  # the kernels' ids
+    second = any(curved)
+    meta = launchers._launch_meta(spec, x.device.type)  # the kernels' ids, cached
+    ids = [meta["ACT"]] * (L - 1) + [meta["OUT_ACT"]]
     x, v, gg = (t if t.is_contiguous() else t.contiguous() for t in (x, v, gg))
     outs = [w.shape[0] for w in weights]
     ins = [w.shape[1] for w in weights]
