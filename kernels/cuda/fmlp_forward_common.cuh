@@ -84,6 +84,15 @@ __device__ __forceinline__ void stage_bias(float* dst, const unsigned short* src
     dst[i] = i < n ? to_float<kBF16>(src[i]) : 0.f;
 }
 
+// Every layer's bias as fp32 at ``bias``: the hidden layers' kHP each, then the last
+// layer's kOutP (zero-padded); nothing without biases. All threads of the CTA take part.
+__device__ __forceinline__ void stage_biases(float* bias, const FmlpForwardParams& p) {
+  if (kBias) {
+    for (int l = 0; l <= kLHid; ++l) stage_bias<kHP>(bias + l * kHP, p.b[l], kH);
+    stage_bias<kOutP>(bias + (kLHid + 1) * kHP, p.b[kLHid + 1], kOut);
+  }
+}
+
 // The warp's lanes over a row block's kRows x CHUNKS 16-byte chunks, unrolled: f(r, c8)
 // for row r of the block and first column c8 (a multiple of 8) of each chunk a lane takes.
 template <int CHUNKS, typename F>

@@ -89,68 +89,23 @@ struct Wgmma;
                : FMLP_WGMMA_D##ND                                                         \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
 
-template <>
-struct Wgmma<16> {
-  static __device__ __forceinline__ void mma(float (&d)[8], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(16, 8, "8", "9", "10", "11", "12", "13");
-  }
-};
-
-template <>
-struct Wgmma<32> {
-  static __device__ __forceinline__ void mma(float (&d)[16], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(32, 16, "16", "17", "18", "19", "20", "21");
-  }
-};
-
-template <>
-struct Wgmma<48> {
-  static __device__ __forceinline__ void mma(float (&d)[24], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(48, 24, "24", "25", "26", "27", "28", "29");
-  }
-};
-
-template <>
-struct Wgmma<64> {
-  static __device__ __forceinline__ void mma(float (&d)[32], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(64, 32, "32", "33", "34", "35", "36", "37");
-  }
-};
-
-template <>
-struct Wgmma<80> {
-  static __device__ __forceinline__ void mma(float (&d)[40], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(80, 40, "40", "41", "42", "43", "44", "45");
-  }
-};
-
-template <>
-struct Wgmma<96> {
-  static __device__ __forceinline__ void mma(float (&d)[48], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(96, 48, "48", "49", "50", "51", "52", "53");
-  }
-};
-
-template <>
-struct Wgmma<112> {
-  static __device__ __forceinline__ void mma(float (&d)[56], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(112, 56, "56", "57", "58", "59", "60", "61");
-  }
-};
-
-template <>
-struct Wgmma<128> {
-  static __device__ __forceinline__ void mma(float (&d)[64], const unsigned (&a)[4],
-                                             unsigned long long desc) {
-    FMLP_WGMMA_RS(128, 64, "64", "65", "66", "67", "68", "69");
-  }
-};
+// Wgmma<N> for N = 16, 32, ..., 128 (ND = N / 2 accumulators; the numbers of the
+// operands after them: a[0..3], the descriptor, the constant 1).
+#define FMLP_WGMMA_N(N, ND, A0, A1, A2, A3, DESC, ONE)                                    \
+  template <>                                                                             \
+  struct Wgmma<N> {                                                                       \
+    static __device__ __forceinline__ void mma(float (&d)[ND], const unsigned (&a)[4],    \
+                                               unsigned long long desc) {                 \
+      FMLP_WGMMA_RS(N, ND, A0, A1, A2, A3, DESC, ONE);                                    \
+    }                                                                                     \
+  };
+FMLP_WGMMA_N(16, 8, "8", "9", "10", "11", "12", "13")
+FMLP_WGMMA_N(32, 16, "16", "17", "18", "19", "20", "21")
+FMLP_WGMMA_N(48, 24, "24", "25", "26", "27", "28", "29")
+FMLP_WGMMA_N(64, 32, "32", "33", "34", "35", "36", "37")
+FMLP_WGMMA_N(80, 40, "40", "41", "42", "43", "44", "45")
+FMLP_WGMMA_N(96, 48, "48", "49", "50", "51", "52", "53")
+FMLP_WGMMA_N(112, 56, "56", "57", "58", "59", "60", "61")
+FMLP_WGMMA_N(128, 64, "64", "65", "66", "67", "68", "69")
 
 }  // namespace fmlp

@@ -112,10 +112,7 @@ fmlp_forward(const FmlpForwardParams p) {
   for (int l = 0; l < kLHid; ++l)
     stage_weight_padded<kHP, kHP>(wh + l * kHP * kLdWH, p.w[1 + l], kH, kH);
   stage_weight_padded<kOutP, kHP>(wl, p.w[kLHid + 1], kOut, kH);
-  if (kBias) {
-    for (int l = 0; l <= kLHid; ++l) stage_bias<kHP>(bias + l * kHP, p.b[l], kH);
-    stage_bias<kOutP>(bias + (kLHid + 1) * kHP, p.b[kLHid + 1], kOut);
-  }
+  stage_biases(bias, p);
   __syncthreads();
 
   // --- row blocks, each warp on its own ---

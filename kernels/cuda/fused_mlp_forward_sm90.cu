@@ -121,10 +121,7 @@ fmlp_forward_sm90(const FmlpForwardParams p) {
   for (int l = 0; l < kLHid; ++l)
     stage_weight_cm<kHP, kHP>(smem_bytes + kOffWH + 2u * l * kHP * kHP, p.w[1 + l], kH, kH);
   stage_weight_cm<kOutP, kHP>(smem_bytes + kOffWL, p.w[kLHid + 1], kOut, kH);
-  if (kBias) {
-    for (int l = 0; l <= kLHid; ++l) stage_bias<kHP>(bias + l * kHP, p.b[l], kH);
-    stage_bias<kOutP>(bias + (kLHid + 1) * kHP, p.b[kLHid + 1], kOut);
-  }
+  stage_biases(bias, p);
   // the generic-proxy stores above, visible to wgmma's async-proxy reads
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
