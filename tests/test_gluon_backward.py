@@ -25,13 +25,15 @@ def _sm90() -> bool:
 sm90 = pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU and Triton's Gluon")
 
 # (in, hidden, out, hidden layers): the bench's w64 and w32 shapes, 0..4 hidden-to-hidden
-# weights, in/out padded by TMA (24 -> 32, 40 -> 64, 8 -> 16), hidden 16 and 32 (their g
-# and out widths below 64 padded to the sums' 64 rows)
+# weights, in/out padded by TMA (24 -> 32, 40 -> 64, 8 -> 16), out widths that are not
+# multiples of 8 padded on the host (3 -> 8, 1 -> 8, 13 -> 16: tma_out), hidden 16 and
+# 32 (their g and out widths below 64 padded to the sums' 64 rows)
 NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (64, 64, 64, 2), (64, 64, 64, 5), (24, 64, 40, 3),
-        (16, 64, 8, 2), (64, 32, 64, 4), (24, 32, 40, 2), (32, 16, 8, 3), (64, 16, 64, 5)]
+        (16, 64, 8, 2), (64, 32, 64, 4), (24, 32, 40, 2), (32, 16, 8, 3), (64, 16, 64, 5),
+        (32, 64, 3, 2), (32, 32, 1, 3), (16, 64, 13, 4)]
 # with biases: up to 3 hidden-to-hidden weights
 BIAS_NETS = [(64, 64, 64, 4), (64, 64, 64, 1), (24, 64, 40, 3), (16, 64, 48, 2),
-             (64, 64, 16, 2), (64, 32, 64, 4), (32, 16, 8, 3)]
+             (64, 64, 16, 2), (64, 32, 64, 4), (32, 16, 8, 3), (32, 64, 3, 2), (8, 16, 5, 3)]
 # tails, one program's single block, and several blocks a program (132 SMs x 128 rows)
 ROWS = [1, 127, 129, 1000, 2 ** 17 + 37]
 
@@ -155,6 +157,43 @@ def test_first_cuda_work_of_a_thread(monkeypatch):
 
 @sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_module_train_step_pads_an_out_width_of_3(monkeypatch, poison, dtype):
+    """The loop-image net (32 -> 64 x 2 -> 3, biases, a sigmoid output) trains through the
+    Gluon backward with its out width padded to 8 on the host; every gradient, through
+    the module, against the float64 reference, and the gradients' shapes the real ones."""
+    dev = torch.device("cuda")
+    calls = []
+    real = hopper_backward.Plan.__call__
+
+    def counting(self, *a):
+        calls.append(self.OUT)
+        return real(self, *a)
+
+    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
+    m = fm.FusedMLP(32, 3, 64, 2, output_activation="sigmoid", device=dev, dtype=dtype,
+                    backend="triton")
+    rows = n_tuning.GLUON_MIN_ROWS * 4 + 3
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 32, generator=gen).to(dev, dtype).requires_grad_()
+    gy = torch.randn(rows, 3, generator=gen).to(dev, dtype)
+    m(x).backward(gy)
+    assert calls == [8]
+    ws, bs = m.weights(), m.biases()
+    kinks = saved_z(x, ws, bs, "relu", "sigmoid", "triton")
+    _, rgx, rgw, rgb = reference(x, ws, bs, "relu", "sigmoid", grad_y=gy, kinks_at=kinks)
+    tol = tolerance("triton", dtype)
+    assert_close(x.grad, rgx, tol, "grad x")
+    for i, (w, rw) in enumerate(zip(ws, rgw)):
+        assert w.grad.shape == w.shape
+        assert_close(w.grad, rw, tol, f"grad weights[{i}]")
+    for i, (b, rb) in enumerate(zip(bs, rgb)):
+        assert b.grad.shape == b.shape
+        assert_close(b.grad, rb, tol, f"grad biases[{i}]")
+
+
+@sm90
+@pytest.mark.gpu
 def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
     """FusedMLP's train step from GLUON_MIN_ROWS rows runs the Gluon backward (and the
     Triton kernels below); the gradients, through the module, stay right. A sum's
@@ -217,15 +256,25 @@ def test_eligibility_rule_and_reasons(monkeypatch):
         assert "no Gluon" in hopper_backward.eligible(ok, cuda)[1]
         return
     assert hopper_backward.eligible(ok, cuda) == (True, "")
-    for net in [(64, 32, 64, 4), (32, 16, 8, 3), (64, 64, 16, 4)]:
+    for net in [(64, 32, 64, 4), (32, 16, 8, 3), (64, 64, 16, 4), (32, 64, 3, 2),
+                (32, 64, 57, 2)]:
         assert hopper_backward.eligible(_spec(net, bias=net[3] < 4), cuda) == (True, ""), net
+    # out widths padded to a multiple of 8 on the host; explain() says so
+    assert hopper_backward.tma_out(_spec((32, 64, 3, 2))).widths == (32, 64, 64, 8)
+    assert hopper_backward.tma_out(_spec((32, 64, 57, 2))).out_features == 64
+    padded = _spec((32, 64, 3, 2))
+    assert hopper_backward.tma_out(_spec((32, 64, 16, 2))) == _spec((32, 64, 16, 2))
+    monkeypatch.setattr(tb.TritonBackend, "recomputes", lambda self, s, d: True)
+    assert "out width padded with 5 zero columns" in tb.TritonBackend().supports(
+        padded, cuda)[1]
     assert hopper_backward.eligible(_spec((64, 64, 64, 4), bias=True), cuda) == (True, "")
     for spec, why in [
             (_spec((64, 64, 64, 4), dtype=torch.float32), "fp16 and bf16"),
             (_spec((64, 48, 64, 4)), "hidden width 48"),
             (_spec((64, 128, 64, 4)), "hidden width 128"),
-            (_spec((60, 64, 64, 4)), "multiples of 8"),
+            (_spec((60, 64, 64, 4)), "in width not a multiple of 8"),
             (_spec((128, 64, 64, 4)), "up to 64"),
+            (_spec((64, 64, 65, 4)), "out width above 64"),
             (_spec((64, 64, 64, 6)), "hidden-to-hidden"),
             (_spec((64, 64, 64, 4), "gelu"), "do not fit"),
             (_spec((64, 64, 64, 5), bias=True), "biases with more than 3")]:

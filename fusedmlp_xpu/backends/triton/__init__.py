@@ -92,8 +92,11 @@ class TritonBackend(Backend):
                 from .narrow import hopper_backward
 
                 ok, why_not = hopper_backward.eligible(spec, device)
+                pad = hopper_backward.tma_out(spec).out_features - spec.out_features
                 why += ("; that backward on sm_90 from {} rows: the Gluon kernel "
-                        "(asynchronous weight-gradient MMAs, TMA)".format(tuning.GLUON_MIN_ROWS)
+                        "(asynchronous weight-gradient MMAs, TMA{})".format(
+                            tuning.GLUON_MIN_ROWS,
+                            f"; out width padded with {pad} zero columns" if pad else "")
                         if ok else f"; not the Gluon backward: {why_not}")
         from .narrow import second_order as so
 

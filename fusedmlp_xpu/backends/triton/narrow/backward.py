@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ... import device_guard, memory
 from .. import launch
@@ -243,14 +244,25 @@ def _gluon_backward_plan(spec, device: torch.device, need_x: bool, need_w: bool,
     from . import hopper_backward
 
     ok, _ = hopper_backward.eligible(spec, device) if _narrow(spec) else (False, "")
-    return hopper_backward.Plan(spec, device, need_x, need_w, need_b) if ok else None
+    if not ok:
+        return None
+    return hopper_backward.Plan(hopper_backward.tma_out(spec), device, need_x, need_w, need_b)
 
 
 def _gluon_backward(plan, grad_y, x, weights, biases=None):
     """(grad_x or None, weight gradients, bias gradients) from the Gluon backward, or
     None where it cannot read an operand by TMA (strides or addresses not 16-byte
-    aligned): the caller takes the Triton kernels."""
-    grad_y = plan.rows(grad_y)
+    aligned): the caller takes the Triton kernels. An out width the plan pads
+    (hopper_backward.tma_out): grad_y, the last weight and bias padded with zeros here
+    (at 2^20 rows and out 3, fp16: 22 MB written), the padding's gradients dropped."""
+    pad = plan.OUT - grad_y.shape[1]
+    if pad:
+        grad_y = F.pad(grad_y, (0, pad))
+        weights = [*weights[:-1], F.pad(weights[-1], (0, 0, 0, pad))]
+        if biases is not None:
+            biases = [*biases[:-1], F.pad(biases[-1], (0, pad))]
+    else:
+        grad_y = plan.rows(grad_y)
     if not plan.accepts(x, grad_y):
         return None
     ws = _gluon_operands(weights, plan.L_HID)
@@ -266,6 +278,11 @@ def _gluon_backward(plan, grad_y, x, weights, biases=None):
     with device_guard(x):
         plan(grad_y, x, ws, bs, gx, out)
     gws, gbs = plan.reduce.views(out) if out is not None else ([], [])
+    if pad:
+        if gws:
+            gws[-1] = gws[-1][:-pad]
+        if gbs:
+            gbs[-1] = gbs[-1][:-pad]
     return (gx if plan.need_x else None), gws, gbs
 
 

@@ -24,11 +24,14 @@ per SM; narrow history 34 adds hidden 16/32 and the third chain):
   16 or 32, out widths below 64) is stored into their left part and the rest stays zero.
 mbarriers carry the hand-overs both ways; every weight stays in shared memory.
 
-What it takes (``eligible``): fp16/bf16, hidden width 16, 32 or 64, in and out widths
-multiples of 8 up to 64, 0..4 hidden-to-hidden weights (with biases: up to 3),
-activations and depth whose tiles fit shared memory, and a forward that saved nothing (the
-default where the one-kernel backward applies)."""
+What it takes (``eligible``): fp16/bf16, hidden width 16, 32 or 64, in width a multiple of
+8 up to 64, out width up to 64 (padded to a multiple of 8 on the host: ``tma_out``), 0..4
+hidden-to-hidden weights (with biases: up to 3), activations and depth whose tiles fit
+shared memory, and a forward that saved nothing (the default where the one-kernel backward
+applies)."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -534,6 +537,18 @@ def tuning(spec) -> tuple[int, int] | None:
     return None
 
 
+def tma_out(spec):
+    """``spec`` as this kernel runs it: the out width rounded up to a multiple of 8, or spec
+    itself. TMA reads grad_y and the last weight in 16-byte rows; for an out width that is
+    not a multiple of 8 (an RGB image's 3, an SDF's 1) the host pads grad_y, the last
+    weight and the last bias with zero rows/columns (backward._gluon_backward) and keeps
+    the real rows of their gradients: the padded outputs' gradients are exact zeros."""
+    OUT = spec.out_features
+    if OUT % 8 == 0:
+        return spec
+    return dataclasses.replace(spec, widths=spec.widths[:-1] + (OUT + (-OUT) % 8,))
+
+
 def eligible(spec, device: torch.device) -> tuple[bool, str]:
     """Whether the recomputing backward of ``spec`` on ``device`` runs this kernel, and why
     not (shown by explain())."""
@@ -542,11 +557,12 @@ def eligible(spec, device: torch.device) -> tuple[bool, str]:
         return ok, why
     if envvars.get(ENV, "1") == "0":
         return False, f"{ENV}=0"
+    spec = tma_out(spec)
     IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
     if H not in HIDDEN:
         return False, f"hidden width {H} (16, 32 or 64)"
-    if IN % 8 or OUT % 8 or IN > 64 or OUT > 64:
-        return False, "in/out widths not multiples of 8 up to 64"
+    if IN % 8 or IN > 64 or OUT > 64:
+        return False, "in width not a multiple of 8 up to 64, or out width above 64"
     if spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS:
         return False, f"more than {MAX_HIDDEN_WEIGHTS} hidden-to-hidden weights"
     if spec.bias and spec.n_layers - 2 > MAX_HIDDEN_WEIGHTS_BIAS:
