@@ -1,6 +1,9 @@
-"""Host time of one eager no-grad call, broken into its parts (GPU machine).
+"""Host time of one eager no-grad call, broken into its parts (GPU machine); --wide: of
+the wide-gelu block at 16 rows; --train: of a narrow train step (forward and backward
+from Python) against eager's, a do-nothing autograd node, and the step with every kernel
+launch left out.
 
-Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json]
+Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json] [--wide | --train]
 """
 import argparse
 import contextlib
@@ -36,9 +39,14 @@ def main():
                     help="--wide: torch.profiler tables of the 16-row train step")
     ap.add_argument("--wide", action="store_true",
                     help="the wide-gelu block at 16 rows instead (bf16, 4096 -> 16384 -> 4096)")
+    ap.add_argument("--train", action="store_true",
+                    help="host time of narrow train steps (narrow-w64, loop-image's net) "
+                         "at 2^14 rows (the Gluon kernels' smallest) and wall time at 2^18")
     args = ap.parse_args()
     if args.wide:
         return wide(args)
+    if args.train:
+        return train(args)
     tb = importlib.import_module("fusedmlp_xpu.backends.triton")
     m = fm.FusedMLP(64, 64, 64, 4, bias=False, device="cuda", dtype=torch.float16)
     x = torch.randn(1, 64, device="cuda", dtype=torch.float16)
@@ -241,6 +249,161 @@ def wide(args):
         json.dump({"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device(dev)),
                    "unit": "us per call (host, perf_counter; median of 7 interleaved rounds)",
                    "us": res}, open(args.out, "w"), indent=1)
+
+
+def patched(obj, name: str, value, fn):
+    """fn, run with ``obj.name`` set to ``value`` (restored after each call)."""
+    def run():
+        real = getattr(obj, name)
+        setattr(obj, name, value)
+        try:
+            fn()
+        finally:
+            setattr(obj, name, real)
+    return run
+
+
+def _tma_driver():
+    """Triton's NVIDIA driver module where the package's memo of TMA maps wraps its
+    make_tensordesc_arg (gluon.kept_descriptor), else None."""
+    from fusedmlp_xpu.backends.triton import gluon
+
+    if not (gluon._MEMO and gluon._MEMO[0]):
+        return None
+    drv = importlib.import_module("triton.backends.nvidia.driver")
+    return drv if hasattr(drv.make_tensordesc_arg, "__wrapped__") else None
+
+
+class _Nothing(torch.autograd.Function):
+    """A do-nothing autograd node with a train step's inputs and outputs: the floor of any
+    autograd.Function's host time (apply, the engine's call back into Python, the
+    gradients' allocations)."""
+
+    @staticmethod
+    def forward(ctx, x, *params):
+        ctx.save_for_backward(x, *params)
+        return x.new_empty(x.shape[0], ctx_out[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+
+ctx_out = [0]
+
+
+def train(args):
+    """Host time of one narrow train step from Python (zero_grad(set_to_none), forward,
+    backward into .grad): the fused module, eager's nn.Sequential, _Nothing, the fused
+    step with the kernels' launches left out (launch._direct a no-op: the package's Python
+    alone) and with Triton making every TMA map on every launch (the package's memo off),
+    interleaved in one process (this host's speed differs by up to 2x between processes);
+    at 2^14 rows the GPU keeps up, so these are host times. Then the
+    wall time a step at 2^18 (max of host and device) and the device time from a CUDA
+    graph of the same step."""
+    from fusedmlp_xpu.backends.triton import launch
+    from fusedmlp_xpu.benchtools import calls_ms
+
+    dt, dev = torch.float16, torch.device("cuda")
+    res = {}
+    for name, (IN, H, L, OUT) in {"narrow-w64": (64, 64, 4, 64),
+                                  "loop-image": (32, 64, 2, 3)}.items():
+        torch.manual_seed(0)
+        m = fm.FusedMLP(IN, OUT, H, L, device=dev, dtype=dt)
+        seq = m.to_sequential()
+        ctx_out[0] = OUT
+        params = list(m.parameters())
+        rows = 2 ** 14
+
+        def step(net, x, gy):
+            for p in net.parameters():
+                p.grad = None
+            net(x).backward(gy)
+
+        def nothing(x, gy):
+            for p in params:
+                p.grad = None
+            _Nothing.apply(x, *params).backward(gy)
+
+        x = torch.randn(rows, IN, device=dev, dtype=dt, requires_grad=True)
+        gy = torch.randn(rows, OUT, device=dev, dtype=dt)
+        step(m, x, gy)  # the first call makes (and memoizes) the plans' descriptors
+        fns = {"fused": lambda: step(m, x, gy), "eager": lambda: step(seq, x, gy),
+               "nothing_node": lambda: nothing(x, gy),
+               # the package's Python alone: every kernel launch a no-op
+               "fused_no_launches": patched(launch, "_direct", lambda *a: None,
+                                            lambda: step(m, x, gy))}
+        drv = _tma_driver()
+        if drv is not None:  # Triton's own descriptor handling on every launch
+            fns["fused_tma_maps_every_launch"] = patched(
+                drv, "make_tensordesc_arg", drv.make_tensordesc_arg.__wrapped__,
+                lambda: step(m, x, gy))
+        r = interleaved(fns, n=1400)
+        big = 2 ** 18
+        xb = torch.randn(big, IN, device=dev, dtype=dt, requires_grad=True)
+        gb = torch.randn(big, OUT, device=dev, dtype=dt)
+        for k, net in (("fused", m), ("eager", seq)):
+            r[f"{k}_wall_2^18_us"] = 1e3 * min(
+                calls_ms(dev, lambda i: step(net, xb, gb), 100, lead=True) for _ in range(5))
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    step(net, xb, gb)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                net(xb).backward(gb)
+            r[f"{k}_device_2^18_us"] = 1e3 * min(
+                calls_ms(dev, lambda i: g.replay(), 100, lead=True) for _ in range(5))
+        res[name] = r
+        print(name, "rows", rows, flush=True)
+        for k, v in r.items():
+            print(f"  {k:<28} {v:8.1f} us", flush=True)
+    # wide-gelu 2048 -> 5632 at 16 and 512 rows, the dispatcher's choice (these train calls
+    # run as torch ops: routes.py) against eager's nn.Sequential, interleaved
+    seq = torch.nn.Sequential(torch.nn.Linear(2048, 5632), torch.nn.GELU(),
+                              torch.nn.Linear(5632, 2048)).to(dev, dt)
+    ours = fm.FusedMLP.from_sequential(seq)
+    for lin, src in zip(ours.linears, (seq[0], seq[2])):
+        lin.weight, lin.bias = src.weight, src.bias
+    params = list(seq.parameters())
+    r = {}
+    for rows in (16, 512):
+        xw = torch.randn(rows, 2048, device=dev, dtype=dt, requires_grad=True)
+        gw = torch.randn(rows, 2048, device=dev, dtype=dt)
+        r[f"route_{rows}"] = fm.explain(ours, xw).route(xw, train=True)
+        r.update({f"{k}_{rows}": v for k, v in interleaved({
+            "fused": lambda: torch.autograd.grad(ours(xw), [xw, *params], gw),
+            "eager": lambda: torch.autograd.grad(seq(xw), [xw, *params], gw)}, n=1400).items()})
+    res["wide-gelu-2048x5632"] = r
+    print("wide-gelu-2048x5632 train steps", flush=True)
+    for k, v in r.items():
+        print(f"  {k:<28} {v:8.1f} us" if isinstance(v, float) else f"  {k}: {v}", flush=True)
+    if args.profile:
+        import cProfile
+        import pstats
+        import io
+        m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=dt)
+        x = torch.randn(2 ** 14, 64, device=dev, dtype=dt, requires_grad=True)
+        gy = torch.randn(2 ** 14, 64, device=dev, dtype=dt)
+        for _ in range(50):
+            m(x).backward(gy)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(2000):
+            for p in m.parameters():
+                p.grad = None
+            m(x).backward(gy)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
+        res["cprofile_tottime"] = buf.getvalue()
+        print(buf.getvalue())
+    if args.out:
+        from fusedmlp_xpu.benchtools import environment
+        with open(args.out, "w") as f:
+            json.dump({"env": environment(dev), "train_host_us": res}, f, indent=1)
 
 
 if __name__ == "__main__":

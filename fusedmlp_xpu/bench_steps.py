@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 import statistics
@@ -310,8 +311,10 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
     if cfg.second_order:
         variants.append("fused-first-order")
     variants.append("compile")
-    records = []
+    records, python_runs = [], {}
     for v in variants:
+        if v == "compile":  # before the compile (nothing timed from Python follows it)
+            _paired(python_runs, records, device, args)
         rec = dict(base, variant=v)
         fused, seq = make_nets(cfg, device, dtype)
         net = fused if v.startswith("fused") else seq
@@ -341,7 +344,8 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
                     if run is None:
                         skip = "; ".join(notes)
                 else:
-                    run = lambda: trainer.step(task)  # noqa: E731
+                    # bound now: a later variant rebinds trainer and task (_paired)
+                    run = functools.partial(trainer.step, task)
             except Exception as e:  # noqa: BLE001 -- one failing variant must not end the run
                 skip = f"{type(e).__name__}: {str(e)[:300]}"
         if skip is not None:
@@ -374,10 +378,34 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
                 rec["device_ms_by_phase"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         log(f"    {v:<18} {med:9.4f} ms/step  loss after {args.steps}: {rec['loss_final']:.5f}")
         records.append(rec)
+        if v in ("eager", "fused"):
+            python_runs[v] = run
         del trainer, run
         torch._dynamo.reset()
+    _paired(python_runs, records, device, args)
+    for r in records:
+        if "paired_python_ms" in r:
+            log(f"    {r['variant']:<18} {r['paired_python_ms']:9.4f} ms/step from Python, "
+                "interleaved with the other")
     _agreement(records)
     return records
+
+
+def _paired(runs: dict, records: list, device, args) -> None:
+    """Eager and fused from Python timed again with their repeats taken in turn, into
+    their records' ``paired_python_ms`` (median): the H200 host's speed drifts by tens of
+    percent within a process and up to 2x between processes, and timed one after the
+    other that drift lands on whichever variant ran then. Runs once, then forgets the
+    runs (their nets and optimizers)."""
+    if len(runs) == 2:
+        per = {k: [] for k in runs}
+        for _ in range(max(args.repeats, 5)):
+            for k, run in runs.items():
+                per[k].append(time_ms(run, device, 1, args.target_ms)[0])
+        for r in records:
+            if r["variant"] in per:
+                r["paired_python_ms"] = statistics.median(per[r["variant"]])
+    runs.clear()
 
 
 def _agreement(records):
@@ -406,6 +434,8 @@ def run_steps(args, checkpoint=None) -> dict:
         f"weights; losses_agree: every variant within {AGREE:.0%} of the others",
         "half precision: parameters in the dtype, Adam over float32 master copies",
         "device_ms_by_phase: torch.profiler, eager and fused only (CUDA)",
+        "paired_python_ms: eager and fused from Python again, their timed repeats taken in "
+        "turn (the median): the comparison of the two from Python",
         "peak_mb: torch.cuda.max_memory_allocated over the loss run's steps (CUDA)"]}
     plan = [(CONFIGS[n], N, d) for n in names for N in (args.batch or
             ([2 ** 10] if tiny else CONFIGS[n].batches)) for d in dtypes]
@@ -419,7 +449,7 @@ def run_steps(args, checkpoint=None) -> dict:
 
 def summary(result) -> str:
     lines = [f"{'config':<12} {'N':>8} {'dtype':<8} {'variant':<18} {'ms':>9} {'loss':>9} "
-             f"{'agree':>5}"]
+             f"{'agree':>5} {'paired':>9}"]
     for r in result["records"]:
         if "skipped" in r:
             lines.append(f"{r['config']:<12} {r['N']:>8} {r['dtype']:<8} {r['variant']:<18} "
@@ -427,7 +457,8 @@ def summary(result) -> str:
             continue
         lines.append(f"{r['config']:<12} {r['N']:>8} {r['dtype']:<8} {r['variant']:<18} "
                      f"{r['median_ms']:>9.4f} {r['loss_final']:>9.5f} "
-                     f"{str(r.get('losses_agree', '-')):>5}")
+                     f"{str(r.get('losses_agree', '-')):>5}"
+                     + (f" {r['paired_python_ms']:>9.4f}" if "paired_python_ms" in r else ""))
     return "\n".join(lines)
 
 

@@ -37,6 +37,8 @@ def test_one_record_per_variant(result, config):
     assert sorted(recs) == sorted(want)
     order = [r["variant"] for r in result["records"] if r["config"] == config]
     assert order[-1] == "compile"  # nothing timed from Python runs after a compile
+    # eager and fused from Python timed again in turn, each from its own step
+    assert {v for v, r in recs.items() if "paired_python_ms" in r} == {"eager", "fused"}
     for r in recs.values():
         assert r["N"] == 2 ** 10 and r["dtype"] == "float32"
         if "skipped" in r:

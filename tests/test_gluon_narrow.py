@@ -283,3 +283,36 @@ def test_gluon_kernel_compiles_for_sm90():
     bwd = [ln for ln in lines if ln.startswith("gluon-bwd")]
     assert bwd and all("setmaxnreg" in ln for ln in bwd), lines
     assert not [ln for ln in lines if SERIALIZED in ln], lines  # MMAs pipelined by ptxas
+
+
+def test_kept_descriptors_build_their_tma_map_once(monkeypatch):
+    """gluon.memoizing: Triton's make_tensordesc_arg runs once per kept descriptor and
+    kernel (its metadata object), every call for other descriptors (the user's own), and
+    each call gets a fresh list of the same arguments; FUSEDMLP_FAST_LAUNCH=0 keeps none."""
+    from fusedmlp_xpu.backends.triton import gluon as g
+
+    if g.gluon is None:
+        pytest.skip(f"no Gluon: {g.IMPORT_ERROR}")
+    calls = []
+
+    def real(arg, metadata, *rest):
+        calls.append((arg, metadata))
+        return [object(), *arg.shape, *arg.strides]
+
+    memo = g.memoizing(real)
+    t = torch.empty(256, 64, dtype=torch.float16)
+    lay = g.gl.NVMMASharedLayout.get_default_for([64, 64], g.gl.float16)
+    kept = g.kept_descriptor(t, [256, 64], [64, 1], [64, 64], lay)
+    other = g.TensorDescriptor(g.Addr(t), [256, 64], [64, 1], [64, 64], lay)
+    if not hasattr(kept, "_fmlp_maps"):
+        pytest.skip("this Triton has no make_tensordesc_arg to memoize")
+    m1, m2 = {"swizzle": 128}, {"swizzle": 128}
+    a, b = memo(kept, m1), memo(kept, m1)
+    assert a == b and a is not b and a[1:] == [256, 64, 64, 1]
+    memo(kept, m2)
+    memo(other, m1)
+    memo(other, m1)
+    assert [(x is kept, m is m1) for x, m in calls] == [
+        (True, True), (True, False), (False, True), (False, True)]
+    monkeypatch.setenv("FUSEDMLP_FAST_LAUNCH", "0")
+    assert not hasattr(g.kept_descriptor(t, [256, 64], [64, 1], [64, 64], lay), "_fmlp_maps")

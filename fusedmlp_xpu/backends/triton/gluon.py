@@ -3,8 +3,11 @@ wide/hopper_gemm.py): the import of Gluon's Hopper API, under the names the kern
 the switch that turns every Gluon kernel off; the device check; and ``Addr``, a tensor's
 address without the tensor. Gluon is Triton's lower-level dialect (layouts, shared memory,
 TMA and warpgroup MMAs spelled out); without it (Triton < 3.5) ``gluon`` is None and the
-kernels' callers keep the Triton kernels."""
+kernels' callers keep the Triton kernels. ``kept_descriptor``: a TMA descriptor a plan
+keeps, whose CUtensorMap Triton's launcher then builds once instead of on every launch."""
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -57,3 +60,58 @@ def device_ok(spec, device: torch.device) -> tuple[bool, str]:
     if spec.dtype not in (torch.float16, torch.bfloat16):
         return False, f"{spec.dtype} (fp16 and bf16 only)"
     return True, ""
+
+
+def kept_descriptor(t, shape, strides, block, layout):
+    """A TensorDescriptor of ``t``'s address (Addr: the tensor is not kept) for a plan to
+    keep and pass to its launches. Triton's launcher turns every descriptor argument into
+    a CUtensorMap on every launch (``make_tensordesc_arg`` in its NVIDIA driver: ~6-12 us
+    each on the H200 host; a narrow train step passes 11). A kept descriptor never changes
+    (address, shape, strides, block and layout are fixed when it is made), so its map is
+    made once per kernel and reused (``_memo_maps``); any other descriptor, the user's
+    own included, takes Triton's path untouched. FUSEDMLP_FAST_LAUNCH=0 turns it off."""
+    d = TensorDescriptor(Addr(t), shape, strides, block, layout)
+    if envvars.get("FUSEDMLP_FAST_LAUNCH", "1") != "0" and _memo_maps():
+        try:
+            d._fmlp_maps = {}
+        except AttributeError:  # a descriptor class without instance attributes
+            pass
+    return d
+
+
+_MEMO: list = []  # [True] once installed, [False] where Triton has no such hook
+
+
+def _memo_maps() -> bool:
+    """Install, once, a wrapper of Triton's ``make_tensordesc_arg`` that keeps the result
+    for kept descriptors (those with ``_fmlp_maps``), per kernel (its descriptor
+    metadata), and hands every other descriptor to Triton's own function. The launcher
+    looks the function up in its module when it builds a kernel's launcher (or at each
+    launch in older Triton), so kernels compiled afterwards take it. Returns whether it
+    is installed."""
+    if not _MEMO:
+        try:
+            mod = importlib.import_module("triton.backends.nvidia.driver")
+            real = mod.make_tensordesc_arg
+        except Exception:  # noqa: BLE001  (another Triton layout: no memo, Triton's path)
+            _MEMO.append(False)
+            return False
+        mod.make_tensordesc_arg = memoizing(real)
+        _MEMO.append(True)
+    return _MEMO[0]
+
+
+def memoizing(real):
+    """``real`` (Triton's make_tensordesc_arg(descriptor, metadata, ...) -> the launch's
+    arguments for it), keeping its result per kept descriptor and metadata object."""
+    def make_tensordesc_arg(arg, metadata, *rest):
+        maps = getattr(arg, "_fmlp_maps", None)
+        if maps is None:
+            return real(arg, metadata, *rest)
+        hit = maps.get(id(metadata))
+        if hit is None or hit[0] is not metadata:
+            hit = maps[id(metadata)] = (metadata, real(arg, metadata, *rest))
+        return list(hit[1])
+
+    make_tensordesc_arg.__wrapped__ = real
+    return make_tensordesc_arg

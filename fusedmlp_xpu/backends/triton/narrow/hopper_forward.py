@@ -34,7 +34,7 @@ from .. import launch
 from ..common import narrow_act_ids, pow2
 # the shared Gluon floor; ENV (0: every forward on forward_kernels.py), Addr and device_ok
 # are read through this module by its callers and tests
-from ..gluon import ENV, IMPORT_ERROR, Addr, device_ok, gluon  # noqa: F401
+from ..gluon import ENV, IMPORT_ERROR, Addr, device_ok, gluon, kept_descriptor  # noqa: F401
 from ..launch import int_key
 SMEM_BYTES = 227 * 1024  # per program at most, sm_90
 SMEM_PER_SM = 228 * 1024
@@ -47,8 +47,8 @@ MAX_ROWS = 2 ** 31 - 512
 
 if gluon is not None:  # without Gluon every forward takes forward_kernels.py
     from ..act import act
-    from ..gluon import (TensorDescriptor, fence_async_shared, gl, mbarrier, tma,
-                         warpgroup_mma, warpgroup_mma_wait)
+    from ..gluon import (fence_async_shared, gl, mbarrier, tma, warpgroup_mma,
+                         warpgroup_mma_wait)
     from ..gluon import thread_barrier as _thread_barrier  # noqa: F401 (the backward's)
     from ..gluon import tma_load as _tma_load
     from ..gluon import tma_store as _tma_store
@@ -269,8 +269,7 @@ def row_desc(cache: dict, t: torch.Tensor, block, layout):
     if d is None:
         if len(cache) >= ROW_DESCS:
             cache.clear()
-        d = cache[key] = TensorDescriptor(Addr(t), list(t.shape), list(t.stride()), block,
-                                          layout)
+        d = cache[key] = kept_descriptor(t, list(t.shape), list(t.stride()), block, layout)
     return d
 
 
@@ -288,7 +287,7 @@ def weight_descs(cache: dict, weights, IN: int, H: int, OUT: int, L_HID: int, bl
         # the first one only); w0 stands in for it without hidden layers
         shapes = ([H, IN], [L_HID * H, H] if L_HID else [H, IN], [OUT, H])
         d = cache[key] = tuple(
-            TensorDescriptor(Addr(w), shape, [shape[1], 1], b, lay)
+            kept_descriptor(w, shape, [shape[1], 1], b, lay)
             for w, shape, b, lay in zip(weights, shapes, blocks, layouts))
     return d
 
