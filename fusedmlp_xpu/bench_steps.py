@@ -47,6 +47,13 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}  # tests/conftest.py
 GRAD_VS_EAGER = 4.0  # half precision: a gradient within 4x eager's own error (conftest.py)
 AGREE = 0.02  # the variants' final losses agree within 2%
+#: the final loss compared across variants: the median of the last TAIL steps' losses. On
+#: the H200 the fp16 sdf-eikonal step's loss spikes now and then, for eager and fused alike
+#: but at different steps (eager 0.021 -> 0.036 at step 200, fused 0.022 -> 0.091 at step
+#: 499 at 2^18 rows; the same curves from this tree, with the lean launches off and from
+#: the tree before: h200-sdf-loss-curves-20261204.txt), so the mean of the last 10 steps
+#: compared one spike against none
+TAIL = 100
 ENCODED = 32  # frequency-encoded features (the MLP's input width)
 PHASES = ("encoding", "mlp", "loss", "backward", "optimizer")
 
@@ -363,6 +370,9 @@ def bench_case(cfg, N, dtype_name, device, args, log) -> list[dict]:
             rec["peak_mb"] = torch.cuda.max_memory_allocated(device) / 2 ** 20
         tail = losses[-min(10, len(losses)):]
         rec.update(loss_first=losses[0], loss_last=losses[-1], loss_final=sum(tail) / len(tail),
+                   loss_tail_median=statistics.median(losses[-min(
+                       TAIL, max(10, len(losses) // 5)):]),
+                   loss_curve={i: losses[i] for i in range(0, len(losses), 25)},
                    steps=args.steps, finite=all(math.isfinite(x) for x in losses))
         passes = []
         for _ in range(args.passes):
@@ -413,11 +423,12 @@ def _agreement(records):
     done = [r for r in records if "loss_final" in r and r["variant"] != "fused-first-order"]
     if not done:
         return
-    ref = next((r["loss_final"] for r in done if r["variant"] == "eager"), done[0]["loss_final"])
-    vals = [r["loss_final"] for r in done]
+    key = "loss_tail_median"
+    ref = next((r[key] for r in done if r["variant"] == "eager"), done[0][key])
+    vals = [r[key] for r in done]
     agree = max(vals) <= (1 + AGREE) * min(vals) and all(r["finite"] for r in done)
     for r in done:
-        r["loss_vs_eager"] = r["loss_final"] / ref
+        r["loss_vs_eager"] = r[key] / ref
         r["losses_agree"] = agree
 
 
@@ -431,7 +442,11 @@ def run_steps(args, checkpoint=None) -> dict:
     result = {"schema": SCHEMA, "env": environment(device), "records": [], "notes": [
         "ms per step: a whole step (sample, encode, MLP, loss, backward, Adam), back to back",
         f"loss_final: mean loss of the last 10 of {args.steps} steps from the same seed and "
-        f"weights; losses_agree: every variant within {AGREE:.0%} of the others",
+        f"weights; loss_tail_median: the median of the last {TAIL} (a fifth of shorter "
+        "runs, at least 10); losses_agree: every "
+        f"variant's loss_tail_median within {AGREE:.0%} of the others (the fp16 eikonal "
+        "step's losses spike now and then, eager's and fused's at different steps: a mean "
+        "of the last 10 compared one spike); loss_curve: every 25th step's loss",
         "half precision: parameters in the dtype, Adam over float32 master copies",
         "device_ms_by_phase: torch.profiler, eager and fused only (CUDA)",
         "paired_python_ms: eager and fused from Python again, their timed repeats taken in "

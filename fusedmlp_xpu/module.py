@@ -60,7 +60,8 @@ class FusedMLP(nn.Module):
             self.add_module(name, shared[name] if shared is not None else
                             nn.Linear(a, b, bias=bias, device=device, dtype=dtype))
         self._specs: dict[torch.dtype, MLPSpec] = {}
-        self._bound: _BoundForward | None = None
+        self._bound: _BoundForward | None = None  # no-grad calls
+        self._bound_train: _BoundForward | None = None  # grad-mode calls (routed rows)
         self._pack_hidden()
 
     def _pack_hidden(self) -> None:
@@ -69,7 +70,7 @@ class FusedMLP(nn.Module):
         Parameters stay the same objects (``.data`` is re-pointed); anything that breaks the
         layout later (``load_state_dict(assign=True)``, re-assigned weights) only costs that
         copy again, never correctness."""
-        self._bound = None  # the parameters move: bind again at the next call
+        self._bound = self._bound_train = None  # the parameters move: bind again
         hidden = [self._modules[n] for n in self._names[1:-1]]
         if len(hidden) < 2:
             return
@@ -86,12 +87,13 @@ class FusedMLP(nn.Module):
 
     def __getstate__(self):  # a bound call holds compiled kernels: never copied along
         state = dict(super().__getstate__())
-        state["_bound"] = None
+        state["_bound"] = state["_bound_train"] = None
         return state
 
     def __setstate__(self, state):  # copy.deepcopy and unpickling: pack the copy too
         super().__setstate__(state)
         self.__dict__.setdefault("softplus_beta", 1.0)  # pickled before it existed
+        self.__dict__.setdefault("_bound_train", None)
         if "_names" in self.__dict__:
             self._pack_hidden()
 
@@ -147,8 +149,8 @@ class FusedMLP(nn.Module):
         bound = None
         # is_compiling() first: dynamo folds it to True and never reads the binding
         if not torch.compiler.is_compiling() and type(x) is torch.Tensor \
-                and not torch.is_grad_enabled() and not op.transformed():
-            bound = self._bound
+                and not op.transformed():
+            bound = self._bound_train if torch.is_grad_enabled() else self._bound
             if bound is not None:
                 if not bound.valid(self, x):
                     bound = None
@@ -172,9 +174,11 @@ class FusedMLP(nn.Module):
             except ValueError as e:
                 op.raise_module_error(e, x, self.widths[0])
         spec = self.spec(x.dtype)
-        if bound is None and x.dim() == 2 and not torch.is_grad_enabled() \
-                and op.plain_eager(x):
-            bound = self._bind(x, spec, weights, biases)
+        if bound is None and x.dim() == 2 and op.plain_eager(x):
+            if not torch.is_grad_enabled():
+                bound = self._bind(x, spec, weights, biases)
+            elif not self.recompute:
+                bound = self._bind_train(x, spec, weights, biases)
             y = None if bound is None else bound.run(x)
             if y is not None:
                 return y
@@ -190,8 +194,22 @@ class FusedMLP(nn.Module):
             run = _routed_forward(be, spec, x.device, weights, biases, self.backend)
         if run is None:
             return None
-        self._bound = _BoundForward(self, x, run)
+        self._bound = _BoundForward(self, x, run, "_bound")
         return self._bound
+
+    def _bind_train(self, x, spec, weights, biases) -> "_BoundForward | None":
+        """Bind grad-mode calls on x's device and dtype of the row counts that the
+        backend runs as torch ops in training (op._torch_ops) to those ops: the same
+        autograd graph as eager's, without the per-call questions (the wide-gelu train
+        step at 16-512 rows ran 5-11% slower than eager's on the H200 host through the
+        full path, h200-host-train-20261204.json). Calls that need no gradient, and other
+        row counts, take the full path."""
+        be = dispatch.choose(x.device, spec, self.backend, train=True)
+        run = _routed_forward(be, spec, x.device, weights, biases, self.backend, train=True)
+        if run is None:
+            return None
+        self._bound_train = _BoundForward(self, x, run, "_bound_train")
+        return self._bound_train
 
     def extra_repr(self) -> str:
         beta = f", softplus_beta={self.softplus_beta:g}" if self.softplus_beta != 1.0 else ""
@@ -260,7 +278,7 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
     lambda: any(torch.is_autocast_enabled(d) for d in op.DEVICE_TYPES))
 
 
-def _routed_forward(be, spec, device, weights, biases, backend):
+def _routed_forward(be, spec, device, weights, biases, backend, train: bool = False):
     """A bound no-grad forward for the row counts where ``be`` runs plain eager calls as
     the reference's torch ops (``Backend.torch_rows``, op._torch_ops), or None where it
     names none (or a backend is forced: then the kernels run at every row count). Those
@@ -268,8 +286,10 @@ def _routed_forward(be, spec, device, weights, biases, backend):
     eager on the H200 through the full path, h200-sweep-fp16-all-20261203.json); bound,
     they skip its per-call questions. Parameters are held by weak reference (the caller's
     ``valid`` checks each is still the same object first); other row counts return None:
-    the full path."""
-    ranges = be.torch_rows(spec, device, False)
+    the full path. ``train``: grad-mode calls, the training ranges; a call where neither x
+    nor any parameter requires a gradient returns None (the full path takes it as the
+    no-grad call it is)."""
+    ranges = be.torch_rows(spec, device, train)
     if not ranges or dispatch.requested(backend) is not None:
         return None
     forward = op.composite_forward
@@ -280,8 +300,12 @@ def _routed_forward(be, spec, device, weights, biases, backend):
         n = x.shape[0]
         for lo, hi in ranges:
             if lo <= n <= hi:
-                return forward(x, [r() for r in wrefs],
-                               None if brefs is None else [r() for r in brefs], spec)
+                ws = [r() for r in wrefs]
+                bs = None if brefs is None else [r() for r in brefs]
+                if train and not (x.requires_grad or any(w.requires_grad for w in ws) or (
+                        bs is not None and any(b.requires_grad for b in bs))):
+                    return None
+                return forward(x, ws, bs, spec)
         return None
     return run
 
@@ -299,9 +323,9 @@ class _BoundForward:
     return None for a call it does not take (the module's full path then runs it)."""
 
     __slots__ = ("dtype", "device", "in_features", "backend", "env", "generation",
-                 "children", "params", "run")
+                 "children", "params", "run", "attr")
 
-    def __init__(self, module: FusedMLP, x: torch.Tensor, run):
+    def __init__(self, module: FusedMLP, x: torch.Tensor, run, attr: str):
         self.dtype, self.device, self.in_features = x.dtype, x.device, module.widths[0]
         self.backend, self.env, self.generation = (
             module.backend, envvars.get(dispatch.ENV_VAR), dispatch.generation)
@@ -311,26 +335,28 @@ class _BoundForward:
         self.params = tuple((lin._parameters, name, weakref.ref(p), p.data_ptr())
                             for lin in module.linears
                             for name, p in lin._parameters.items() if p is not None)
-        self.run = run
+        self.run, self.attr = run, attr  # attr: the module's attribute holding it
 
     def valid(self, module: FusedMLP, x: torch.Tensor) -> bool:
         """Whether a call of ``module`` with ``x`` may take ``run``; the caller checked
-        that x is a plain Tensor, grad mode is off and nothing is being compiled."""
+        that x is a plain Tensor, the grad mode (bound per mode) and that nothing is being
+        compiled or transformed."""
         if (x.dtype is not self.dtype or x.device != self.device or x.dim() != 2
                 or x.shape[1] != self.in_features or module.backend != self.backend
                 or dispatch.generation != self.generation
                 or (self.backend is None and envvars.get(dispatch.ENV_VAR) != self.env)
-                or _any_autocast() or not op.EAGER_FAST_PATH or op._dispatch_modes()):
+                or _any_autocast() or not op.EAGER_FAST_PATH or op._dispatch_modes()
+                or (module.recompute and self.attr == "_bound_train")):
             return False
         mods = module._modules
         for n, ref in self.children:
             if mods.get(n) is not ref():
-                module._bound = None
+                setattr(module, self.attr, None)
                 return False
         for params, name, ref, ptr in self.params:
             p = params.get(name)
             if p is None or p is not ref() or p.data_ptr() != ptr:
-                module._bound = None  # for good: the next eligible call binds again
+                setattr(module, self.attr, None)  # the next eligible call binds again
                 return False
         return True
 

@@ -46,6 +46,8 @@ def test_one_record_per_variant(result, config):
         else:
             assert r["median_ms"] > 0 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
             assert r["steps"] == 20 and r["finite"]
+            # the compared loss: the median of the tail; every 25th step's loss kept
+            assert r["loss_tail_median"] > 0 and len(r["loss_curve"]) == 1
     # no CUDA here: the captured variants are skipped, saying so
     assert "CUDA" in recs["fused-captured"]["skipped"]
     assert "CUDA" in recs["eager-captured"]["skipped"]

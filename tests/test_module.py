@@ -326,6 +326,64 @@ def test_bound_calls_unbind_when_a_linear_is_replaced(monkeypatch):
         assert Binds.runs == 2 and m._bound is None
 
 
+def test_routed_train_calls_bind_to_torch_ops(monkeypatch):
+    """Grad-mode calls of the row counts a backend trains as torch ops bind to those ops
+    (module._bind_train): eager's autograd graph, so the same gradients as the
+    nn.Sequential's, into the module's own parameters; other row counts, calls needing no
+    gradient, recompute=True and a replaced parameter take the full path (or bind again).
+    A stub backend with training routes and counting kernel paths stands in for the
+    GPU's."""
+    from fusedmlp_xpu import dispatch
+
+    class Routes(ReferenceBackend):
+        name = "routes"
+        kernel_calls = 0
+
+        def torch_rows(self, spec, device, train):
+            return ((1, 4),) if train else ()
+
+        def forward(self, x, weights, biases, spec, save):
+            Routes.kernel_calls += 1
+            return super().forward(x, weights, biases, spec, save)
+
+    monkeypatch.setitem(dispatch.REGISTRY, "routes", Routes())
+    monkeypatch.setitem(dispatch.ORDER, "cpu", ("routes", "reference"))
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(dispatch, "_decisions", {})
+    m = fm.FusedMLP(8, 4, 16, 1, activation="gelu")
+    seq = m.to_sequential()
+    for rows in (3, 1, 4):  # routed: torch ops, eager's gradients exactly
+        x = torch.randn(rows, 8, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        gy = torch.randn(rows, 4)
+        m.zero_grad()
+        seq.zero_grad()
+        m(x).backward(gy)
+        seq(x2).backward(gy)
+        assert torch.equal(x.grad, x2.grad)
+        for p, q in zip(m.parameters(), seq.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert Routes.kernel_calls == 0 and m._bound_train is not None and m._bound is None
+    bound = m._bound_train
+    m(torch.randn(7, 8, requires_grad=True)).sum().backward()  # not routed: the kernels
+    assert Routes.kernel_calls == 1 and m._bound_train is bound
+    for p in m.parameters():
+        p.requires_grad_(False)
+    m(torch.randn(2, 8))  # nothing needs a gradient: the full path's no-grad choice
+    assert Routes.kernel_calls == 2
+    for p in m.parameters():
+        p.requires_grad_(True)
+    m.linears[0].weight = nn.Parameter(torch.zeros_like(m.linears[0].weight))
+    x = torch.randn(2, 8, requires_grad=True)
+    m(x).sum().backward()  # a new parameter: bound again, to it; its gradient lands
+    assert m._bound_train is not bound and m._bound_train is not None
+    assert m.linears[0].weight.grad is not None
+    m.recompute = True  # the op's node (it recomputes); never the torch ops' graph
+    calls = Routes.kernel_calls
+    m(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert Routes.kernel_calls > calls
+
+
 def test_routed_rows_bind_to_torch_ops(monkeypatch):
     """No-grad calls of the row counts a backend runs as torch ops (Backend.torch_rows:
     the wide layers' small calls on CUDA) bind to those ops (module._routed_forward): the
