@@ -361,7 +361,8 @@ def train(args):
         for k, v in r.items():
             print(f"  {k:<28} {v:8.1f} us", flush=True)
     # wide-gelu 2048 -> 5632 at 16 and 512 rows, the dispatcher's choice (these train calls
-    # run as torch ops: routes.py) against eager's nn.Sequential, interleaved
+    # run as torch ops: routes.py; bound to them, module._bind_train, and through the
+    # module's full path) against eager's nn.Sequential, interleaved
     seq = torch.nn.Sequential(torch.nn.Linear(2048, 5632), torch.nn.GELU(),
                               torch.nn.Linear(5632, 2048)).to(dev, dt)
     ours = fm.FusedMLP.from_sequential(seq)
@@ -373,8 +374,18 @@ def train(args):
         xw = torch.randn(rows, 2048, device=dev, dtype=dt, requires_grad=True)
         gw = torch.randn(rows, 2048, device=dev, dtype=dt)
         r[f"route_{rows}"] = fm.explain(ours, xw).route(xw, train=True)
+        def unbound(xw=xw, gw=gw):  # the module's full path (no train binding)
+            kept, ours._bound_train = ours._bound_train, None
+            real = fm.FusedMLP._bind_train
+            fm.FusedMLP._bind_train = lambda *a: None
+            try:
+                torch.autograd.grad(ours(xw), [xw, *params], gw)
+            finally:
+                fm.FusedMLP._bind_train, ours._bound_train = real, kept
+
         r.update({f"{k}_{rows}": v for k, v in interleaved({
             "fused": lambda: torch.autograd.grad(ours(xw), [xw, *params], gw),
+            "fused_unbound": unbound,
             "eager": lambda: torch.autograd.grad(seq(xw), [xw, *params], gw)}, n=1400).items()})
     res["wide-gelu-2048x5632"] = r
     print("wide-gelu-2048x5632 train steps", flush=True)
