@@ -59,7 +59,10 @@ class Rule:
 #: 2048/8192, 3072/8192 at 2048) and 0.99-1.04x above it; a re-run
 #: (h200-sweep-gelu-routed-20261203.json, fp16 and bf16) had 5120/13824 at 512 rows at
 #: 0.49-0.69x on the kernels, and the calls routed then (below 3e10, bound to the ops by
-#: module._routed_forward) at 0.96-1.05x. Routed, such a call runs eager's own ops.
+#: module._routed_forward) at 0.96-1.05x. Routed, such a call runs eager's own ops: after
+#: the move, 5120/13824 at 256-2048 rows ran 0.996-1.007x eager
+#: (h200-sweep-gelu-5120-20261204.json). Routed train calls bind to the ops likewise
+#: (module._bind_train; h200-host-train-20261204b.json).
 CUDA_RULES: dict[tuple[int, int] | None, tuple[Rule, ...]] = {
     None: (
         Rule(False, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
