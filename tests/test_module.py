@@ -326,21 +326,18 @@ def test_bound_calls_unbind_when_a_linear_is_replaced(monkeypatch):
         assert Binds.runs == 2 and m._bound is None
 
 
-def test_routed_train_calls_bind_to_torch_ops(monkeypatch):
-    """Grad-mode calls of the row counts a backend trains as torch ops bind to those ops
-    (module._bind_train): eager's autograd graph, so the same gradients as the
-    nn.Sequential's, into the module's own parameters; other row counts, calls needing no
-    gradient, recompute=True and a replaced parameter take the full path (or bind again).
-    A stub backend with training routes and counting kernel paths stands in for the
-    GPU's."""
+def _routes_backend(monkeypatch, infer, train):
+    """A stub backend, first on CPU, that runs plain eager calls of the ``infer`` /
+    ``train`` row ranges as torch ops (Backend.torch_rows) and counts the calls of its
+    own forward (its kernels, standing in for the GPU's): the class."""
     from fusedmlp_xpu import dispatch
 
     class Routes(ReferenceBackend):
         name = "routes"
         kernel_calls = 0
 
-        def torch_rows(self, spec, device, train):
-            return ((1, 4),) if train else ()
+        def torch_rows(self, spec, device, train_):
+            return train if train_ else infer
 
         def forward(self, x, weights, biases, spec, save):
             Routes.kernel_calls += 1
@@ -350,6 +347,17 @@ def test_routed_train_calls_bind_to_torch_ops(monkeypatch):
     monkeypatch.setitem(dispatch.ORDER, "cpu", ("routes", "reference"))
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     monkeypatch.setattr(dispatch, "_decisions", {})
+    return Routes
+
+
+def test_routed_train_calls_bind_to_torch_ops(monkeypatch):
+    """Grad-mode calls of the row counts a backend trains as torch ops bind to those ops
+    (module._bind_train): eager's autograd graph, so the same gradients as the
+    nn.Sequential's, into the module's own parameters; other row counts, calls needing no
+    gradient, recompute=True and a replaced parameter take the full path (or bind again).
+    A stub backend with training routes and counting kernel paths stands in for the
+    GPU's."""
+    Routes = _routes_backend(monkeypatch, infer=(), train=((1, 4),))
     m = fm.FusedMLP(8, 4, 16, 1, activation="gelu")
     seq = m.to_sequential()
     for rows in (3, 1, 4):  # routed: torch ops, eager's gradients exactly
@@ -390,23 +398,7 @@ def test_routed_rows_bind_to_torch_ops(monkeypatch):
     same result as the full path, none of its per-call questions; other row counts, a
     replaced parameter and a forced backend take the full path. A stub backend with
     routes and a counting kernel path stands in for the GPU's."""
-    from fusedmlp_xpu import dispatch
-
-    class Routes(ReferenceBackend):
-        name = "routes"
-        kernel_calls = 0
-
-        def torch_rows(self, spec, device, train):
-            return ((1, 4), (10, 12))
-
-        def forward(self, x, weights, biases, spec, save):
-            Routes.kernel_calls += 1
-            return super().forward(x, weights, biases, spec, save)
-
-    monkeypatch.setitem(dispatch.REGISTRY, "routes", Routes())
-    monkeypatch.setitem(dispatch.ORDER, "cpu", ("routes", "reference"))
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    monkeypatch.setattr(dispatch, "_decisions", {})
+    Routes = _routes_backend(monkeypatch, infer=((1, 4), (10, 12)), train=((1, 4), (10, 12)))
     m = fm.FusedMLP(8, 4, 16, 1, activation="gelu_tanh").eval()
     seq = m.to_sequential()
     with torch.no_grad():
