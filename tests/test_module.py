@@ -392,6 +392,31 @@ def test_routed_train_calls_bind_to_torch_ops(monkeypatch):
     assert Routes.kernel_calls > calls
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_routed_train_calls_on_cuda_match_eager(dtype):
+    """On a GPU with the real routes (backends/triton/routes.py: wide train calls of
+    1-4096 rows run as torch ops): the bound train call's gradients are eager's exactly
+    (the same ops), and the binding is taken and kept."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    m = fm.FusedMLP(512, 512, 2048, 1, activation="gelu", device=dev, dtype=dtype)
+    seq = m.to_sequential()
+    for rows in (16, 512, 16):
+        x = torch.randn(rows, 512, device=dev, dtype=dtype, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        gy = torch.randn(rows, 512, device=dev, dtype=dtype)
+        m.zero_grad()
+        seq.zero_grad()
+        m(x).backward(gy)
+        seq(x2).backward(gy)
+        assert torch.equal(x.grad, x2.grad)
+        for p, q in zip(m.parameters(), seq.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert m._bound_train is not None, fm.explain(m, x).route(x, train=True)
+
+
 def test_routed_rows_bind_to_torch_ops(monkeypatch):
     """No-grad calls of the row counts a backend runs as torch ops (Backend.torch_rows:
     the wide layers' small calls on CUDA) bind to those ops (module._routed_forward): the
