@@ -62,6 +62,7 @@ class FusedMLP(nn.Module):
         self._specs: dict[torch.dtype, MLPSpec] = {}
         self._bound: _BoundForward | None = None  # no-grad calls
         self._bound_train: _BoundForward | None = None  # grad-mode calls (routed rows)
+        self._no_train_binding = None  # the key of the last _bind_train that found none
         self._pack_hidden()
 
     def _pack_hidden(self) -> None:
@@ -94,6 +95,7 @@ class FusedMLP(nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("softplus_beta", 1.0)  # pickled before it existed
         self.__dict__.setdefault("_bound_train", None)
+        self.__dict__.setdefault("_no_train_binding", None)
         if "_names" in self.__dict__:
             self._pack_hidden()
 
@@ -177,7 +179,7 @@ class FusedMLP(nn.Module):
         if bound is None and x.dim() == 2 and op.plain_eager(x):
             if not torch.is_grad_enabled():
                 bound = self._bind(x, spec, weights, biases)
-            elif not self.recompute:
+            elif not self.recompute and self._no_train_binding != self._train_key(x):
                 bound = self._bind_train(x, spec, weights, biases)
             y = None if bound is None else bound.run(x)
             if y is not None:
@@ -206,10 +208,17 @@ class FusedMLP(nn.Module):
         row counts, take the full path."""
         be = dispatch.choose(x.device, spec, self.backend, train=True)
         run = _routed_forward(be, spec, x.device, weights, biases, self.backend, train=True)
-        if run is None:
+        if run is None:  # none for this device, dtype and choice (every narrow net):
+            # not asked again on the train hot path until one of those changes
+            self._no_train_binding = self._train_key(x)
             return None
         self._bound_train = _BoundForward(self, x, run, "_bound_train")
         return self._bound_train
+
+    def _train_key(self, x) -> tuple:
+        """What _bind_train's answer depends on besides the parameters."""
+        return (x.dtype, x.device, self.backend, dispatch.generation,
+                envvars.get(dispatch.ENV_VAR))
 
     def extra_repr(self) -> str:
         beta = f", softplus_beta={self.softplus_beta:g}" if self.softplus_beta != 1.0 else ""

@@ -326,6 +326,19 @@ def test_bound_calls_unbind_when_a_linear_is_replaced(monkeypatch):
         assert Binds.runs == 2 and m._bound is None
 
 
+def _assert_eager_grads(m, seq, x, gy):
+    """m's train call on x with grad_y ``gy`` gives x and every parameter exactly the
+    gradients its nn.Sequential ``seq`` gives."""
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    m.zero_grad()
+    seq.zero_grad()
+    m(x1).backward(gy)
+    seq(x2).backward(gy)
+    assert torch.equal(x1.grad, x2.grad)
+    for p, q in zip(m.parameters(), seq.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
 def _routes_backend(monkeypatch, infer, train):
     """A stub backend, first on CPU, that runs plain eager calls of the ``infer`` /
     ``train`` row ranges as torch ops (Backend.torch_rows) and counts the calls of its
@@ -361,16 +374,7 @@ def test_routed_train_calls_bind_to_torch_ops(monkeypatch):
     m = fm.FusedMLP(8, 4, 16, 1, activation="gelu")
     seq = m.to_sequential()
     for rows in (3, 1, 4):  # routed: torch ops, eager's gradients exactly
-        x = torch.randn(rows, 8, requires_grad=True)
-        x2 = x.detach().clone().requires_grad_()
-        gy = torch.randn(rows, 4)
-        m.zero_grad()
-        seq.zero_grad()
-        m(x).backward(gy)
-        seq(x2).backward(gy)
-        assert torch.equal(x.grad, x2.grad)
-        for p, q in zip(m.parameters(), seq.parameters()):
-            assert torch.equal(p.grad, q.grad)
+        _assert_eager_grads(m, seq, torch.randn(rows, 8), torch.randn(rows, 4))
     assert Routes.kernel_calls == 0 and m._bound_train is not None and m._bound is None
     bound = m._bound_train
     m(torch.randn(7, 8, requires_grad=True)).sum().backward()  # not routed: the kernels
@@ -404,16 +408,8 @@ def test_routed_train_calls_on_cuda_match_eager(dtype):
     m = fm.FusedMLP(512, 512, 2048, 1, activation="gelu", device=dev, dtype=dtype)
     seq = m.to_sequential()
     for rows in (16, 512, 16):
-        x = torch.randn(rows, 512, device=dev, dtype=dtype, requires_grad=True)
-        x2 = x.detach().clone().requires_grad_()
-        gy = torch.randn(rows, 512, device=dev, dtype=dtype)
-        m.zero_grad()
-        seq.zero_grad()
-        m(x).backward(gy)
-        seq(x2).backward(gy)
-        assert torch.equal(x.grad, x2.grad)
-        for p, q in zip(m.parameters(), seq.parameters()):
-            assert torch.equal(p.grad, q.grad)
+        x = torch.randn(rows, 512, device=dev, dtype=dtype)
+        _assert_eager_grads(m, seq, x, torch.randn(rows, 512, device=dev, dtype=dtype))
     assert m._bound_train is not None, fm.explain(m, x).route(x, train=True)
 
 
