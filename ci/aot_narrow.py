@@ -310,7 +310,9 @@ def compile_gluon_backward(args) -> int:
                  ((24,) + (64,) * 3 + (40,), "relu", "sigmoid", True),
                  ((64, 64, 64, 32), "gelu", "none", False),
                  ((32,) + (16,) * 3 + (8,), "tanh", "none", True),
-                 ((64,) + (32,) * 4 + (64,), "silu", "none", True)]
+                 ((64,) + (32,) * 4 + (64,), "silu", "none", True),
+                 # the sdf net: softplus's derivative from its output (no z tiles)
+                 ((32,) + (64,) * 4 + (16,), "softplus", "none", True)]
     failed = 0
     for widths, act, out_act, bias in nets:
         spec = MLPSpec(widths, act, out_act, bias, torch.float16)

@@ -552,10 +552,15 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
             assert one.g_resident and one.g_dw, (widths, bias)
             assert be.recomputes(spec, cuda), (widths, bias)
             assert "recomputing the pre-activations" in be.supports(spec, cuda)[1]  # explain()
-    # an activation of transcendentals at hidden 64 (the sdf net): the two kernels, z saved;
-    # at hidden 32 still the one kernel (tuning._curved)
+    # an activation of transcendentals at hidden 64 (the sdf net): not the one kernel
+    # (tuning._curved); training recomputes only where the Gluon backward takes the net on
+    # an sm_90 device (narrow_backward.gluon_takes; never for gelu: tuning.GLUON_SAVES),
+    # else the two kernels read the z the forward saved; at hidden 32 still the one kernel
     sdf = MLPSpec((32,) + (64,) * 4 + (16,), "softplus", bias=True, dtype=torch.float16)
-    assert not n_tuning._split_nvidia(sdf).g_dw and not be.recomputes(sdf, cuda)
+    assert not n_tuning._split_nvidia(sdf).g_dw
+    assert be.recomputes(sdf, cuda) == tb.narrow_backward.gluon_takes(sdf, cuda)
+    gelu = MLPSpec((64,) * 4, "gelu", bias=True, dtype=torch.float16)
+    assert not n_tuning._split_nvidia(gelu).g_dw and not be.recomputes(gelu, cuda)
     assert n_tuning._split_nvidia(MLPSpec((32,) + (32,) * 4 + (16,), "tanh",
                                           dtype=torch.float16)).g_dw
     # without the one kernel: the two kernels, the chain resident at hidden 32 only
@@ -563,7 +568,9 @@ def test_split_choice_follows_the_sweeps(monkeypatch):
     two = split((64, 32, 32, 64))
     assert two.g_resident and not two.g_dw and two.g_stages == 3
     assert not split((64, 64, 64, 64)).g_resident
-    assert not be.recomputes(MLPSpec((64, 32, 32, 64), dtype=torch.float16), cuda)
+    # (the forward saves z for them unless the Gluon backward takes the net: sm_90)
+    s32 = MLPSpec((64, 32, 32, 64), dtype=torch.float16)
+    assert be.recomputes(s32, cuda) == tb.narrow_backward.gluon_takes(s32, cuda)
     monkeypatch.undo()
     # deeper, wider, fp32 or not on CUDA: saved
     for widths, dtype, dev in [((64,) + (32,) * 6 + (64,), torch.float16, cuda),

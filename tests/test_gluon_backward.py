@@ -9,6 +9,7 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 from fusedmlp_xpu.backends import triton as tb
+from fusedmlp_xpu.backends.triton import common as tb_common
 from fusedmlp_xpu.backends.triton.narrow import backward as n_backward, tuning as n_tuning
 from fusedmlp_xpu.backends.triton.narrow import hopper_backward, hopper_forward
 from fusedmlp_xpu.spec import MLPSpec
@@ -41,8 +42,10 @@ ROWS = [1, 127, 129, 1000, 2 ** 17 + 37]
 @pytest.fixture(autouse=True)
 def _fresh_plans():
     n_backward._gluon_backward_plan.cache_clear()
+    n_backward._gluon_eligible.cache_clear()
     yield
     n_backward._gluon_backward_plan.cache_clear()
+    n_backward._gluon_eligible.cache_clear()
 
 
 def _spec(net, act="relu", out_act="none", dtype=torch.float16, bias=False):
@@ -123,6 +126,48 @@ def test_gluon_backward_every_activation(act, poison):
 
 @sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ["softplus", "tanh", "sigmoid"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_module_sdf_net_derivative_from_output(monkeypatch, poison, act, dtype):
+    """The sdf net (32 -> 64 x 4 -> 16, biases), whose z tiles would not fit, trains
+    through the Gluon backward with the derivative taken from the stored activation: the
+    forward saves nothing (recomputes), at a row count below GLUON_MIN_ROWS too (the
+    one-kernel Triton backward does not take this net) and with inputs large enough to
+    saturate the activations; every gradient against the float64 reference."""
+    dev = torch.device("cuda")
+    calls = []
+    real = hopper_backward.Plan.__call__
+
+    def counting(self, *a):
+        calls.append(a[1].shape[0])
+        return real(self, *a)
+
+    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
+    m = fm.FusedMLP(32, 16, 64, 4, act, device=dev, dtype=dtype, backend="triton")
+    assert not hopper_backward.keeps_z(m.spec().activation_id)
+    assert tb.TritonBackend().recomputes(m.spec(), dev)
+    assert "derivative from its stored output" in str(fm.explain(m, torch.zeros(
+        1, 32, device=dev, dtype=dtype), train=True))
+    gen = torch.Generator().manual_seed(17)
+    tol = tolerance("triton", dtype)
+    for rows, scale in ((n_tuning.GLUON_MIN_ROWS + 77, 1.0), (3001, 1.0), (3001, 8.0)):
+        x = (scale * torch.randn(rows, 32, generator=gen)).to(dev, dtype).requires_grad_()
+        gy = torch.randn(rows, 16, generator=gen).to(dev, dtype)
+        m.zero_grad()
+        m(x).backward(gy)
+        ws, bs = m.weights(), m.biases()
+        _, rgx, rgw, rgb = reference(x, ws, bs, act, "none", grad_y=gy)
+        assert_close(x.grad, rgx, tol, "grad x")
+        for i, (w, rw) in enumerate(zip(ws, rgw)):
+            assert_close(w.grad, rw, tol, f"grad weights[{i}]")
+        for i, (b, rb) in enumerate(zip(bs, rgb)):
+            floor = chance_sum_size(gy) if i == len(bs) - 1 else 0.0
+            assert_close(b.grad, rb, tol, f"grad biases[{i}]", floor)
+    assert calls == [n_tuning.GLUON_MIN_ROWS + 77, 3001, 3001]
+
+
+@sm90
+@pytest.mark.gpu
 def test_gluon_backward_partial_needs_and_strided_x(poison):
     """grad_x alone, the weights' alone; x as every other row of a wider tensor; x whose
     rows TMA cannot read is refused (None: the caller takes the Triton kernels)."""
@@ -141,6 +186,28 @@ def test_gluon_backward_partial_needs_and_strided_x(poison):
     ws, _ = make_params(spec.widths, False, spec.dtype, dev)
     assert n_backward._gluon_backward(plan, torch.randn(500, 64, device=dev, dtype=spec.dtype),
                               odd, ws) is None
+
+
+@sm90
+@pytest.mark.gpu
+def test_x_alone_many_calls_two_stages():
+    """grad_x alone (the eikonal step's first backward) with two x stages and many blocks a
+    program, called again and again: a chain that reads two blocks' x before the loader
+    waits must not leave it waiting on a barrier phase already passed (each stage has its
+    own). Every call's result equals the first."""
+    dev = torch.device("cuda")
+    spec = _spec((32, 64, 16, 4), "softplus", bias=True)
+    assert hopper_backward.tuning(spec) == (2, 2)
+    plan = n_backward._gluon_backward_plan(spec, dev, True, False, False)
+    gen = torch.Generator().manual_seed(23)
+    ws, bs = make_params(spec.widths, True, spec.dtype, dev, gen=gen)
+    x = torch.randn(1 << 18, 32, generator=gen).to(dev, spec.dtype)
+    gy = torch.randn(1 << 18, 16, generator=gen).to(dev, spec.dtype)
+    first = n_backward._gluon_backward(plan, gy, x, ws, bs)[0].clone()
+    for _ in range(300):
+        gx = n_backward._gluon_backward(plan, gy, x, ws, bs)[0]
+    torch.cuda.synchronize()
+    assert torch.equal(gx, first)
 
 
 @sm90
@@ -279,6 +346,25 @@ def test_eligibility_rule_and_reasons(monkeypatch):
             (_spec((64, 64, 64, 4), "gelu"), "do not fit"),
             (_spec((64, 64, 64, 5), bias=True), "biases with more than 3")]:
         assert why in hopper_backward.eligible(spec, cuda)[1], spec
+    # softplus, tanh and sigmoid take the derivative from the stored activation: the sdf
+    # net fits, and training recomputes (the one-kernel Triton backward does not take
+    # it); gelu keeps its z tiles and does not fit
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for act in ("softplus", "tanh", "sigmoid", "gelu"):
+        sdf = _spec((32, 64, 16, 4), act, bias=True)
+        fits = act != "gelu"
+        assert hopper_backward.keeps_z(sdf.activation_id) is not fits
+        assert hopper_backward.eligible(sdf, cuda)[0] is fits, act
+        assert n_backward.gluon_takes(sdf, cuda) is fits
+        assert tb.TritonBackend().recomputes(sdf, cuda) is fits
+        assert not n_tuning._one_kernel(n_tuning._split_backward(cuda, sdf), sdf)
+        assert not n_backward.gluon_takes(sdf, cpu)
+    assert hopper_backward.keeps_z(4 + tb_common.APPROX)  # gelu_tanh's PTX form keeps z
+    assert not hopper_backward.keeps_z(8 + tb_common.APPROX)  # softplus's does not
+    monkeypatch.setenv(hopper_backward.ENV, "0")  # the switch is read on every call
+    assert not n_backward.gluon_takes(_spec((32, 64, 16, 4), "softplus", bias=True), cuda)
     monkeypatch.setenv(hopper_forward.ENV, "0")
     assert hopper_backward.eligible(ok, cuda)[1] == f"{hopper_forward.ENV}=0"
 

@@ -97,12 +97,12 @@ def test_export_with_a_dynamic_batch(backend, kind, grad):
     y = loaded(x)
     tol = tolerance(name, torch.float32)  # the inference kernel against the training one
     with torch.no_grad():
-        assert_close(y, m(x).double(), tol)
+        assert_close(y, m(x).double().cpu(), tol)
     if grad:
         y.square().sum().backward()
         x2 = x.detach().clone().requires_grad_()
         (eager or m)(x2).square().sum().backward()
-        assert_close(x.grad, x2.grad.double(), tol, "grad x")
+        assert_close(x.grad, x2.grad.double().cpu(), tol, "grad x")
 
 
 @pytest.mark.gpu

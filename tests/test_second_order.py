@@ -151,6 +151,37 @@ def test_module_eikonal_matches_sequential():
         torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("act", ["softplus", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [3001, 20000])
+def test_sdf_net_eikonal_against_float64(act, dtype, rows):
+    """The sdf-eikonal config's net (32 -> 64 x 4 -> 16, biases), whose forward saves nothing
+    on sm_90 (its first backward is the Gluon kernel, x alone, the derivative taken from
+    the stored activation): the eikonal gradients against float64 autograd, within
+    GRAD_VS_EAGER x eager's own error in that dtype."""
+    dev = torch.device("cuda")
+    widths = (32, 64, 64, 64, 64, 16)
+    ws, bs = make_params(widths, True, dtype, dev, requires_grad=True)
+    x = torch.randn(rows, 32, device=dev).to(dtype).requires_grad_()
+    got = _eikonal_grads(lambda t: fm.fused_mlp(t, ws, bs, act, backend="triton"), x, ws + bs)
+
+    def up(t, dt=torch.float64, to="cpu"):
+        return t.detach().to(to, dt).requires_grad_()
+
+    w64, b64, x64 = [up(w) for w in ws], [up(b) for b in bs], up(x)
+    want = _eikonal_grads(_eager(w64, b64, act), x64, w64 + b64)
+    wl, bl, xl = ([up(w, dtype, dev) for w in ws], [up(b, dtype, dev) for b in bs],
+                  up(x, dtype, dev))
+    eager = [rel_error(g, r) for g, r in zip(_eikonal_grads(_eager(wl, bl, act), xl, wl + bl),
+                                             want)]
+    for i, (g, r) in enumerate(zip(got, want)):
+        tol = max(tolerance("triton", dtype), GRAD_VS_EAGER * eager[i])
+        assert_close(g, r, tol, f"eikonal gradient {i} ({'x' if i == 0 else 'param'})")
+
+
+
 @pytest.mark.parametrize("dev", devices(), ids=str)
 def test_gated_eikonal_matches_eager(dev):
     m = fm.GatedMLP(8, 16, 4, activation="gelu_tanh", bias=True, device=dev,

@@ -93,9 +93,13 @@ class TritonBackend(Backend):
 
                 ok, why_not = hopper_backward.eligible(spec, device)
                 pad = hopper_backward.tma_out(spec).out_features - spec.out_features
-                why += ("; that backward on sm_90 from {} rows: the Gluon kernel "
-                        "(asynchronous weight-gradient MMAs, TMA{})".format(
-                            tuning.GLUON_MIN_ROWS,
+                one = tuning._one_kernel(tuning._split_backward(device, spec), spec)
+                why += ("; that backward on sm_90 {}: the Gluon kernel "
+                        "(asynchronous weight-gradient MMAs, TMA{}{})".format(
+                            f"from {tuning.GLUON_MIN_ROWS} rows" if one else "at every row count",
+                            "" if hopper_backward.keeps_z(spec.activation_id) or
+                            spec.activation_id in (0, 1, 2) else
+                            f"; {spec.activation}'s derivative from its stored output",
                             f"; out width padded with {pad} zero columns" if pad else "")
                         if ok else f"; not the Gluon backward: {why_not}")
         from .narrow import second_order as so
@@ -125,11 +129,15 @@ class TritonBackend(Backend):
         return narrow_forward._forward_plan(spec, device, False).bind(weights, biases)
 
     def recomputes(self, spec, device):
-        """Where the backward is the one kernel (Split.g_dw): it computes every row block's
-        pre-activations again from x on chip, so the forward saves nothing (measured
-        faster: tuning.RECOMPUTE_ON_CHIP)."""
-        return tuning.RECOMPUTE_ON_CHIP and tuning._narrow(spec) and tuning._one_kernel(
-            tuning._split_backward(device, spec), spec)
+        """Where the backward is one kernel that computes every row block's pre-activations
+        again from x on chip, so the forward saves nothing (measured faster:
+        tuning.RECOMPUTE_ON_CHIP): the one-kernel Triton backward (Split.g_dw) or, on
+        sm_90, the Gluon backward (narrow_backward.gluon_takes)."""
+        if not (tuning.RECOMPUTE_ON_CHIP and tuning._narrow(spec)):
+            return False
+        return (tuning._one_kernel(tuning._split_backward(device, spec), spec)
+                or (spec.activation not in tuning.GLUON_SAVES
+                    and narrow_backward.gluon_takes(spec, device)))
 
     def torch_rows(self, spec, device, train):
         """Wide layers: routes.py's measured ranges; narrow nets: never."""

@@ -8,6 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .... import envvars
 from ... import device_guard, memory
 from .. import launch
 from ..common import cdiv
@@ -31,18 +32,20 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
     _mlp_dw_kernel sums g^T act(z) per program in registers into the same scratch layout
     (costs a [M, S] g buffer beside z). One kernel (``Split.g_dw``, weights resident):
     the chain sums those itself, with no g buffer. Either way one reduction follows. On
-    sm_90, nothing saved, from GLUON_MIN_ROWS rows: the Gluon backward
-    (hopper_backward.py) where it takes the net."""
+    sm_90, nothing saved, from GLUON_MIN_ROWS rows (at any row count for nets the one
+    kernel does not take): the Gluon backward (hopper_backward.py) where it takes the
+    net."""
     need_x, need_w, need_b = needs
     weights, biases = _dense(weights), _dense(biases)
     M = x.shape[0]
-    if saved is None and M >= GLUON_MIN_ROWS:
+    split = tuning._split_backward(x.device, spec) if M > 0 else None
+    # below GLUON_MIN_ROWS the one kernel where it takes the net, else Gluon at any count
+    if saved is None and M > 0 and (M >= GLUON_MIN_ROWS or not _one_kernel(split, spec)):
         plan = _gluon_backward_plan(spec, x.device, need_x, need_w, need_b)
         out = None if plan is None else _gluon_backward(plan, grad_y, x, weights, biases)
         if out is not None:
             return out
     need_wb = need_w or need_b
-    split = tuning._split_backward(x.device, spec) if M > 0 else None
     # nothing saved (recompute): the one kernel also when only x needs a gradient
     if _one_kernel(split, spec) and (need_wb or saved is None):  # one kernel, if it fits
         out = _backward_plan(spec, x.device, split, needs, saved is None)(
@@ -235,6 +238,32 @@ class _OneKernelBackward:
     def _grads(self, gx, out):
         gws, gbs = self.reduce.views(out) if out is not None else ([], [])
         return (gx if self.need_x else None), gws, gbs
+
+
+def gluon_takes(spec, device: torch.device) -> bool:
+    """Whether spec's recomputing backward runs the Gluon kernel on ``device`` (sm_90): the
+    backend then has the forward save nothing (TritonBackend.recomputes), also for nets
+    the one-kernel Triton backward does not take (hidden 64 with silu, sigmoid, tanh or
+    softplus: tuning._curved; gelu's still save: tuning.GLUON_SAVES). A train
+    step of the sdf net (32 -> 64 x 4 -> 16, biases, fp16, 2^20 rows, H200) took 1.35 ms
+    recomputing against 1.72 saving z with softplus, 1.33 against 2.35 with tanh, 1.05
+    against 1.57 with sigmoid (h200-narrow-recompute-fp16-20261204b.json)."""
+    if device.type != "cuda":
+        return False
+    from . import hopper_backward, hopper_forward
+
+    env = (envvars.get(hopper_forward.ENV), envvars.get(hopper_backward.ENV),
+           envvars.get("TRITON_INTERPRET"))
+    return _gluon_eligible(spec, device, env)
+
+
+@functools.lru_cache(maxsize=256)
+def _gluon_eligible(spec, device: torch.device, env: tuple) -> bool:
+    """hopper_backward.eligible, kept per (spec, device) and the switches it reads (env):
+    the train hot path asks it on every call."""
+    from . import hopper_backward
+
+    return _narrow(spec) and hopper_backward.eligible(spec, device)[0]
 
 
 @functools.lru_cache(maxsize=256)

@@ -41,6 +41,7 @@ from ..launch import int_key
 from . import hopper_forward
 from .hopper_forward import MAX_ROWS, SMEM_BYTES, _pads, gluon, row_desc, weight_descs
 from .launchers import _launch_meta
+from ..common import APPROX as APPROX_ID
 from .reduce import _reduce_launch, _reduce_layout
 
 #: set to 0 to keep every narrow backward on the Triton kernels (FUSEDMLP_GLUON=0 turns
@@ -59,16 +60,20 @@ G_P = 64
 
 
 def keeps_z(act: int) -> bool:
-    """Whether activation ``act`` (a registry id) keeps its pre-activations: all but those
-    whose derivative is a function of act(z) (identity, relu, leaky relu)."""
-    return act not in (0, 1, 2)
+    """Whether activation ``act`` (a registry id, plus APPROX where the host chose the PTX
+    form) keeps its pre-activations: gelu, gelu_tanh and silu, whose derivative is no
+    function of act(z). The others take it from the stored activation h (_dact): identity,
+    relu and leaky relu by its sign; sigmoid h (1 - h) and tanh 1 - h^2, as torch's
+    backward does; softplus sigmoid(z) = 1 - exp(-h). Without the z tiles the sdf net
+    (32 -> 64 x 4 -> 16, softplus, biases) fits one program's shared memory."""
+    return act % APPROX_ID in (3, 4, 5)
 
 if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-    from ..act import act, times_act_grad
+    from ..act import APPROX, act, times_act_grad
     from .hopper_forward import _load_weights, _thread_barrier, _tma_load, _tma_store
 
     _keeps_z = gluon.constexpr_function(keeps_z)
@@ -102,7 +107,24 @@ if gluon is not None:
         elif ACT == 2:
             h = hs.index(l).load(g.type.layout)
             g = gl.where(h > 0, g, 0.01 * g)
+        elif ACT == 6:
+            h = hs.index(l).load(g.type.layout).to(gl.float32)
+            g = g * (h * (1.0 - h))
+        elif ACT % APPROX == 7:  # tanh, either form
+            h = hs.index(l).load(g.type.layout).to(gl.float32)
+            g = g * (1.0 - h * h)
+        elif ACT % APPROX == 8:  # softplus, either form: sigmoid(z) = 1 - exp(-h)
+            h = hs.index(l).load(g.type.layout).to(gl.float32)
+            g = g * _sigmoid_of_softplus(h)
         return g
+
+    @gluon.jit
+    def _sigmoid_of_softplus(h):
+        """sigmoid(z) from h = softplus(z) >= 0: 1 - exp(-h); below h = 1e-2, where that
+        subtraction would cost the small result its relative precision, the series
+        h - h^2 / 2 + h^3 / 6 (relative error < 5e-8). NaN stays NaN, inf gives 1."""
+        small = h * (1.0 - h * (0.5 - h * 0.16666666666666666))
+        return gl.where(h < 1e-2, small, 1.0 - gl.exp(-h))
 
     @gluon.jit
     def _add_bias(acc, b_ptr, N, HAS_BIAS: gl.constexpr):
@@ -250,8 +272,10 @@ if gluon is not None:
             acc = _add_bias(acc, b0_ptr, H_P, HAS_BIAS)
             if SUMS:  # the sums are done with hs (its first write is next)
                 mbarrier.wait(hs_free.index(c), (j & 1) ^ 1)
-            else:  # x's stage is read by nothing more: the loader may refill it
-                mbarrier.arrive(hs_free.index(c), count=1)
+            else:  # x's stage is read by nothing more: the loader may refill it (one
+                # barrier a stage: a chain two blocks ahead of the loader must not complete
+                # a barrier's phase twice before the loader waits on it)
+                mbarrier.arrive(hs_free.index(c * X_STAGES + s), count=1)
             h = _keep(acc, hs, zs, hb, ACT, Z_SMEM)
             for k in gl.static_range(L_HID):
                 acc = warpgroup_mma(gl.convert_layout(h, op_h), wh_s.index(k).permute((1, 0)),
@@ -382,10 +406,10 @@ if gluon is not None:
                 _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, NC * (j + X_STAGES) + cc, n_my)
         else:
             for i in range(n_my):  # x alone: each stage refilled once the chain's forward
-                cc = i % NC        # has read it (the chain arrives at hs_free then)
+                cc = i % NC        # has read it (the chain arrives at the stage's hs_free)
                 j = i // NC
                 s = j % X_STAGES
-                mbarrier.wait(hs_free.index(cc), j & 1)
+                mbarrier.wait(hs_free.index(cc * X_STAGES + s), (j // X_STAGES) & 1)
                 _load_x(x_desc, x_ready, xs, cc * X_STAGES + s, NC * (j + X_STAGES) + cc, n_my)
         base = acc_ptr + pid.to(gl.int64) * (L_HID + 2) * SLOT
         if NEED_B:
@@ -460,7 +484,9 @@ if gluon is not None:
         wbar = gl.allocate_shared_memory(gl.int64, [1], lay)
         x_ready = gl.allocate_shared_memory(gl.int64, [CHAINS * X_STAGES, 1], lay)
         gy_ready = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
-        hs_free = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
+        # hs_free: chain c's hs tiles free (the sums arrive), or, without sums, x's stage
+        # c * X_STAGES + s read (the chain arrives)
+        hs_free = gl.allocate_shared_memory(gl.int64, [CHAINS * X_STAGES, 1], lay)
         go_ready = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
         go_free = gl.allocate_shared_memory(gl.int64, [CHAINS, 1], lay)
         gh_ready = gl.allocate_shared_memory(gl.int64, [2 * CHAINS, 1], lay)
@@ -468,9 +494,9 @@ if gluon is not None:
         mbarrier.init(wbar, count=1)
         for j in gl.static_range(CHAINS * X_STAGES):
             mbarrier.init(x_ready.index(j), count=1)
+            mbarrier.init(hs_free.index(j), count=1)
         for j in gl.static_range(CHAINS):
             mbarrier.init(gy_ready.index(j), count=1)
-            mbarrier.init(hs_free.index(j), count=1)
             mbarrier.init(go_ready.index(j), count=1)
             mbarrier.init(go_free.index(j), count=1)
         for j in gl.static_range(2 * CHAINS):

@@ -282,6 +282,14 @@ def _split_nvidia(spec) -> Split | None:
     return None
 
 
+#: hidden activations whose nets the forward still saves z for where the one-kernel
+#: Triton backward does not take them, though the Gluon backward could recompute: gelu
+#: (erf again in the backward's forward and in its derivative; the w64-gelu net 64 ->
+#: 64 x 3 -> 64 with biases, fp16, H200: recomputing 2.76 ms a train step at 2^20 rows
+#: against 2.30 saving, h200-narrow-recompute-fp16-20261204.json); gelu_tanh with it,
+#: not measured. Every other activation measured recomputes (TritonBackend.recomputes)
+GLUON_SAVES = ("gelu", "gelu_tanh")
+
 #: the resident chain sums the weight gradients itself (Split.g_dw) up to 4 hidden-to-
 #: hidden weights at hidden width <= 64; off: the two kernels (the sweeps compare both)
 ONE_KERNEL_BACKWARD = True
