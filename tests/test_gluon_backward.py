@@ -53,6 +53,19 @@ def _spec(net, act="relu", out_act="none", dtype=torch.float16, bias=False):
     return MLPSpec((IN,) + (H,) * L + (OUT,), act, out_act, bias, dtype)
 
 
+def _plan_calls(monkeypatch, what) -> list:
+    """A list that gets what(plan, x) at every call of the Gluon backward's plan."""
+    calls = []
+    real = hopper_backward.Plan.__call__
+
+    def counting(self, grad_y, x, *a):
+        calls.append(what(self, x))
+        return real(self, grad_y, x, *a)
+
+    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
+    return calls
+
+
 def _check(spec, rows, dev, gen, x=None, need=(True, True, True), call=lambda f: f()):
     """The kernel's gradients (need: grad_x, grad_weights, grad_biases where the net has
     them) of fresh random data against the float64 reference, the derivatives taken at
@@ -135,14 +148,7 @@ def test_module_sdf_net_derivative_from_output(monkeypatch, poison, act, dtype):
     one-kernel Triton backward does not take this net) and with inputs large enough to
     saturate the activations; every gradient against the float64 reference."""
     dev = torch.device("cuda")
-    calls = []
-    real = hopper_backward.Plan.__call__
-
-    def counting(self, *a):
-        calls.append(a[1].shape[0])
-        return real(self, *a)
-
-    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
+    calls = _plan_calls(monkeypatch, lambda plan, x: x.shape[0])
     m = fm.FusedMLP(32, 16, 64, 4, act, device=dev, dtype=dtype, backend="triton")
     assert not hopper_backward.keeps_z(m.spec().activation_id)
     assert tb.TritonBackend().recomputes(m.spec(), dev)
@@ -230,14 +236,7 @@ def test_module_train_step_pads_an_out_width_of_3(monkeypatch, poison, dtype):
     Gluon backward with its out width padded to 8 on the host; every gradient, through
     the module, against the float64 reference, and the gradients' shapes the real ones."""
     dev = torch.device("cuda")
-    calls = []
-    real = hopper_backward.Plan.__call__
-
-    def counting(self, *a):
-        calls.append(self.OUT)
-        return real(self, *a)
-
-    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
+    calls = _plan_calls(monkeypatch, lambda plan, x: plan.OUT)
     m = fm.FusedMLP(32, 3, 64, 2, output_activation="sigmoid", device=dev, dtype=dtype,
                     backend="triton")
     rows = n_tuning.GLUON_MIN_ROWS * 4 + 3
@@ -267,14 +266,7 @@ def test_module_train_step_takes_the_gluon_backward(monkeypatch, poison):
     gradient (broadcast, no rows in memory) and a column slice of a wider gradient are
     made dense first."""
     dev = torch.device("cuda")
-    calls = []
-    real = hopper_backward.Plan.__call__
-
-    def counting(self, *a):
-        calls.append(a[1].shape[0])
-        return real(self, *a)
-
-    monkeypatch.setattr(hopper_backward.Plan, "__call__", counting)
+    calls = _plan_calls(monkeypatch, lambda plan, x: x.shape[0])
     m = fm.FusedMLP(64, 64, 64, 4, bias=False, device=dev, dtype=torch.float16,
                     backend="triton")
     big = n_tuning.GLUON_MIN_ROWS + 5
