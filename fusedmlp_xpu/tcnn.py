@@ -18,8 +18,11 @@ What follows tiny-cuda-nn (read from its public source: ``network.cu``'s
   ``output_activation`` ("None"); names case-insensitive as there. ``feedback_alignment``
   is accepted only when false. No biases, as there.
 - Activations: None, ReLU, LeakyReLU (slope 0.01), Sigmoid, Tanh map to the registry.
-  Exponential, Sine and Squareplus are not in it, nor is tiny-cuda-nn's Softplus, which is
-  log(1 + exp(10 x)) / 10 (the registry's has beta 1): ValueError naming the key.
+  tiny-cuda-nn's Softplus is log(1 + exp(10 x)) / 10: the registry's softplus with beta
+  10 (FusedMLP's ``softplus_beta``; as torch's nn.Softplus(10), linear above x = 2, where
+  the two differ by less than 2e-10; tiny-cuda-nn's own form overflows to inf from
+  x = 8.9 in fp32, this one does not). Exponential, Sine and Squareplus are not in the
+  registry: ValueError naming the key.
 - Input: a bare tiny-cuda-nn Network is a NetworkWithInputEncoding with an Identity
   encoding, which pads the input to a multiple of 16 with the value 1 (so the padding
   columns of the first weight act as a bias). We do the same: the first layer has
@@ -56,13 +59,13 @@ OTYPES = ("fullyfusedmlp", "megakernelmlp", "cutlassmlp", "mlp")
 DEFAULTS = {"otype": "MLP", "n_neurons": 128, "n_hidden_layers": 5, "activation": "ReLU",
             "output_activation": "None", "feedback_alignment": False}
 ACTIVATIONS = {"none": "none", "relu": "relu", "leakyrelu": "leaky_relu",
-               "sigmoid": "sigmoid", "tanh": "tanh"}
+               "sigmoid": "sigmoid", "tanh": "tanh", "softplus": "softplus"}
+#: tiny-cuda-nn's Softplus: log(1 + exp(K_ACT x)) / K_ACT with K_ACT = 10
+SOFTPLUS_BETA = 10.0
 NOT_IN_REGISTRY = {
     "exponential": "exp(x) is not in the activation registry",
     "sine": "sin(x) is not in the activation registry",
     "squareplus": "squareplus is not in the activation registry",
-    "softplus": ("tiny-cuda-nn's Softplus is log(1 + exp(10 x)) / 10; the registry's "
-                 "softplus has beta 1, so results would differ"),
 }
 
 
@@ -87,11 +90,12 @@ def _activation(key: str, value) -> str:
         raise ValueError(f"network_config[{key!r}]: {value!r} is not supported: "
                          f"{NOT_IN_REGISTRY[v]}")
     raise ValueError(f"network_config[{key!r}]: unknown activation {value!r}; tiny-cuda-nn "
-                     f"names supported here: None, ReLU, LeakyReLU, Sigmoid, Tanh")
+                     f"names supported here: None, ReLU, LeakyReLU, Sigmoid, Tanh, Softplus")
 
 
 def parse_network_config(config) -> dict:
-    """tiny-cuda-nn's network config -> n_neurons, n_hidden_layers, activation names."""
+    """tiny-cuda-nn's network config -> n_neurons, n_hidden_layers, activation names and
+    softplus_beta (tiny-cuda-nn's 10 where either activation is its Softplus, else 1)."""
     if not isinstance(config, dict):
         raise TypeError(f"network_config: expected a dict, got {type(config).__name__}")
     unknown = sorted(set(config) - set(DEFAULTS) - {"n_input_dims", "n_output_dims"})
@@ -107,11 +111,13 @@ def parse_network_config(config) -> dict:
                          f"of FullyFusedMLP, CutlassMLP, MLP, MegakernelMLP{hint}")
     if c["feedback_alignment"]:
         raise ValueError("network_config['feedback_alignment']: true is not supported")
+    acts = {"activation": _activation("activation", c["activation"]),
+            "output_activation": _activation("output_activation", c["output_activation"])}
     return {"n_neurons": _positive_int("network_config['n_neurons']", c["n_neurons"]),
             "n_hidden_layers": _positive_int("network_config['n_hidden_layers']",
                                              c["n_hidden_layers"], 0),
-            "activation": _activation("activation", c["activation"]),
-            "output_activation": _activation("output_activation", c["output_activation"])}
+            **acts,
+            "softplus_beta": SOFTPLUS_BETA if "softplus" in acts.values() else 1.0}
 
 
 class Network(nn.Module):
@@ -135,7 +141,8 @@ class Network(nn.Module):
         self.padded_output_dims = _next_multiple(self.n_output_dims, ALIGNMENT)
         self.mlp = FusedMLP(self.padded_input_dims, self.n_output_dims, self.n_neurons,
                             self.n_hidden_layers, cfg["activation"], cfg["output_activation"],
-                            bias=False, device=device, dtype=dtype, backend=backend)
+                            bias=False, device=device, dtype=dtype, backend=backend,
+                            softplus_beta=cfg["softplus_beta"])
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for lin in self.mlp.linears:
