@@ -188,7 +188,8 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
     d_l^T t_{l-1} + e_l^T a_{l-1} are ONE GEMM over [d_l; e_l] and [t_{l-1}; a_{l-1}]
     stacked by rows (each step writes its half in place: no copies), rounded once like
     the kernel's fp32 partial sums. Memory: per layer z, u, d, t, a (and zbar, e with
-    curvature) of [M, width]."""
+    curvature) of [M, width]; each u is let go once the tangent pass has read it, and a
+    layer's others once the backward pass is past it."""
     need_v, need_x, need_w, need_b = needs
     need_b = need_b and biases is not None
     M, L = x.shape[0], spec.n_layers
@@ -229,6 +230,7 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
             t = _pointwise(2, ids[i], zs[i], a=T, b=us[i], o2=zbar[i], out=nxt)
         else:
             t = _pointwise(1, ids[i], zs[i], a=T, out=nxt)
+        us[i] = None  # read by nothing more: its memory serves the next zbar (peak memory)
     gv = t if need_v else None
     # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l into the lower halves,
     # each term only where it exists (as eager's double backward: no zero times a NaN)
@@ -251,6 +253,9 @@ def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
                      else torch.zeros_like(biases[i]))
         if e is not None and (i or need_x):
             g = torch.mm(e, weights[i])
+        # layer i's tensors are read by nothing more (peak memory: the next layer's GEMM
+        # outputs take their blocks)
+        zs[i] = zbar[i] = de[i] = ta[i] = e = None
     gx = None
     if need_x:
         gx = g if g is not None else torch.zeros_like(x)
