@@ -451,3 +451,40 @@ def test_row_descriptors_kept_per_address_without_the_tensor():
     del u
     gc.collect()
     assert ref() is None
+
+
+def test_recompute_benchmark_checks_then_times(tmp_path, monkeypatch):
+    """benchmarks/narrow_recompute.py: every variant's gradients checked against float64
+    before it is timed (a variant beyond the bound is reported WRONG and not timed), the
+    JSON written with the environment and what the backend takes by default."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "narrow_recompute.py"
+    spec = importlib.util.spec_from_file_location("bench_narrow_recompute", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "rc.json"
+    assert mod.main(["--out", str(out), "--nets", "sdf-softplus", "--rows", "40",
+                     "--rounds", "1"]) == 0
+    got = json.loads(out.read_text())
+    assert got["env"] and len(got["records"]) == 1
+    rec = got["records"][0]
+    assert rec["widths"] == [32, 64, 64, 64, 64, 16] and rec["rows"] == 40
+    assert isinstance(rec["default_recomputes"], bool) and rec["explain"]
+    for v in ("recompute", "save", "eager"):
+        assert rec[f"{v}_ms"] > 0 and rec[f"{v}_max_rel_err"] < mod.TOL[torch.float16]
+    # a variant whose gradients are off is not timed
+    real = mod._error
+    calls = []
+
+    def off_for_save(got_, ref):
+        calls.append(None)
+        return 1.0 if len(calls) == 2 else real(got_, ref)  # the second variant: save
+
+    monkeypatch.setattr(mod, "_error", off_for_save)
+    logs = []
+    recs = mod.run(["sdf-softplus"], [40], torch.float16, 1, torch.device("cpu"), logs.append)
+    assert "save_ms" not in recs[0] and recs[0]["recompute_ms"] > 0
+    assert any(line.startswith("WRONG sdf-softplus 40 save") for line in logs)
