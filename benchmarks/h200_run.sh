@@ -56,6 +56,9 @@ for s in $steps; do
               # the fastest tuning at 2^20 rows that passed its check, for the steps that follow
               best=$(python3 -c "import json,sys; t=[r for r in json.load(open(sys.argv[1]))['tunings'] if r['ok']]; print(min(t, key=lambda r: r['ms'])['spelling'] if t else '')" "$OUT/so-kernel-1048576.json" 2>/dev/null)
               [ -n "$best" ] && export FUSEDMLP_SECOND_ORDER_TUNING=$best; echo "second-order tuning for later steps: ${best:-the default}" ;;
+    # narrow train steps recomputing (the Gluon backward) against saving z, and eager
+    # (RC_ARGS: --nets, --rows, --dtype)
+    recompute) timeout ${RC_S:-200} python3 benchmarks/narrow_recompute.py ${RC_ARGS:-} --out "$OUT/narrow-recompute.json" 2>&1 | grep -vi warn | tee "$OUT/narrow-recompute.txt" ;;
     # whole training steps, one JSON per config (STEPS_ARGS: --batch, --dtype, --steps)
     steps) for c in ${STEPS_CONFIGS:-sdf-eikonal loop-image}; do
              timeout ${STEPS_S:-280} python3 -m fusedmlp_xpu.cli bench --suite steps --configs $c ${STEPS_ARGS:-} --out "$OUT/steps-$c.json" > "$OUT/steps-$c.txt" 2>&1
