@@ -22,7 +22,6 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,32 +39,8 @@ NETS = {
     "w64-silu": (32, 64, 3, 16, "silu", True),
     "w64-relu": (64, 64, 4, 64, "relu", True),  # unchanged: a control
 }
-TORCH_ACT = {"softplus": F.softplus, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
-             "gelu": F.gelu, "silu": F.silu, "relu": F.relu}
 TOL = {torch.float16: 2e-2, torch.bfloat16: 8e-2}  # relative to each tensor's largest value
 VS_EAGER = 4.0  # or this multiple of eager's own error (sums over many rows cancel)
-
-
-def _eager(m: fm.FusedMLP, act: str) -> torch.nn.Sequential:
-    """nn.Linear layers with m's parameters (copies) and torch's activation."""
-    layers = []
-    for i, lin in enumerate(m.linears):
-        new = torch.nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None,
-                              device=lin.weight.device, dtype=lin.weight.dtype)
-        new.load_state_dict(lin.state_dict())
-        layers.append(new)
-        if i < len(m.linears) - 1:
-            layers.append(_Act(TORCH_ACT[act]))
-    return torch.nn.Sequential(*layers)
-
-
-class _Act(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def _grads(model, x, gy):
@@ -94,10 +69,10 @@ def run(nets, rows_list, dtype, rounds, device, log=print):
             variants["save"] = fm.FusedMLP(IN, OUT, H, L, act, bias=bias, device=device,
                                            dtype=dtype, recompute=False)
             variants["save"].load_state_dict(variants["recompute"].state_dict())
-            variants["eager"] = _eager(variants["recompute"], act)
+            variants["eager"] = variants["recompute"].to_sequential()
             x = torch.randn(rows, IN, device=device, dtype=dtype)
             gy = torch.randn(rows, OUT, device=device, dtype=dtype) / rows ** 0.5
-            ref = _grads(_eager(variants["recompute"], act).double(), x.double(), gy.double())
+            ref = _grads(variants["recompute"].to_sequential().double(), x.double(), gy.double())
             rec = dict(net=name, widths=[IN] + [H] * L + [OUT], activation=act, bias=bias,
                        rows=rows, dtype=str(dtype).replace("torch.", ""),
                        explain=str(fm.explain(variants["recompute"], x, train=True)),

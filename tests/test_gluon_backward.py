@@ -348,6 +348,7 @@ def test_eligibility_rule_and_reasons(monkeypatch):
         sdf = _spec((32, 64, 16, 4), act, bias=True)
         fits = act != "gelu"
         assert hopper_backward.keeps_z(sdf.activation_id) is not fits
+        assert hopper_backward.from_output(sdf.activation_id) is fits
         assert hopper_backward.eligible(sdf, cuda)[0] is fits, act
         assert n_backward.gluon_takes(sdf, cuda) is fits
         assert tb.TritonBackend().recomputes(sdf, cuda) is fits

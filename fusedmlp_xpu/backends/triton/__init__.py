@@ -97,9 +97,8 @@ class TritonBackend(Backend):
                 why += ("; that backward on sm_90 {}: the Gluon kernel "
                         "(asynchronous weight-gradient MMAs, TMA{}{})".format(
                             f"from {tuning.GLUON_MIN_ROWS} rows" if one else "at every row count",
-                            "" if hopper_backward.keeps_z(spec.activation_id) or
-                            spec.activation_id in (0, 1, 2) else
-                            f"; {spec.activation}'s derivative from its stored output",
+                            f"; {spec.activation}'s derivative from its stored output"
+                            if hopper_backward.from_output(spec.activation_id) else "",
                             f"; out width padded with {pad} zero columns" if pad else "")
                         if ok else f"; not the Gluon backward: {why_not}")
         from .narrow import second_order as so

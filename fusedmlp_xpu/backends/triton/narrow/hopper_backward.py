@@ -68,6 +68,12 @@ def keeps_z(act: int) -> bool:
     (32 -> 64 x 4 -> 16, softplus, biases) fits one program's shared memory."""
     return act % APPROX_ID in (3, 4, 5)
 
+
+def from_output(act: int) -> bool:
+    """Whether a smooth activation's derivative comes from the stored output (sigmoid,
+    tanh, softplus: see keeps_z) rather than from a kept pre-activation."""
+    return act % APPROX_ID in (6, 7, 8)
+
 if gluon is not None:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
