@@ -113,24 +113,17 @@ if gluon is not None:
         elif ACT == 2:
             h = hs.index(l).load(g.type.layout)
             g = gl.where(h > 0, g, 0.01 * g)
-        elif ACT == 6:
+        elif ACT != 0:  # sigmoid, tanh, softplus (either form): from_output
             h = hs.index(l).load(g.type.layout).to(gl.float32)
-            g = g * (h * (1.0 - h))
-        elif ACT % APPROX == 7:  # tanh, either form
-            h = hs.index(l).load(g.type.layout).to(gl.float32)
-            g = g * (1.0 - h * h)
-        elif ACT % APPROX == 8:  # softplus, either form: sigmoid(z) = 1 - exp(-h)
-            h = hs.index(l).load(g.type.layout).to(gl.float32)
-            g = g * _sigmoid_of_softplus(h)
+            if ACT == 6:
+                g = g * (h * (1.0 - h))
+            elif ACT % APPROX == 7:
+                g = g * (1.0 - h * h)
+            else:  # sigmoid(z) = 1 - exp(-h); below h = 1e-2 the series h - h^2/2 + h^3/6
+                # (the subtraction would lose the small result's precision; rel. err. < 5e-8)
+                g = g * gl.where(h < 1e-2, h * (1.0 - h * (0.5 - h * 0.16666666666666666)),
+                                 1.0 - gl.exp(-h))
         return g
-
-    @gluon.jit
-    def _sigmoid_of_softplus(h):
-        """sigmoid(z) from h = softplus(z) >= 0: 1 - exp(-h); below h = 1e-2, where that
-        subtraction would cost the small result its relative precision, the series
-        h - h^2 / 2 + h^3 / 6 (relative error < 5e-8). NaN stays NaN, inf gives 1."""
-        small = h * (1.0 - h * (0.5 - h * 0.16666666666666666))
-        return gl.where(h < 1e-2, small, 1.0 - gl.exp(-h))
 
     @gluon.jit
     def _add_bias(acc, b_ptr, N, HAS_BIAS: gl.constexpr):
