@@ -158,8 +158,7 @@ def _setup(ctx, inputs, saved):
 
 def _backward(ctx, grad_y):
     n_w, has_b, activation, output_activation, backend = ctx.meta
-    if grad_y is None:  # y took no part in the loss (autograd left its gradient undefined)
-        return None, [None] * n_w, ([None] * n_w if has_b else None), None, None, None
+    nothing = (None, [None] * n_w, ([None] * n_w if has_b else None), None, None, None)
     t = ctx.saved_tensors
     x, weights = t[0], list(t[1 : 1 + n_w])
     biases = list(t[1 + n_w : 1 + 2 * n_w]) if has_b else None
@@ -167,15 +166,27 @@ def _backward(ctx, grad_y):
     saved = rest[0] if rest else None
     need_x, need_ws, need_bs = ctx.needs_input_grad[:3]  # lists for list arguments
     need_w, need_b = any(need_ws), has_b and any(need_bs or ())
-    if _create_graph():
+    create = _create_graph()
+    # one backward pass with the eikonal node's (second_order._share): run here or left there
+    took = None if create else second_order.take_over(ctx, grad_y, x.shape,
+                                                      (need_x, need_w, need_b))
+    if took is second_order.LEFT:
+        return nothing
+    if took is not None:
+        gx, gw, gb = took
+        gx = [gx] if need_x else []
+    elif grad_y is None:  # y took no part in the loss (autograd left its gradient undefined)
+        return nothing
+    elif create:
         spec = _spec(x, weights, biases, activation, output_activation)
         params = list(weights) + list(biases or ())
         if need_x and second_order.applies(spec, x, params):
             # the input gradient only (eikonal): one node, backward in closed form
             be = dispatch.choose(x.device, spec, backend or None, train=True)
             # the saved pre-activations, as mlp_backward reads them (the same choice)
-            gx = [second_order.input_grad(spec, be, saved, grad_y, x, params)]
-            return gx[0], [None] * n_w, ([None] * n_w if has_b else None), None, None, None
+            gx = second_order.input_grad(spec, be, saved, grad_y, x, params, ctx,
+                                         (need_x, need_w, need_b))
+            return (gx, *nothing[1:])
         gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
                                              (need_x, need_w, need_b))
         gx = [gx] if need_x else []
@@ -260,10 +271,17 @@ class _EagerMLP(torch.autograd.Function):
         if _create_graph():  # create_graph=True: a backward autograd can differentiate
             if need_x and second_order.applies(spec, x, params):
                 # the input gradient only (eikonal): one node, backward in closed form
-                gx = second_order.input_grad(spec, ctx.be, saved, grad_y, x, params)
+                gx = second_order.input_grad(spec, ctx.be, saved, grad_y, x, params, ctx,
+                                             (need_x, need_w, need_b))
                 return (None, None, None, gx) + (None,) * len(params)
             gx, gw, gb = differentiable_backward(grad_y, x, weights, biases, spec,
                                                  (need_x, need_w, need_b))
+        elif (took := second_order.take_over(ctx, grad_y, x.shape,
+                                             (need_x, need_w, need_b))) is not None:
+            # one backward pass with the eikonal node's (second_order._share)
+            if took is second_order.LEFT:
+                return (None,) * (4 + len(params))
+            gx, gw, gb = took
         else:
             gx, gw, gb = backward_rows(ctx.be, grad_y, x, weights, biases, saved, spec,
                                        (need_x, need_w, need_b))

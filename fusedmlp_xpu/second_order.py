@@ -24,11 +24,13 @@ and differentiates that.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 from . import activations
-from .backends import backward_rows
+from .backends import backward_rows, saved_widths
 from .backends.reference import _times_grad
 from .spec import MLPSpec
 
@@ -111,20 +113,27 @@ def _times(g, act, z, second: bool):
     return _times_grad(g, act, z)
 
 
-def _first(v, x, weights, biases, spec):
+def _first(v, x, weights, biases, spec, saved=None):
     """The first backward as torch ops: (pre-activations z_l, inputs a_{l-1}, gradients
-    u_l at each layer's output, d_l, g)."""
+    u_l at each layer's output, d_l, g); ``saved``: the forward's pre-activations side by
+    side (Backend.forward's), read instead of computed again, or None."""
     acts = _layer_acts(spec)
+    L = spec.n_layers
+    # contiguous: the same products as computing them (a retained graph's next backward
+    # does, and gradcheck wants both bit for bit)
+    kept = [] if saved is None else [z.contiguous() for z in
+                                     saved.split(saved_widths(spec), dim=-1)]
     zs, inputs = [], []
     a = x
     for i, w in enumerate(weights):
         inputs.append(a)
-        z = F.linear(a, w, None if biases is None else biases[i])
+        z = kept[i] if i < len(kept) else F.linear(a, w, None if biases is None else biases[i])
         zs.append(z)
-        a = acts[i].fn(z)
-    us, ds = [None] * spec.n_layers, [None] * spec.n_layers
+        if i < L - 1:
+            a = acts[i].fn(z)
+    us, ds = [None] * L, [None] * L
     u = v
-    for i in range(spec.n_layers - 1, -1, -1):
+    for i in range(L - 1, -1, -1):
         us[i] = u
         ds[i] = _times(u, acts[i], zs[i], False)
         u = ds[i].mm(weights[i])
@@ -136,65 +145,187 @@ def input_grad_torch(v, x, weights, biases, spec):
     return _first(v, x, weights, biases, spec)[-1]
 
 
+class TorchForm:
+    """The closed form (module docstring) as torch ops, in the passes ``InputGrad`` runs
+    (the interface of the Triton backend's GEMM form, narrow/second_order.GemmForm):
+    ``first`` -> (g, state), ``tangent(state, gbar, need_v)`` -> v's gradient,
+    ``finish(state, gy, (need_x, need_w, need_b))`` -> (x's, the weights', the biases'
+    gradients); ``gy``, the loss's gradient at y (or None), enters the backward pass above
+    the top layer, so y's first-order backward is that same pass."""
+
+    def __init__(self, spec: MLPSpec):
+        self.spec = spec
+        self.acts = _layer_acts(spec)
+
+    def first(self, v, x, weights, biases, saved, need_g=True):
+        zs, inputs, us, ds, g = _first(v, x, weights, biases, self.spec, saved)
+        return g, dict(x=x, zs=zs, inputs=inputs, us=us, ds=ds, weights=weights,
+                       biases=biases)
+
+    def tangent(self, st, gbar, need_v):
+        acts, zs, us = self.acts, st["zs"], st["us"]
+        ts, zbar = [], [None] * len(zs)
+        t = gbar
+        for i, w in enumerate(st["weights"]):
+            ts.append(t)
+            T = t.mm(w.t())
+            if acts[i].grad2 is not None:
+                zbar[i] = _times(T * us[i], acts[i], zs[i], True)
+            t = _times(T, acts[i], zs[i], False)
+        st.update(ts=ts, zbar=zbar)
+        return t if need_v else None
+
+    def finish(self, st, gy, needs):
+        need_x, need_w, need_b = needs
+        acts, zs, zbar, biases = self.acts, st["zs"], st["zbar"], st["biases"]
+        need_b = need_b and biases is not None
+        L = len(zs)
+        gw = [st["ds"][i].t().mm(st["ts"][i]) for i in range(L)] if need_w else []
+        gb = [None] * L
+        e = gy
+        for i in range(L - 1, -1, -1):
+            if e is not None:
+                e = _times(e, acts[i], zs[i], False)
+            if zbar[i] is not None:
+                e = zbar[i] if e is None else e + zbar[i]
+            if e is None:
+                continue
+            if need_w:
+                gw[i] = gw[i] + e.t().mm(st["inputs"][i])
+            if need_b:
+                gb[i] = e.sum(0, dtype=torch.promote_types(e.dtype, torch.float32)).to(e.dtype)
+            e = e.mm(st["weights"][i])
+        gx = (e if e is not None else torch.zeros_like(st["x"])) if need_x else None
+        gb = [torch.zeros_like(b) if g is None else g for g, b in zip(gb, biases)] \
+            if need_b else []
+        return gx, gw, gb
+
+
 def grads(gbar, v, x, weights, biases, spec, needs):
     """The closed-form second-order gradients (module docstring) as torch ops: (v's, x's,
     the weights', the biases') gradients of a loss whose gradient at g is ``gbar``.
     ``needs``: (v, x, weights, biases); None where not needed."""
     need_v, need_x, need_w, need_b = needs
-    acts = _layer_acts(spec)
-    zs, inputs, us, ds, _ = _first(v, x, weights, biases, spec)
-    L = spec.n_layers
-    gw = [None] * L
-    zbar = [None] * L
-    t = gbar
-    for i in range(L):
-        if need_w:
-            gw[i] = ds[i].t().mm(t)
-        T = t.mm(weights[i].t())
-        if acts[i].grad2 is not None:
-            zbar[i] = _times(T * us[i], acts[i], zs[i], True)
-        t = _times(T, acts[i], zs[i], False)
-    gv = t if need_v else None
-    gb = [None] * L
-    gx = None
-    e = None
-    for i in range(L - 1, -1, -1):
-        if e is not None:
-            e = _times(e, acts[i], zs[i], False)
-        if zbar[i] is not None:
-            e = zbar[i] if e is None else e + zbar[i]
-        if e is None:
-            continue
-        if need_w:
-            gw[i] = gw[i] + e.t().mm(inputs[i])
-        if need_b and biases is not None:
-            gb[i] = e.sum(0, dtype=torch.promote_types(e.dtype, torch.float32)).to(e.dtype)
-        e = e.mm(weights[i])
-    if need_x:
-        gx = e if e is not None else torch.zeros_like(x)
-    if need_b and biases is not None:
-        gb = [torch.zeros_like(b) if g is None else g for g, b in zip(gb, biases)]
-    return gv, gx, gw, gb
+    form = TorchForm(spec)
+    _, st = form.first(v, x, weights, biases, None)
+    gv = form.tangent(st, gbar, need_v)
+    gx, gw, gb = form.finish(st, None, (need_x, need_w, need_b))
+    return gv, gx, (gw if need_w else [None] * spec.n_layers), (gb or [None] * spec.n_layers)
 
 
-def input_grad(spec, be, saved, v, x, params):
+def input_grad(spec, be, saved, v, x, params, owner=None, owner_needs=None):
     """g = (dy/dx)^T v as the ``InputGrad`` node; ``saved``: the pre-activations the forward
-    saved on ``be`` (or None), detached: the node reads them, nothing differentiates them."""
+    saved on ``be`` (or None), detached: the node reads them, nothing differentiates them.
+    ``owner``: the MLP's own autograd node (whose backward is creating g) and
+    ``owner_needs`` its (x, weights, biases) needs: where the loss also reaches y, the two
+    nodes run one backward pass between them (``_share``, ``take_over``)."""
     z = None if saved is None else saved.detach()
-    return InputGrad.apply(spec, be, z, v, x, *params)
+    g = InputGrad.apply(spec, be, z, None if owner is None else (owner, owner_needs),
+                        v, x, *params)
+    if owner is not None and g.grad_fn is not None:
+        owner._fusedmlp_ig = weakref.ref(g.grad_fn)  # the InputGrad node (its ctx)
+    return g
+
+
+# One backward pass for y's loss and g's: a loss on both reaches the MLP's own node
+# (through y) and InputGrad (through g). Both passes run the same chain down the layers,
+# so the node autograd runs first leaves its part to the other, which runs the chain once
+# seeded with both gradients: InputGrad's tangent pass and, above the top layer, the loss's
+# gradient at y. Autograd's order between the two is not fixed (the CPU runs the later
+# node first; a GPU's own thread numbers the nodes made in a backward apart), so either
+# may come first. A node only leaves its part to one that has not run yet in this
+# backward and will run in it, and only where both need the same gradients.
+
+
+def _task() -> int:
+    """The id of the backward pass running now (-1: none, or an older torch)."""
+    get = getattr(torch._C, "_current_graph_task_id", None)
+    return -1 if get is None else get()
+
+
+def _will_run(node) -> bool:
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except Exception:  # noqa: BLE001 -- no answer: keep the pass
+        return False
+
+
+def _share(ctx, form, state):
+    """InputGrad's side, after its tangent pass -> (whether it finishes the pass here, the
+    loss's gradient at y to seed it with, or None)."""
+    task = _task()
+    ctx._fusedmlp_ran = task
+    left, ctx._fusedmlp_gy = getattr(ctx, "_fusedmlp_gy", None), None
+    if ctx.owner is None or task < 0 or ctx.owner[1] != ctx.needs:
+        return True, None
+    if left is not None and left[0] == task:  # the MLP's node ran first and left y's part
+        return True, left[1]
+    node = ctx.owner[0]
+    pending = getattr(node, "_fusedmlp_pending", None)
+    if (getattr(node, "_fusedmlp_ran", None) == task or
+            (pending is not None and pending[0] == task) or not _will_run(node)):
+        return True, None
+    node._fusedmlp_pending = (task, form, state, ctx.needs)
+    return False, None
+
+
+LEFT = object()  # take_over: the MLP node's part left to InputGrad, all its gradients None
+
+
+def take_over(node, grad_y, x_shape, needs):
+    """The MLP node's side (``node``: its ctx, ``needs``: its (x, weights, biases) needs),
+    in a backward that does not create a graph -> (grad x, grad weights, grad biases) of
+    the pass InputGrad left to it, run from ``grad_y`` too (lists empty where not needed);
+    ``LEFT`` where it leaves ``grad_y`` to InputGrad instead; None: neither, the node runs
+    its own backward."""
+    ig = getattr(node, "_fusedmlp_ig", None)
+    if ig is None:
+        return None
+    task = _task()
+    node._fusedmlp_ran = task
+    pending, node._fusedmlp_pending = getattr(node, "_fusedmlp_pending", None), None
+    gy = None if grad_y is None else grad_y.reshape(-1, grad_y.shape[-1])
+    if pending is not None and pending[0] == task:
+        _, form, state, needs = pending
+        gx, gw, gb = form.finish(state, gy, needs)
+        return (None if gx is None else gx.reshape(x_shape)), gw, gb
+    ig = ig()
+    if (ig is None or task < 0 or gy is None or ig.form is None or ig.needs != needs
+            or ig.owner[1] != needs or getattr(ig, "_fusedmlp_ran", None) == task
+            or not _will_run(ig)):
+        return None
+    ig._fusedmlp_gy = (task, gy)
+    return LEFT
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t = t if t.is_contiguous() else t.contiguous()
+    return t.reshape(-1, t.shape[-1])
 
 
 class InputGrad(torch.autograd.Function):
     """g = (dy/dx)^T v of the MLP on backend ``be``; backward: the closed form. ``saved``:
-    the pre-activations the forward saved on ``be`` (None: the backend computes them
-    again), read by the first backward only: its backward recomputes what it needs."""
+    the pre-activations the forward saved on ``be`` (None: computed again). Where the
+    backend's closed form runs in passes (``Backend.second_order_form``) the forward is
+    its first pass, kept for the backward; else the forward is the backend's first
+    backward and its backward computes what it needs again. ``owner``: (the MLP's node,
+    its needs), with which the backward may share its last pass (``_share``)."""
 
     @staticmethod
-    def forward(ctx, spec, be, saved, v, x, *params):
+    def forward(ctx, spec, be, saved, owner, v, x, *params):
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        gx, _, _ = backward_rows(be, v, x, weights, biases, saved, spec, (True, False, False))
-        ctx.spec, ctx.be = spec, be
+        form = be.second_order_form(spec, x.device)
+        ctx.spec, ctx.be, ctx.form, ctx.owner, ctx.state = spec, be, form, owner, None
+        need = ctx.needs_input_grad
+        ctx.needs = (need[5], any(need[6:6 + n]), spec.bias and any(need[6 + n:]))
+        if form is None:
+            gx, _, _ = backward_rows(be, v, x, weights, biases, saved, spec,
+                                     (True, False, False))
+        else:
+            gx, ctx.state = form.first(_rows(v), _rows(x), weights, biases,
+                                       None if saved is None else _rows(saved))
+            gx = gx.reshape(x.shape)
         ctx.save_for_backward(v, x, *params)
         return gx
 
@@ -204,9 +335,11 @@ class InputGrad(torch.autograd.Function):
         v, x, *params = ctx.saved_tensors
         weights, biases = params[:n], (params[n:] if spec.bias else None)
         need = ctx.needs_input_grad
-        need_v, need_x = need[3], need[4]
-        need_w = any(need[5:5 + n])
-        need_b = spec.bias and any(need[5 + n:])
+        need_v, need_x = need[4], need[5]
+        need_w = any(need[6:6 + n])
+        need_b = spec.bias and any(need[6 + n:])
+        # this backward's alone: a retained graph's next backward computes it again
+        state, ctx.state = ctx.state, None
         if torch.is_grad_enabled():  # create_graph=True again: third derivatives
             groups = [[v] if need_v else [], [x] if need_x else [],
                       list(weights) if need_w else [], list(biases) if need_b else []]
@@ -214,14 +347,23 @@ class InputGrad(torch.autograd.Function):
                 lambda: input_grad_torch(v, x, weights, biases, spec), gbar, groups)
             gv, gx = (gv[0] if gv else None), (gx[0] if gx else None)
         else:
-            lead = x.shape[:-1]
-            flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-            args = (flat(gbar.contiguous()), flat(v.contiguous()), flat(x), weights, biases,
-                    spec, (need_v, need_x, need_w, need_b))
-            out = ctx.be.second_order(*args)  # the backend's kernel, where it has one
-            gv, gx, gw, gb = grads(*args) if out is None else out
-            gv = None if gv is None else gv.reshape(*lead, gv.shape[-1])
+            needs = (need_x, need_w, need_b)
+            form, out = ctx.form, None
+            if form is None:  # the backend's kernel, where it has one
+                out = ctx.be.second_order(_rows(gbar), _rows(v), _rows(x), weights, biases,
+                                          spec, (need_v, *needs))
+                form = TorchForm(spec) if out is None else None
+            if out is not None:
+                gv, gx, gw, gb = out
+            else:
+                if state is None:
+                    _, state = form.first(_rows(v), _rows(x), weights, biases, None,
+                                          need_g=False)
+                gv = form.tangent(state, _rows(gbar), need_v)
+                here, gy = _share(ctx, form, state)
+                gx, gw, gb = form.finish(state, gy, needs) if here else (None, [], [])
+            gv = None if gv is None else gv.reshape(*v.shape[:-1], gv.shape[-1])
             gx = None if gx is None else gx.reshape(x.shape)
-        gw = list(gw) if need_w else [None] * n
-        gb = (list(gb) if need_b else [None] * n) if spec.bias else []
-        return (None, None, None, gv, gx, *gw, *gb)
+        gw = list(gw) if need_w and gw else [None] * n
+        gb = (list(gb) if need_b and gb else [None] * n) if spec.bias else []
+        return (None, None, None, None, gv, gx, *gw, *gb)

@@ -3,6 +3,8 @@ neural SDFs (y, dy/dx with create_graph=True, a loss on both, backward to the we
 x) on every usable backend against float64 torch autograd."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -442,3 +444,77 @@ def test_eikonal_first_backward_reads_the_saved_forward(name, op_path, monkeypat
     want = torch.autograd.grad(loss64, [x64, *seq.parameters()])
     for i, (a, b) in enumerate(zip(got, want)):
         assert_close(a.cpu(), b, tolerance(name, spec_dt), f"eikonal gradient {i}")
+
+
+def _eikonal_step_grads(net, x, params, loss_on_y=True, retain=False, g_on_thread=False):
+    y = net(x)
+    out = []
+    first = lambda: out.extend(torch.autograd.grad(y[:, 0].sum(), x, create_graph=True))
+    if g_on_thread:  # numbers the nodes this backward makes from 0: they run after y's own
+        t = threading.Thread(target=first)
+        t.start()
+        t.join()
+    else:
+        first()
+    (g,) = out
+    loss = (g.norm(dim=-1) - 1).pow(2).mean() + 0.1 * g.pow(2).mean()
+    if loss_on_y:
+        loss = loss + y.abs().mean() + 0.1 * y[:, 1:].pow(2).mean()
+    def grads(**kw):  # g alone does not depend on the last bias: its gradient is zero
+        got = torch.autograd.grad(loss, [x, *params], allow_unused=True, **kw)
+        return [torch.zeros_like(t) if a is None else a for a, t in zip(got, [x, *params])]
+
+    first = grads(retain_graph=retain)
+    return (first, grads()) if retain else first
+
+
+@pytest.mark.parametrize("name", ["reference", "triton"])
+@pytest.mark.parametrize("case", ["y-and-g", "g-alone", "retained",
+                                  "y-and-g-mlp-first", "retained-mlp-first"])
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "save"])
+def test_eikonal_backward_pass_runs_once(name, case, recompute, op_path, monkeypatch):
+    """A loss on y and on g = dy/dx (the eikonal step): whichever of InputGrad's node and
+    the MLP's own autograd runs first leaves its part of the last pass to the other, which
+    runs it once from both gradients, so y's first-order backward calls no backend backward
+    (on the CPU InputGrad comes first, unless g's backward ran on another thread: then the
+    MLP's node; a GPU's order is its own); with a loss on g alone InputGrad keeps the pass;
+    a retained graph's second backward computes the first pass again and gives the same
+    gradients. Every gradient against float64 eager."""
+    if not fm.dispatch.availability(name)[0]:
+        pytest.skip(f"{name} not available")
+    use_second_order_variant(monkeypatch, name, "split" if name == "triton" else "")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", backend=name, dtype=torch.float32,
+                    device=dev, recompute=recompute)
+    be = fm.dispatch.REGISTRY[name]
+    form = be.second_order_form(m.spec(torch.float32), dev)
+    assert form is not None
+    finishes, backwards = [], []
+    real_finish, real_backward = type(form).finish, type(be).backward
+    monkeypatch.setattr(type(form), "finish", lambda self, st, gy, needs: (
+        finishes.append(gy is not None) or real_finish(self, st, gy, needs)))
+    monkeypatch.setattr(type(be), "backward",
+                        lambda self, *a: backwards.append(1) or real_backward(self, *a))
+    takes, real_take = [], second_order.take_over
+    monkeypatch.setattr(second_order, "take_over", lambda *a: (
+        lambda r: takes.append("left" if r is second_order.LEFT else r is not None) or r)(
+        real_take(*a)))
+    mlp_first, case = case.endswith("-mlp-first"), case.removesuffix("-mlp-first")
+    x = torch.randn(33, 3, device=dev, requires_grad=True)
+    got = _eikonal_step_grads(m, x, list(m.parameters()),
+                              case != "g-alone", case == "retained", mlp_first)
+    assert not backwards, "y's first-order backward ran a backend backward of its own"
+    assert finishes == {"y-and-g": [True], "g-alone": [False],
+                        "retained": [True, True]}[case], finishes
+    if dev.type == "cpu":
+        runs = {"y-and-g": 1, "g-alone": 0, "retained": 2}[case]
+        assert takes == ["left" if mlp_first else True] * runs, takes
+    seq = m.to_sequential().double().cpu()
+    x64 = x.detach().double().cpu().requires_grad_()
+    want = _eikonal_step_grads(seq, x64, list(seq.parameters()), case != "g-alone")
+    for run in (got if case == "retained" else [got]):
+        for i, (a, b) in enumerate(zip(run, want)):
+            assert_close(a.cpu(), b, tolerance(name, torch.float32), f"eikonal gradient {i}")
+    if case == "retained":
+        for a, b in zip(*got):
+            assert torch.equal(a, b)

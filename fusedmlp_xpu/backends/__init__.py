@@ -93,6 +93,14 @@ class Backend:
         lists empty where not needed. None: not here (the op computes it as torch ops)."""
         return None
 
+    def second_order_form(self, spec: MLPSpec, device: torch.device):
+        """Where its second-order backward is the closed form in whole-batch passes (an
+        object with second_order.TorchForm's ``first``/``tangent``/``finish``): the input
+        gradient's node keeps the first pass from its forward, and a loss's gradient at y
+        joins its last pass. None (the default): the node calls ``backward`` and
+        ``second_order`` (or the torch-op form) instead."""
+        return None
+
 
 def device_guard(t: torch.Tensor):
     """Make ``t``'s device current while launching: Triton (and torch's current stream or

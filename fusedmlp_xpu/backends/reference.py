@@ -45,6 +45,12 @@ class ReferenceBackend(Backend):
         return h, (torch.cat(saved, dim=-1) if save and saved else x.new_empty(x.shape[0], 0)
                    if save else None)
 
+    def second_order_form(self, spec, device):
+        """The closed form as torch ops, in passes (second_order.TorchForm)."""
+        from ..second_order import TorchForm
+
+        return TorchForm(spec)
+
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         need_x, need_w, need_b = needs
         if saved is None:

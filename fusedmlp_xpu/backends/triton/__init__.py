@@ -106,7 +106,9 @@ class TritonBackend(Backend):
         so_tune = so.tuning(device, so.padded_width(spec))
         why += ("; second derivatives through the input gradient (an eikonal loss: "
                 "autograd.grad(y, x, create_graph=True), then backward): the closed form "
-                + ("as whole-batch GEMMs with fused pointwise kernels" if so_tune.split
+                + ("as whole-batch GEMMs with fused pointwise kernels, its first pass run "
+                   "as the input gradient itself and kept, its last pass shared with y's "
+                   "first-order backward where the loss also takes y" if so_tune.split
                    else f"in one kernel, {so_tune}") + " (narrow/second_order.py)")
         return True, why
 
@@ -152,6 +154,15 @@ class TritonBackend(Backend):
         from .narrow import second_order
 
         return second_order.second_order(gg, v, x, weights, biases, spec, needs)
+
+    def second_order_form(self, spec, device):
+        """Narrow nets where the second order is the GEMM form (the default on GPUs):
+        its passes (narrow/second_order.GemmForm); else None (the one kernel)."""
+        if not tuning._narrow(spec):
+            return None
+        from .narrow import second_order as so
+
+        return so.GemmForm(spec) if so.tuning(device, so.padded_width(spec)).split else None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Narrow nets: narrow/backward.py (which runs this backend's forward again where

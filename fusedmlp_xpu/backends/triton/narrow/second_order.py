@@ -5,6 +5,7 @@ benchmark's alternatives are tunings: the kernel's merged weight-gradient pass, 
 GEMM form (whole-batch GEMMs with pointwise kernels between them, ``Tuning.split``)."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +77,8 @@ def tuning(device: torch.device, P: int) -> Tuning:
     ~14 dependent [rows, 64] x [64, 64] products. Width 128 is not timed (the kernel spills
     3.6 KB a thread there; the GEMM form does not care). Memory: the GEMM form keeps about
     seven [M, width] activations a layer alive at once (at 2^20 rows, width 64, fp16:
-    ~0.9 GB a layer).
+    ~0.9 GB a layer), four of them (z, a, u, d) from the input gradient's forward, which is
+    its first pass (GemmForm), on.
     FUSEDMLP_SECOND_ORDER_TUNING (``Tuning.parse``'s spelling) overrides it."""
     forced = envvars.get("FUSEDMLP_SECOND_ORDER_TUNING")
     if forced:
@@ -181,82 +183,123 @@ def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None):
 
 
 def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
-    """``second_order``'s outputs from the closed form (fusedmlp_xpu/second_order.py) over
-    the whole batch: every product a GEMM through torch (cuBLAS on GPUs, fp32
-    accumulation, operands and results in x's dtype), every elementwise step one
-    _so_pointwise_kernel (fp32 inside, rounded once). A layer's two weight-gradient terms
-    d_l^T t_{l-1} + e_l^T a_{l-1} are ONE GEMM over [d_l; e_l] and [t_{l-1}; a_{l-1}]
-    stacked by rows (each step writes its half in place: no copies), rounded once like
-    the kernel's fp32 partial sums. Memory: per layer z, u, d, t, a (and zbar, e with
-    curvature) of [M, width]; each u is let go once the tangent pass has read it, and a
-    layer's others once the backward pass is past it."""
+    """``second_order``'s outputs from the GEMM form's three passes (``GemmForm``)."""
     need_v, need_x, need_w, need_b = needs
-    need_b = need_b and biases is not None
-    M, L = x.shape[0], spec.n_layers
-    curved = [spec.activation_id in CURVED] * (L - 1) + [spec.output_activation_id in CURVED]
-    second = any(curved)
-    meta = launchers._launch_meta(spec, x.device.type)  # the kernels' ids, cached
-    ids = [meta["ACT"]] * (L - 1) + [meta["OUT_ACT"]]
-    x, v, gg = (t if t.is_contiguous() else t.contiguous() for t in (x, v, gg))
-    outs = [w.shape[0] for w in weights]
-    ins = [w.shape[1] for w in weights]
-    rows = 2 * M if second else M  # [d; e] and [t; a] stacked by rows
-    de = [x.new_empty(rows, n) for n in outs]  # d_l on top, e_l below
-    ta = [x.new_empty(rows, k) for k in ins]  # the tangent entering layer l, its input below
-    # the forward: z_l, and the layer inputs a_{l-1} into the lower halves
-    zs, h = [], x
-    if second:
+    form = GemmForm(spec)
+    _, state = form.first(v, x, weights, biases, None, need_g=False)
+    gv = form.tangent(state, gg, need_v)
+    gx, gw, gb = form.finish(state, None, (need_x, need_w, need_b))
+    return gv, gx, gw, gb
+
+
+class GemmForm:
+    """The closed form (fusedmlp_xpu/second_order.py) over the whole batch: every product a
+    GEMM through torch (cuBLAS on GPUs, fp32 accumulation, operands and results in x's
+    dtype), every elementwise step one _so_pointwise_kernel (fp32 inside, rounded once).
+    A layer's two weight-gradient terms d_l^T t_{l-1} + e_l^T a_{l-1} are ONE GEMM over
+    [d_l; e_l] and [t_{l-1}; a_{l-1}] stacked by rows (each step writes its half in place:
+    no copies), rounded once like the kernel's fp32 partial sums.
+
+    In passes, as ``second_order.InputGrad`` runs them: ``first`` (the forward and the
+    first backward from v: g, with z, a, u, d kept), ``tangent`` (from g's gradient: v's
+    gradient, t and zbar) and ``finish`` (the backward pass: x's and the parameters'
+    gradients; ``gy``, the loss's gradient at y, joins it as the gradient above the top
+    layer, so y's first-order backward is the same pass). Memory: per layer z, u, d, t, a
+    (and zbar, e with curvature) of [M, width]; each u is let go once the tangent pass has
+    read it, and a layer's others once the backward pass is past it."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        L = spec.n_layers
+        self.curved = ([spec.activation_id in CURVED] * (L - 1)
+                       + [spec.output_activation_id in CURVED])
+
+    def first(self, v, x, weights, biases, saved, need_g=True):
+        """(g, state): g = (dy/dx)^T v (None unless ``need_g``); ``saved``: the forward's
+        pre-activations side by side (Backend.forward's ``saved``) or None (computed
+        here)."""
+        spec, M, L = self.spec, x.shape[0], self.spec.n_layers
+        meta = launchers._launch_meta(spec, x.device.type)  # the kernels' ids, cached
+        ids = [meta["ACT"]] * (L - 1) + [meta["OUT_ACT"]]
+        x, v = (t if t.is_contiguous() else t.contiguous() for t in (x, v))
+        # [d; e] and [t; a] stacked by rows: d_l on top, e_l below; the tangent entering
+        # layer l on top, its input below
+        de = [x.new_empty(2 * M, w.shape[0]) for w in weights]
+        ta = [x.new_empty(2 * M, w.shape[1]) for w in weights]
         ta[0][M:].copy_(x)
-    for i, w in enumerate(weights):
-        z = (torch.mm(h, w.t()) if biases is None else torch.addmm(biases[i], h, w.t()))
-        zs.append(z)
-        if i < L - 1:
-            h = _pointwise(0, ids[i], z, out=ta[i + 1][M:] if second else None)
-    # the first backward from v: u_l, d_l = u_l s'(z_l) into the upper halves
-    us, u = [None] * L, v
-    for i in range(L - 1, -1, -1):
-        us[i] = u
-        d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
-        if i:
-            u = torch.mm(d, weights[i])
-    # the tangent pass from gg: T_l = t W_l^T, t = T s'(z_l), zbar_l = T u_l s''(z_l)
-    zbar, t = [None] * L, gg
-    ta[0][:M].copy_(gg)
-    for i in range(L):
-        T = torch.mm(t, weights[i].t())
-        nxt = ta[i + 1][:M] if i + 1 < L else None
-        if curved[i]:
-            zbar[i] = torch.empty_like(T)
-            t = _pointwise(2, ids[i], zs[i], a=T, b=us[i], o2=zbar[i], out=nxt)
-        else:
-            t = _pointwise(1, ids[i], zs[i], a=T, out=nxt)
-        us[i] = None  # read by nothing more: its memory serves the next zbar (peak memory)
-    gv = t if need_v else None
-    # the backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l into the lower halves,
-    # each term only where it exists (as eager's double backward: no zero times a NaN)
-    gw, gb, g = [None] * L, [None] * L, None
-    for i in range(L - 1, -1, -1):
-        e = None
-        if g is not None or zbar[i] is not None:
-            e = de[i][M:]
-            if g is None:
-                e.copy_(zbar[i])
-            elif zbar[i] is None:
-                _pointwise(1, ids[i], zs[i], a=g, out=e)
+        cols = [0, *itertools.accumulate(w.shape[0] for w in weights)]
+        zs = []
+        for i, w in enumerate(weights):
+            h = ta[i][M:]
+            if saved is not None and (i < L - 1 or spec.output_activation != "none"):
+                z = saved[:, cols[i]:cols[i + 1]].contiguous()  # no GEMM again
+            elif biases is None:
+                z = torch.mm(h, w.t())
             else:
-                _pointwise(3, ids[i], zs[i], a=g, b=zbar[i], out=e)
-        if need_w:  # [d; e]^T [t; a], or d^T t alone
-            gw[i] = (torch.mm(de[i].t(), ta[i]) if e is not None
-                     else torch.mm(de[i][:M].t(), ta[i][:M]))
-        if need_b:
-            gb[i] = (e.sum(0, dtype=torch.float32).to(e.dtype) if e is not None
-                     else torch.zeros_like(biases[i]))
-        if e is not None and (i or need_x):
-            g = torch.mm(e, weights[i])
-        # layer i's tensors are read by nothing more (peak memory: the next layer's GEMM
-        # outputs take their blocks)
-        zs[i] = zbar[i] = de[i] = ta[i] = e = None
-    gx = None
-    if need_x:
-        gx = g if g is not None else torch.zeros_like(x)
-    return gv, gx, (gw if need_w else []), (gb if need_b else [])
+                z = torch.addmm(biases[i], h, w.t())
+            zs.append(z)
+            if i < L - 1:
+                _pointwise(0, ids[i], z, out=ta[i + 1][M:])
+        us, u = [None] * L, v
+        for i in range(L - 1, -1, -1):
+            us[i] = u
+            d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
+            u = torch.mm(d, weights[i]) if i or need_g else None
+        return u, dict(M=M, x=x, ids=ids, zs=zs, us=us, de=de, ta=ta, zbar=[None] * L,
+                       weights=weights, biases=biases)
+
+    def tangent(self, st, gg, need_v):
+        """The tangent pass from gg (g's gradient): v's gradient (None unless
+        ``need_v``); t into the upper halves of ``ta``, zbar where curved."""
+        M, ids, zs, us, ta = st["M"], st["ids"], st["zs"], st["us"], st["ta"]
+        t = gg if gg.is_contiguous() else gg.contiguous()
+        ta[0][:M].copy_(t)
+        L = len(zs)
+        for i, w in enumerate(st["weights"]):
+            T = torch.mm(t, w.t())
+            nxt = ta[i + 1][:M] if i + 1 < L else None
+            if self.curved[i]:
+                st["zbar"][i] = torch.empty_like(T)
+                t = _pointwise(2, ids[i], zs[i], a=T, b=us[i], o2=st["zbar"][i], out=nxt)
+            else:
+                t = _pointwise(1, ids[i], zs[i], a=T, out=nxt)
+            us[i] = None  # read by nothing more: its memory serves the next zbar
+        return t if need_v else None
+
+    def finish(self, st, gy, needs):
+        """The backward pass: e_l = (e_{l+1} W_{l+1}) s'(z_l) + zbar_l into the lower
+        halves, each term only where it exists (as eager's double backward: no zero times
+        a NaN), from ``gy`` above the top layer when given -> (grad x, grad weights, grad
+        biases), lists empty where not needed."""
+        need_x, need_w, need_b = needs
+        M, ids, zs, zbar, de, ta = (st[k] for k in ("M", "ids", "zs", "zbar", "de", "ta"))
+        weights, biases = st["weights"], st["biases"]
+        need_b = need_b and biases is not None
+        L = len(zs)
+        gw, gb = [None] * L, [None] * L
+        g = None if gy is None else (gy if gy.is_contiguous() else gy.contiguous())
+        for i in range(L - 1, -1, -1):
+            e = None
+            if g is not None or zbar[i] is not None:
+                e = de[i][M:]
+                if g is None:
+                    e.copy_(zbar[i])
+                elif zbar[i] is None:
+                    _pointwise(1, ids[i], zs[i], a=g, out=e)
+                else:
+                    _pointwise(3, ids[i], zs[i], a=g, b=zbar[i], out=e)
+            if need_w:  # [d; e]^T [t; a], or d^T t alone
+                gw[i] = (torch.mm(de[i].t(), ta[i]) if e is not None
+                         else torch.mm(de[i][:M].t(), ta[i][:M]))
+            if need_b:
+                gb[i] = (e.sum(0, dtype=torch.float32).to(e.dtype) if e is not None
+                         else torch.zeros_like(biases[i]))
+            if e is not None and (i or need_x):
+                g = torch.mm(e, weights[i])
+            # layer i's tensors are read by nothing more (peak memory: the next layer's GEMM
+            # outputs take their blocks)
+            zs[i] = zbar[i] = de[i] = ta[i] = e = None
+        gx = None
+        if need_x:
+            gx = g if g is not None else torch.zeros_like(st["x"])
+        return gx, (gw if need_w else []), (gb if need_b else [])
