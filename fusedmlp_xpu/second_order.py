@@ -213,6 +213,12 @@ def grads(gbar, v, x, weights, biases, spec, needs):
     return gv, gx, (gw if need_w else [None] * spec.n_layers), (gb or [None] * spec.n_layers)
 
 
+def pass_form(be, spec, device):
+    """The closed form in passes on backend ``be`` (``TorchForm``'s interface), or None."""
+    form = be.second_order_form(spec, device)
+    return TorchForm(spec) if form is None and be.second_order_torch_form else form
+
+
 def input_grad(spec, be, saved, v, x, params, owner=None, owner_needs=None):
     """g = (dy/dx)^T v as the ``InputGrad`` node; ``saved``: the pre-activations the forward
     saved on ``be`` (or None), detached: the node reads them, nothing differentiates them.
@@ -315,7 +321,7 @@ class InputGrad(torch.autograd.Function):
     def forward(ctx, spec, be, saved, owner, v, x, *params):
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        form = be.second_order_form(spec, x.device)
+        form = pass_form(be, spec, x.device)
         ctx.spec, ctx.be, ctx.form, ctx.owner, ctx.state = spec, be, form, owner, None
         need = ctx.needs_input_grad
         ctx.needs = (need[5], any(need[6:6 + n]), spec.bias and any(need[6 + n:]))

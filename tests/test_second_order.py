@@ -487,7 +487,7 @@ def test_eikonal_backward_pass_runs_once(name, case, recompute, op_path, monkeyp
     m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", backend=name, dtype=torch.float32,
                     device=dev, recompute=recompute)
     be = fm.dispatch.REGISTRY[name]
-    form = be.second_order_form(m.spec(torch.float32), dev)
+    form = second_order.pass_form(be, m.spec(torch.float32), dev)
     assert form is not None
     finishes, backwards = [], []
     real_finish, real_backward = type(form).finish, type(be).backward

@@ -98,8 +98,12 @@ class Backend:
         object with second_order.TorchForm's ``first``/``tangent``/``finish``): the input
         gradient's node keeps the first pass from its forward, and a loss's gradient at y
         joins its last pass. None (the default): the node calls ``backward`` and
-        ``second_order`` (or the torch-op form) instead."""
+        ``second_order`` instead, or the torch-op form where ``second_order_torch_form``."""
         return None
+
+    # a backend whose backward is torch ops anyway: the input gradient's node runs the
+    # closed form as torch ops in passes (second_order.TorchForm), as second_order_form's
+    second_order_torch_form = False
 
 
 def device_guard(t: torch.Tensor):

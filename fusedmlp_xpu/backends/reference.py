@@ -16,6 +16,7 @@ from . import Backend, saved_widths
 class ReferenceBackend(Backend):
     name = "reference"
     device_types = ("cpu", "cuda", "xpu")
+    second_order_torch_form = True
 
     def available(self):
         return True, "composite torch ops, always available"
@@ -44,12 +45,6 @@ class ReferenceBackend(Backend):
                 h = out_act.fn(z)
         return h, (torch.cat(saved, dim=-1) if save and saved else x.new_empty(x.shape[0], 0)
                    if save else None)
-
-    def second_order_form(self, spec, device):
-        """The closed form as torch ops, in passes (second_order.TorchForm)."""
-        from ..second_order import TorchForm
-
-        return TorchForm(spec)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         need_x, need_w, need_b = needs
