@@ -332,13 +332,17 @@ class InputGrad(torch.autograd.Function):
             gx, ctx.state = form.first(_rows(v), _rows(x), weights, biases,
                                        None if saved is None else _rows(saved))
             gx = gx.reshape(x.shape)
-        ctx.save_for_backward(v, x, *params)
+        # the pre-activations too (the MLP node keeps them anyway): a retained graph's next
+        # backward computes the first pass again from the same z, to the same bits
+        ctx.save_for_backward(v, x, *params, *(() if saved is None else (saved,)))
         return gx
 
     @staticmethod
     def backward(ctx, gbar):
         spec, n = ctx.spec, ctx.spec.n_layers
         v, x, *params = ctx.saved_tensors
+        n_p = n * (2 if spec.bias else 1)
+        params, saved = params[:n_p], (params[n_p] if len(params) > n_p else None)
         weights, biases = params[:n], (params[n:] if spec.bias else None)
         need = ctx.needs_input_grad
         need_v, need_x = need[4], need[5]
@@ -363,7 +367,8 @@ class InputGrad(torch.autograd.Function):
                 gv, gx, gw, gb = out
             else:
                 if state is None:
-                    _, state = form.first(_rows(v), _rows(x), weights, biases, None,
+                    _, state = form.first(_rows(v), _rows(x), weights, biases,
+                                          None if saved is None else _rows(saved),
                                           need_g=False)
                 gv = form.tangent(state, _rows(gbar), need_v)
                 here, gy = _share(ctx, form, state)

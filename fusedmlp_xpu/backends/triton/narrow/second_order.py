@@ -168,18 +168,28 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     return gv, gx, gw, gb
 
 
-def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None):
+def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None,
+               col_sum=False):
     """second_order_kernels._so_pointwise_kernel over z's elements (every operand
-    contiguous, z's shape): returns o1 (``out`` when given)."""
+    contiguous, z's shape): returns o1 (``out`` when given); ``col_sum``: (o1, the fp32
+    column sums of o1 [M, W] as rounded), in the same pass where W is a power of two up to
+    the block, else by torch after it."""
     o1 = torch.empty_like(z) if out is None else out
-    n = z.numel()
+    n, block = z.numel(), 1024
+    W = z.shape[-1] if col_sum else 0
+    fused = W > 0 and W & (W - 1) == 0 and W <= block
+    parts = z.new_empty(cdiv(n, block), W, dtype=torch.float32) if fused and n else None
     if n:
-        block = 1024
         launchers._launcher("so_pointwise").launch(
             (cdiv(n, block),), (z if a is None else a, z if b is None else b, z, o1,
-                                o1 if o2 is None else o2, n),
-            dict(MODE=mode, ACT=act_id, BLOCK=block), z.device, num_warps=4, num_stages=1)
-    return o1
+                                o1 if o2 is None else o2, z if parts is None else parts, n),
+            dict(MODE=mode, ACT=act_id, BLOCK=block, SUM_W=W if fused else 0),
+            z.device, num_warps=4, num_stages=1)
+    if not col_sum:
+        return o1
+    if parts is None:
+        return o1, o1.sum(0, dtype=torch.float32)
+    return o1, parts.sum(0)
 
 
 def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
@@ -279,21 +289,22 @@ class GemmForm:
         gw, gb = [None] * L, [None] * L
         g = None if gy is None else (gy if gy.is_contiguous() else gy.contiguous())
         for i in range(L - 1, -1, -1):
-            e = None
+            e = sums = None
             if g is not None or zbar[i] is not None:
                 e = de[i][M:]
                 if g is None:
                     e.copy_(zbar[i])
-                elif zbar[i] is None:
-                    _pointwise(1, ids[i], zs[i], a=g, out=e)
-                else:
-                    _pointwise(3, ids[i], zs[i], a=g, b=zbar[i], out=e)
+                    sums = e.sum(0, dtype=torch.float32) if need_b else None
+                else:  # with the bias's gradient in the same pass
+                    mode = 1 if zbar[i] is None else 3
+                    out = _pointwise(mode, ids[i], zs[i], a=g, b=zbar[i], out=e,
+                                     col_sum=need_b)
+                    sums = out[1] if need_b else None
             if need_w:  # [d; e]^T [t; a], or d^T t alone
                 gw[i] = (torch.mm(de[i].t(), ta[i]) if e is not None
                          else torch.mm(de[i][:M].t(), ta[i][:M]))
             if need_b:
-                gb[i] = (e.sum(0, dtype=torch.float32).to(e.dtype) if e is not None
-                         else torch.zeros_like(biases[i]))
+                gb[i] = sums.to(e.dtype) if e is not None else torch.zeros_like(biases[i])
             if e is not None and (i or need_x):
                 g = torch.mm(e, weights[i])
             # layer i's tensors are read by nothing more (peak memory: the next layer's GEMM

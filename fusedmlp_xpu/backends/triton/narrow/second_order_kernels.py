@@ -226,15 +226,18 @@ def _second_order_kernel(
 
 
 @triton.jit
-def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, n, MODE: tl.constexpr,
-                         ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl.constexpr,
+                         ACT: tl.constexpr, BLOCK: tl.constexpr, SUM_W: tl.constexpr):
     """The elementwise steps of the second-order backward's GEMM form (second_order.py,
     Tuning.split) over n contiguous elements, in fp32, each output rounded once, as the
     one kernel above rounds its tiles:
     MODE 0: o1 = act(z)                              (the forward's activations)
     MODE 1: o1 = a act'(z)                           (d = u s'(z))
     MODE 2: o1 = a act'(z), o2 = a b act''(z)        (t and zbar from T and u)
-    MODE 3: o1 = a act'(z) + b                       (e from e W and zbar)"""
+    MODE 3: o1 = a act'(z) + b                       (e from e W and zbar)
+    SUM_W > 0: o1 is rows of SUM_W (a power of two dividing BLOCK): each program also
+    stores the fp32 column sums of its rows of o1 as rounded, at s_ptr + program * SUM_W
+    (a bias gradient's partial sums: no second pass over o1)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     dt = o1_ptr.dtype.element_ty
@@ -250,3 +253,8 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, n, MODE: tl.conste
         if MODE == 3:
             r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(o1_ptr + offs, r.to(dt), mask=m)
+        if SUM_W > 0:
+            rows = tl.reshape(tl.where(m, r.to(dt).to(tl.float32), 0.0),
+                              (BLOCK // SUM_W, SUM_W))
+            tl.store(s_ptr + tl.program_id(0) * SUM_W + tl.arange(0, SUM_W),
+                     tl.sum(rows, axis=0))
