@@ -238,7 +238,11 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl
     SUM_W > 0: o1 is rows of SUM_W (a power of two dividing BLOCK): each program also
     stores the fp32 column sums of its rows of o1 as rounded, at s_ptr + program * SUM_W
     (a bias gradient's partial sums: no second pass over o1)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if SUM_W > 0:  # the block as its [rows, SUM_W] tile: the column sums stay in registers
+        rows = tl.program_id(0) * (BLOCK // SUM_W) + tl.arange(0, BLOCK // SUM_W)
+        offs = rows[:, None] * SUM_W + tl.arange(0, SUM_W)[None, :]
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     dt = o1_ptr.dtype.element_ty
     z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
@@ -254,7 +258,5 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl
             r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(o1_ptr + offs, r.to(dt), mask=m)
         if SUM_W > 0:
-            rows = tl.reshape(tl.where(m, r.to(dt).to(tl.float32), 0.0),
-                              (BLOCK // SUM_W, SUM_W))
             tl.store(s_ptr + tl.program_id(0) * SUM_W + tl.arange(0, SUM_W),
-                     tl.sum(rows, axis=0))
+                     tl.sum(tl.where(m, r.to(dt).to(tl.float32), 0.0), axis=0))
