@@ -9,7 +9,8 @@ net (32 -> 64 x 4 -> 16, softplus, biases). Writes JSON.
 
 A tuning is ROWSxWARPSxPER_SM (rows per block, warps per program, programs per SM), with
 a trailing m for the kernel's merged weight-gradient pass (Tuning.merge_dw), or `split`:
-not the one kernel but the closed form as whole-batch GEMMs and pointwise kernels. Each
+not the one kernel but the closed form as whole-batch GEMMs and pointwise kernels, or
+`fused`: the same passes with each product and its pointwise step in one kernel. Each
 is checked against the closed form in float64 on the timed inputs before it is timed; one
 whose error exceeds max(tolerance, 4 x the torch-op closed form's own error in that dtype)
 is reported WRONG and not timed. Times: device events, back-to-back calls, the median of
@@ -34,7 +35,7 @@ from fusedmlp_xpu.benchtools import calls_ms, environment, write_json  # noqa: E
 
 SCHEMA = "fusedmlp-bench-second-order/1"
 DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "64x4x1",
-                   "32x4x1m", "32x4x2m", "16x4x2m", "split")
+                   "32x4x1m", "32x4x2m", "16x4x2m", "split", "fused")
 NEEDS = (False, True, True, True)  # v, x, weights, biases: what the eikonal step asks
 
 
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
         tune = kernel.Tuning.parse(text)
         rec = {"tuning": str(tune), "spelling": text, "block_m": tune.block_m,
                "warps": tune.warps, "per_sm": tune.per_sm, "merge_dw": tune.merge_dw,
-               "split": tune.split}
+               "split": tune.split, "fuse": tune.fuse}
         try:
             run = lambda tune=tune: kernel.second_order(  # noqa: E731
                 gg, v, x, ws, bs, spec, NEEDS, tune)

@@ -362,7 +362,7 @@ def run_aot_compile(script: str) -> str:
 
 #: the Triton second-order tunings besides the default (narrow/second_order.py): the one
 #: kernel at its tuning, with its merged weight-gradient pass, and the GEMM form
-SECOND_ORDER_VARIANTS = ["", "kernel", "merge_dw", "split"]
+SECOND_ORDER_VARIANTS = ["", "kernel", "merge_dw", "split", "fused"]
 
 
 def use_second_order_variant(monkeypatch, name: str, variant: str) -> None:
@@ -381,5 +381,6 @@ def use_second_order_variant(monkeypatch, name: str, variant: str) -> None:
     pick = {"kernel": kernel.kernel_tuning,
             "merge_dw": lambda device, P: replace(kernel.kernel_tuning(device, P),
                                                   merge_dw=True),
-            "split": lambda device, P: kernel.SPLIT}[variant]
+            "split": lambda device, P: kernel.SPLIT,
+            "fused": lambda device, P: kernel.FUSED}[variant]
     monkeypatch.setattr(kernel, "tuning", pick)

@@ -305,7 +305,7 @@ def test_backend_second_order_kernel(backend, case, dtype, variant, monkeypatch)
     be = fm.dispatch.REGISTRY[name]
     use_second_order_variant(monkeypatch, name, variant)
     slow = is_slow(name, dev)
-    if slow and dtype is not torch.float32 and variant != "split":
+    if slow and dtype is not torch.float32 and variant not in ("split", "fused"):
         pytest.skip("emulated kernel on CPU: fp32 (the GPU run covers fp16/bf16)")
     act, out_act, bias, widths = case
     spec = fm.MLPSpec(widths, act, out_act, bias, dtype)
@@ -314,7 +314,7 @@ def test_backend_second_order_kernel(backend, case, dtype, variant, monkeypatch)
         pytest.skip(f"{name}: {why}")
     gen = torch.Generator().manual_seed(hash(case) % 2**31)
     # the GEMM form's pointwise kernels in blocks of 1024 elements: several, the last cut
-    M = (197 if variant == "split" else 37) if slow else 3001
+    M = (197 if variant in ("split", "fused") else 37) if slow else 3001
     ws = [torch.randn(b, a, generator=gen, dtype=torch.float64) / a ** 0.5
           for a, b in zip(widths[:-1], widths[1:])]
     bs = [0.1 * torch.randn(b, generator=gen, dtype=torch.float64) for b in widths[1:]] \
@@ -469,7 +469,7 @@ def _eikonal_step_grads(net, x, params, loss_on_y=True, retain=False, g_on_threa
     return (first, grads()) if retain else first
 
 
-@pytest.mark.parametrize("name", ["reference", "triton"])
+@pytest.mark.parametrize("name", ["reference", "triton", "triton-fused"])
 @pytest.mark.parametrize("case", ["y-and-g", "g-alone", "retained",
                                   "y-and-g-mlp-first", "retained-mlp-first"])
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "save"])
@@ -481,9 +481,10 @@ def test_eikonal_backward_pass_runs_once(name, case, recompute, op_path, monkeyp
     MLP's node; a GPU's order is its own); with a loss on g alone InputGrad keeps the pass;
     a retained graph's second backward computes the first pass again and gives the same
     gradients. Every gradient against float64 eager."""
+    name, variant = (name.split("-") + ["split"])[:2] if name != "reference" else (name, "")
     if not fm.dispatch.availability(name)[0]:
         pytest.skip(f"{name} not available")
-    use_second_order_variant(monkeypatch, name, "split" if name == "triton" else "")
+    use_second_order_variant(monkeypatch, name, variant)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     m = fm.FusedMLP(3, 4, 16, 2, activation="softplus", backend=name, dtype=torch.float32,
                     device=dev, recompute=recompute)

@@ -106,8 +106,10 @@ class TritonBackend(Backend):
         so_tune = so.tuning(device, so.padded_width(spec))
         why += ("; second derivatives through the input gradient (an eikonal loss: "
                 "autograd.grad(y, x, create_graph=True), then backward): the closed form "
-                + ("as whole-batch GEMMs with fused pointwise kernels, its first pass run "
-                   "as the input gradient itself and kept, its last pass shared with y's "
+                + ("in whole-batch passes of " + ("row-block GEMM kernels with the "
+                   "pointwise step after each product fused in" if so_tune.fuse else
+                   "cuBLAS GEMMs and pointwise kernels") + ", its first pass run as the "
+                   "input gradient itself and kept, its last pass shared with y's "
                    "first-order backward where the loss also takes y" if so_tune.split
                    else f"in one kernel, {so_tune}") + " (narrow/second_order.py)")
         return True, why
@@ -162,7 +164,8 @@ class TritonBackend(Backend):
             return None
         from .narrow import second_order as so
 
-        return so.GemmForm(spec) if so.tuning(device, so.padded_width(spec)).split else None
+        tune = so.tuning(device, so.padded_width(spec))
+        return so.GemmForm(spec, tune.fuse) if tune.split else None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Narrow nets: narrow/backward.py (which runs this backend's forward again where

@@ -58,7 +58,7 @@ _LAUNCHERS: dict = {}
 
 def _launcher(mode: str):
     """The narrow kernel of ``mode`` ("fwd", "fwd_persistent", "bwd", "g", "dw",
-    "bwd_resident", "bwd_recompute", "reduce", "second_order", "so_pointwise") behind the
+    "bwd_resident", "bwd_recompute", "reduce", "second_order", "so_pointwise", "so_mm") behind the
     lean launch path (launch.py)."""
     la = _LAUNCHERS.get(mode)
     if la is None:
@@ -75,7 +75,7 @@ def _launcher(mode: str):
             "reduce": bk._reduce_grads_kernel,
             "dw": bk._mlp_dw_kernel,
             "second_order": sk._second_order_kernel,
-            "so_pointwise": sk._so_pointwise_kernel}[mode])
+            "so_pointwise": sk._so_pointwise_kernel, "so_mm": sk._so_mm_kernel}[mode])
     return la
 
 

@@ -34,8 +34,13 @@ class Tuning:
     #: not the one kernel: the closed form as whole-batch GEMMs (cuBLAS through torch) with
     #: its elementwise steps fused in small kernels (``_second_order_gemms``)
     split: bool = False
+    #: the GEMM form with each product and the elementwise step after it in one row-block
+    #: kernel (_so_mm_kernel): the product's [M, width] never goes through memory
+    fuse: bool = False
 
     def __str__(self) -> str:
+        if self.fuse:
+            return "row-block GEMMs with their pointwise steps"
         if self.split:
             return "GEMMs + pointwise kernels"
         return (f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
@@ -44,23 +49,25 @@ class Tuning:
     @classmethod
     def parse(cls, text: str) -> "Tuning":
         """``ROWSxWARPSxPER_SM`` with a trailing ``m`` for merge_dw (``32x4x2m``), or
-        ``split``: the benchmark's and FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
+        ``split``, or ``fused`` (Tuning.fuse): the benchmark's and
+        FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
         t = text.strip().lower()
-        if t == "split":
-            return SPLIT
+        if t in ("split", "fused"):
+            return SPLIT if t == "split" else FUSED
         try:
             bm, warps, per_sm = (int(n) for n in t.removesuffix("m").split("x"))
         except ValueError:
             raise ValueError(f"second-order tuning: expected ROWSxWARPSxPER_SM[m] such as "
-                             f"32x4x2 or 32x4x2m, or split; got {text!r}") from None
+                             f"32x4x2 or 32x4x2m, split or fused; got {text!r}") from None
         if bm < 16 or bm & (bm - 1) or warps not in (1, 2, 4, 8, 16) or per_sm < 1:
             raise ValueError(f"second-order tuning {text!r}: rows a power of two >= 16, "
                              "warps 1-16 (a power of two), programs per SM >= 1")
         return cls(bm, warps, per_sm, t.endswith("m"))
 
 
-#: the GEMM form (Tuning.split)
+#: the GEMM form (Tuning.split), and with its products fused to their pointwise steps
 SPLIT = Tuning(0, split=True)
+FUSED = Tuning(0, split=True, fuse=True)
 
 
 def tuning(device: torch.device, P: int) -> Tuning:
@@ -86,7 +93,7 @@ def tuning(device: torch.device, P: int) -> Tuning:
             return Tuning.parse(forced)
         except ValueError as e:
             raise ValueError(f"FUSEDMLP_SECOND_ORDER_TUNING: {e}") from None
-    return kernel_tuning(device, P) if device.type == "cpu" else SPLIT
+    return kernel_tuning(device, P) if device.type == "cpu" else FUSED
 
 
 def kernel_tuning(device: torch.device, P: int) -> Tuning:
@@ -121,7 +128,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     second = hid2 or out2
     tune = tune or tuning(x.device, P)
     if tune.split:
-        return _second_order_gemms(gg, v, x, weights, biases, spec, needs)
+        return _second_order_gemms(gg, v, x, weights, biases, spec, needs, tune.fuse)
     bm = tune.block_m
     progs = launchers._n_programs(x.device, cdiv(M, bm), tune.per_sm) if M else 1
     dt = x.dtype
@@ -192,10 +199,39 @@ def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None,
     return o1, parts.sum(0)
 
 
-def _second_order_gemms(gg, v, x, weights, biases, spec, needs):
+def _mm_pointwise(mode: int, act_id: int, a, w, transpose: bool, z=None, b=None,
+                  bias=None, keep=None, o2=None, out=None, col_sum=False):
+    """_so_mm_kernel: P = a w^T (``transpose``) or a w, then the pointwise step ``mode``
+    on it -> o1 (``out`` when given; for modes 0 and 4 z = P + bias goes into ``keep``);
+    ``keep``: where P goes too (modes 1-3); ``col_sum``: (o1, its fp32 column sums)."""
+    M, K = a.shape
+    N = w.shape[0] if transpose else w.shape[1]
+    swk, swn = (w.stride(1), w.stride(0)) if transpose else (w.stride(0), w.stride(1))
+    o1 = a.new_empty(M, N) if out is None and mode != 4 else out
+    NP, KP = max(16, pow2(N)), max(16, pow2(K))
+    bm = 128 if max(NP, KP) <= 64 else 64
+    progs = cdiv(M, bm)
+    parts = a.new_empty(progs, NP, dtype=torch.float32) if col_sum else None
+    if M:
+        cpu = a.device.type == "cpu"  # the interpreter: fp32 dots (tiles._dot)
+        meta = dict(F32=cpu, PREC="ieee" if cpu else "tf32x3")
+        launchers._launcher("so_mm").launch(
+            (progs,), (a, w, a if bias is None else bias, a if z is None else z,
+                       a if b is None else b, a if keep is None else keep,
+                       a if o1 is None else o1, a if o2 is None else o2,
+                       a if parts is None else parts, M, K, N, a.stride(0), swk, swn),
+            dict(MODE=mode, ACT=act_id, BM=bm, KP=KP, NP=NP, HAS_BIAS=bias is not None,
+                 KEEP_P=keep is not None and mode not in (0, 4), SUM=col_sum, **meta),
+            a.device, num_warps=4, num_stages=1)
+    if not col_sum:
+        return o1
+    return o1, (parts.sum(0)[:N] if M else a.new_zeros(N, dtype=torch.float32))
+
+
+def _second_order_gemms(gg, v, x, weights, biases, spec, needs, fuse=False):
     """``second_order``'s outputs from the GEMM form's three passes (``GemmForm``)."""
     need_v, need_x, need_w, need_b = needs
-    form = GemmForm(spec)
+    form = GemmForm(spec, fuse)
     _, state = form.first(v, x, weights, biases, None, need_g=False)
     gv = form.tangent(state, gg, need_v)
     gx, gw, gb = form.finish(state, None, (need_x, need_w, need_b))
@@ -218,8 +254,8 @@ class GemmForm:
     (and zbar, e with curvature) of [M, width]; each u is let go once the tangent pass has
     read it, and a layer's others once the backward pass is past it."""
 
-    def __init__(self, spec):
-        self.spec = spec
+    def __init__(self, spec, fuse=False):
+        self.spec, self.fuse = spec, fuse  # fuse: Tuning.fuse
         L = spec.n_layers
         self.curved = ([spec.activation_id in CURVED] * (L - 1)
                        + [spec.output_activation_id in CURVED])
@@ -228,7 +264,7 @@ class GemmForm:
         """(g, state): g = (dy/dx)^T v (None unless ``need_g``); ``saved``: the forward's
         pre-activations side by side (Backend.forward's ``saved``) or None (computed
         here)."""
-        spec, M, L = self.spec, x.shape[0], self.spec.n_layers
+        spec, M, L, fuse = self.spec, x.shape[0], self.spec.n_layers, self.fuse
         meta = launchers._launch_meta(spec, x.device.type)  # the kernels' ids, cached
         ids = [meta["ACT"]] * (L - 1) + [meta["OUT_ACT"]]
         x, v = (t if t.is_contiguous() else t.contiguous() for t in (x, v))
@@ -240,22 +276,35 @@ class GemmForm:
         cols = [0, *itertools.accumulate(w.shape[0] for w in weights)]
         zs = []
         for i, w in enumerate(weights):
-            h = ta[i][M:]
+            h, b = ta[i][M:], (None if biases is None else biases[i])
+            nxt = ta[i + 1][M:] if i < L - 1 else None
             if saved is not None and (i < L - 1 or spec.output_activation != "none"):
                 z = saved[:, cols[i]:cols[i + 1]].contiguous()  # no GEMM again
-            elif biases is None:
-                z = torch.mm(h, w.t())
+            elif fuse:  # z and the next layer's input in one pass
+                z = x.new_empty(M, w.shape[0])
+                _mm_pointwise(0 if nxt is not None else 4, ids[i], h, w, True, bias=b,
+                              keep=z, out=nxt)
+                zs.append(z)
+                continue
             else:
-                z = torch.addmm(biases[i], h, w.t())
+                z = torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())
             zs.append(z)
-            if i < L - 1:
-                _pointwise(0, ids[i], z, out=ta[i + 1][M:])
+            if nxt is not None:
+                _pointwise(0, ids[i], z, out=nxt)
         us, u = [None] * L, v
         for i in range(L - 1, -1, -1):
+            if i < L - 1 and fuse:  # u = d W and d = u s'(z) in one pass, u kept
+                u = x.new_empty(M, weights[i + 1].shape[1])
+                d = _mm_pointwise(1, ids[i], d, weights[i + 1], False, z=zs[i], keep=u,
+                                  out=de[i][:M])
+            elif i < L - 1:
+                u = torch.mm(d, weights[i + 1])
+                d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
+            else:
+                d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
             us[i] = u
-            d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
-            u = torch.mm(d, weights[i]) if i or need_g else None
-        return u, dict(M=M, x=x, ids=ids, zs=zs, us=us, de=de, ta=ta, zbar=[None] * L,
+        g = torch.mm(d, weights[0]) if need_g else None
+        return g, dict(M=M, x=x, ids=ids, zs=zs, us=us, de=de, ta=ta, zbar=[None] * L,
                        weights=weights, biases=biases)
 
     def tangent(self, st, gg, need_v):
@@ -266,13 +315,15 @@ class GemmForm:
         ta[0][:M].copy_(t)
         L = len(zs)
         for i, w in enumerate(st["weights"]):
-            T = torch.mm(t, w.t())
             nxt = ta[i + 1][:M] if i + 1 < L else None
-            if self.curved[i]:
-                st["zbar"][i] = torch.empty_like(T)
-                t = _pointwise(2, ids[i], zs[i], a=T, b=us[i], o2=st["zbar"][i], out=nxt)
+            zb = st["zbar"][i] = torch.empty_like(zs[i]) if self.curved[i] else None
+            mode = 2 if self.curved[i] else 1
+            if self.fuse:  # T = t W^T never goes through memory
+                t = _mm_pointwise(mode, ids[i], t, w, True, z=zs[i], b=us[i], o2=zb,
+                                  out=nxt)
             else:
-                t = _pointwise(1, ids[i], zs[i], a=T, out=nxt)
+                T = torch.mm(t, w.t())
+                t = _pointwise(mode, ids[i], zs[i], a=T, b=us[i], o2=zb, out=nxt)
             us[i] = None  # read by nothing more: its memory serves the next zbar
         return t if need_v else None
 
@@ -288,28 +339,38 @@ class GemmForm:
         L = len(zs)
         gw, gb = [None] * L, [None] * L
         g = None if gy is None else (gy if gy.is_contiguous() else gy.contiguous())
+        e_above = None  # e of the layer above, where g = e_above W_above is still to come
         for i in range(L - 1, -1, -1):
             e = sums = None
-            if g is not None or zbar[i] is not None:
+            if g is not None or e_above is not None or zbar[i] is not None:
                 e = de[i][M:]
-                if g is None:
+                mode = 1 if zbar[i] is None else 3
+                if e_above is not None:  # g = e_above W_{i+1} and e in one pass
+                    out = _mm_pointwise(mode, ids[i], e_above, weights[i + 1], False,
+                                        z=zs[i], b=zbar[i], out=e, col_sum=need_b)
+                elif g is None:
                     e.copy_(zbar[i])
-                    sums = e.sum(0, dtype=torch.float32) if need_b else None
+                    out = (e, e.sum(0, dtype=torch.float32)) if need_b else e
                 else:  # with the bias's gradient in the same pass
-                    mode = 1 if zbar[i] is None else 3
                     out = _pointwise(mode, ids[i], zs[i], a=g, b=zbar[i], out=e,
                                      col_sum=need_b)
-                    sums = out[1] if need_b else None
+                sums = out[1] if need_b else None
             if need_w:  # [d; e]^T [t; a], or d^T t alone
                 gw[i] = (torch.mm(de[i].t(), ta[i]) if e is not None
                          else torch.mm(de[i][:M].t(), ta[i][:M]))
             if need_b:
                 gb[i] = sums.to(e.dtype) if e is not None else torch.zeros_like(biases[i])
+            e_above = g = None
             if e is not None and (i or need_x):
-                g = torch.mm(e, weights[i])
+                if self.fuse and i:
+                    e_above = e
+                else:
+                    g = torch.mm(e, weights[i])
             # layer i's tensors are read by nothing more (peak memory: the next layer's GEMM
-            # outputs take their blocks)
-            zs[i] = zbar[i] = de[i] = ta[i] = e = None
+            # outputs take their blocks); e stays for the next layer's fused product
+            zs[i] = zbar[i] = ta[i] = None
+            if e_above is None:
+                de[i] = None
         gx = None
         if need_x:
             gx = g if g is not None else torch.zeros_like(st["x"])

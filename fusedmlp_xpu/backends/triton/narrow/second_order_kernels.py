@@ -260,3 +260,56 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl
         if SUM_W > 0:
             tl.store(s_ptr + tl.program_id(0) * SUM_W + tl.arange(0, SUM_W),
                      tl.sum(tl.where(m, r.to(dt).to(tl.float32), 0.0), axis=0))
+
+
+@triton.jit
+def _so_mm_kernel(a_ptr, w_ptr, bias_ptr, z_ptr, b_ptr, p_ptr, o1_ptr, o2_ptr, s_ptr,
+                  M, K, N, sa, swk, swn, MODE: tl.constexpr, ACT: tl.constexpr,
+                  BM: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, KEEP_P: tl.constexpr, SUM: tl.constexpr,
+                  F32: tl.constexpr, PREC: tl.constexpr):
+    """The GEMM form's product and the elementwise step after it in one pass over BM rows:
+    P = A W' (A [M, K] with row stride sa; W' [K, N] at w_ptr + k swk + n swn: W or W^T;
+    all of K in one tile, as narrow widths are), rounded to the output dtype as a GEMM's
+    output is, then _so_pointwise_kernel's MODE with P as its ``a`` (o1, o2, b, z
+    contiguous [M, N]; P itself, never written out there, is not read back):
+    MODE 0: z = P + bias stored at p_ptr, o1 = act(z)   (a hidden layer's forward)
+    MODE 4: z = P + bias stored at p_ptr                (the output layer's)
+    MODE 1-3 as _so_pointwise_kernel; KEEP_P: P stored at p_ptr too; SUM: the fp32 column
+    sums of o1 as rounded, at s_ptr + program * NP."""
+    pid = tl.program_id(0)
+    rows = pid * BM + tl.arange(0, BM)
+    ks = tl.arange(0, KP)
+    ns = tl.arange(0, NP)
+    rm = rows < M
+    a = tl.load(a_ptr + rows[:, None] * sa + ks[None, :], mask=rm[:, None] & (ks[None, :] < K),
+                other=0.0)
+    w = tl.load(w_ptr + ks[:, None] * swk + ns[None, :] * swn,
+                mask=(ks[:, None] < K) & (ns[None, :] < N), other=0.0)
+    p = _dot(a, w, F32, PREC)
+    dt = p_ptr.dtype.element_ty
+    offs = rows[:, None] * N + ns[None, :]
+    m = rm[:, None] & (ns[None, :] < N)
+    if MODE == 0 or MODE == 4:
+        if HAS_BIAS:
+            p += tl.load(bias_ptr + ns, mask=ns < N, other=0.0).to(tl.float32)[None, :]
+        z = p.to(dt)
+        tl.store(p_ptr + offs, z, mask=m)
+        if MODE == 0:
+            tl.store(o1_ptr + offs, _act(z.to(tl.float32), ACT).to(dt), mask=m)
+    else:
+        pr = p.to(dt)
+        if KEEP_P:
+            tl.store(p_ptr + offs, pr, mask=m)
+        pa = pr.to(tl.float32)
+        z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        r = _times_act_grad(pa, z, ACT)
+        if MODE == 2:
+            b = tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(o2_ptr + offs, (pa * b * _act_grad2(z, ACT)).to(dt), mask=m)
+        if MODE == 3:
+            r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(o1_ptr + offs, r.to(dt), mask=m)
+        if SUM:
+            tl.store(s_ptr + pid * NP + ns, tl.sum(tl.where(m, r.to(dt).to(tl.float32), 0.0),
+                                                   axis=0))
