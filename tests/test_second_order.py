@@ -520,3 +520,19 @@ def test_eikonal_backward_pass_runs_once(name, case, recompute, op_path, monkeyp
     if case == "retained":
         for a, b in zip(*got):
             assert torch.equal(a, b)
+
+
+def test_second_order_tuning_spellings():
+    """FUSEDMLP_SECOND_ORDER_TUNING's words (Tuning.parse): what each names, and a clear
+    error naming a bad one."""
+    from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
+
+    assert kernel.Tuning.parse("split") == kernel.SPLIT
+    assert kernel.Tuning.parse(" Fused ") == kernel.FUSED
+    t = kernel.Tuning.parse("fused64x8")
+    assert (t.split, t.fuse, t.block_m, t.warps) == (True, True, 64, 8)
+    t = kernel.Tuning.parse("32x4x2m")
+    assert (t.split, t.block_m, t.warps, t.per_sm, t.merge_dw) == (False, 32, 4, 2, True)
+    for bad in ("fused3x2", "fused64", "fused64x3", "32x4", "splitx"):
+        with pytest.raises(ValueError, match=repr(bad)):
+            kernel.Tuning.parse(bad)

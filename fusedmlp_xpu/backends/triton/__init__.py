@@ -165,7 +165,7 @@ class TritonBackend(Backend):
         from .narrow import second_order as so
 
         tune = so.tuning(device, so.padded_width(spec))
-        return so.GemmForm(spec, tune.fuse) if tune.split else None
+        return so.GemmForm(spec, tune) if tune.split else None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
         """Narrow nets: narrow/backward.py (which runs this backend's forward again where

@@ -40,7 +40,8 @@ class Tuning:
 
     def __str__(self) -> str:
         if self.fuse:
-            return "row-block GEMMs with their pointwise steps"
+            return "row-block GEMMs with their pointwise steps" + (
+                f", {self.block_m} rows x {self.warps} warps" if self.block_m else "")
         if self.split:
             return "GEMMs + pointwise kernels"
         return (f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
@@ -49,11 +50,20 @@ class Tuning:
     @classmethod
     def parse(cls, text: str) -> "Tuning":
         """``ROWSxWARPSxPER_SM`` with a trailing ``m`` for merge_dw (``32x4x2m``), or
-        ``split``, or ``fused`` (Tuning.fuse): the benchmark's and
-        FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
+        ``split``, or ``fused`` (Tuning.fuse; ``fusedROWSxWARPS`` for its row blocks,
+        ``fused64x8``): the benchmark's and FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
         t = text.strip().lower()
         if t in ("split", "fused"):
             return SPLIT if t == "split" else FUSED
+        if t.startswith("fused"):
+            try:
+                bm, warps = (int(n) for n in t.removeprefix("fused").split("x"))
+            except ValueError:
+                bm = warps = 0
+            if bm < 16 or bm & (bm - 1) or warps not in (1, 2, 4, 8, 16):
+                raise ValueError(f"second-order tuning {text!r}: fusedROWSxWARPS with rows "
+                                 "a power of two >= 16 and warps 1-16, a power of two")
+            return cls(bm, warps, split=True, fuse=True)
         try:
             bm, warps, per_sm = (int(n) for n in t.removesuffix("m").split("x"))
         except ValueError:
@@ -67,7 +77,7 @@ class Tuning:
 
 #: the GEMM form (Tuning.split), and with its products fused to their pointwise steps
 SPLIT = Tuning(0, split=True)
-FUSED = Tuning(0, split=True, fuse=True)
+FUSED = Tuning(0, split=True, fuse=True)  # rows by width (_mm_pointwise), 4 warps
 
 
 def tuning(device: torch.device, P: int) -> Tuning:
@@ -128,7 +138,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     second = hid2 or out2
     tune = tune or tuning(x.device, P)
     if tune.split:
-        return _second_order_gemms(gg, v, x, weights, biases, spec, needs, tune.fuse)
+        return _second_order_gemms(gg, v, x, weights, biases, spec, needs, tune)
     bm = tune.block_m
     progs = launchers._n_programs(x.device, cdiv(M, bm), tune.per_sm) if M else 1
     dt = x.dtype
@@ -199,17 +209,18 @@ def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None,
     return o1, parts.sum(0)
 
 
-def _mm_pointwise(mode: int, act_id: int, a, w, transpose: bool, z=None, b=None,
-                  bias=None, keep=None, o2=None, out=None, col_sum=False):
+def _mm_pointwise(tune: Tuning, mode: int, act_id: int, a, w, transpose: bool, z=None,
+                  b=None, bias=None, keep=None, o2=None, out=None, col_sum=False):
     """_so_mm_kernel: P = a w^T (``transpose``) or a w, then the pointwise step ``mode``
     on it -> o1 (``out`` when given; for modes 0 and 4 z = P + bias goes into ``keep``);
-    ``keep``: where P goes too (modes 1-3); ``col_sum``: (o1, its fp32 column sums)."""
+    ``keep``: where P goes too (modes 1-3); ``col_sum``: (o1, its fp32 column sums).
+    ``tune``: its rows a block and warps (block_m 0: 128 rows up to width 64, else 64)."""
     M, K = a.shape
     N = w.shape[0] if transpose else w.shape[1]
     swk, swn = (w.stride(1), w.stride(0)) if transpose else (w.stride(0), w.stride(1))
     o1 = a.new_empty(M, N) if out is None and mode != 4 else out
     NP, KP = max(16, pow2(N)), max(16, pow2(K))
-    bm = 128 if max(NP, KP) <= 64 else 64
+    bm = tune.block_m or (128 if max(NP, KP) <= 64 else 64)
     progs = cdiv(M, bm)
     parts = a.new_empty(progs, NP, dtype=torch.float32) if col_sum else None
     if M:
@@ -222,16 +233,16 @@ def _mm_pointwise(mode: int, act_id: int, a, w, transpose: bool, z=None, b=None,
                        a if parts is None else parts, M, K, N, a.stride(0), swk, swn),
             dict(MODE=mode, ACT=act_id, BM=bm, KP=KP, NP=NP, HAS_BIAS=bias is not None,
                  KEEP_P=keep is not None and mode not in (0, 4), SUM=col_sum, **meta),
-            a.device, num_warps=4, num_stages=1)
+            a.device, num_warps=tune.warps, num_stages=1)
     if not col_sum:
         return o1
     return o1, (parts.sum(0)[:N] if M else a.new_zeros(N, dtype=torch.float32))
 
 
-def _second_order_gemms(gg, v, x, weights, biases, spec, needs, fuse=False):
+def _second_order_gemms(gg, v, x, weights, biases, spec, needs, tune=SPLIT):
     """``second_order``'s outputs from the GEMM form's three passes (``GemmForm``)."""
     need_v, need_x, need_w, need_b = needs
-    form = GemmForm(spec, fuse)
+    form = GemmForm(spec, tune)
     _, state = form.first(v, x, weights, biases, None, need_g=False)
     gv = form.tangent(state, gg, need_v)
     gx, gw, gb = form.finish(state, None, (need_x, need_w, need_b))
@@ -254,8 +265,9 @@ class GemmForm:
     (and zbar, e with curvature) of [M, width]; each u is let go once the tangent pass has
     read it, and a layer's others once the backward pass is past it."""
 
-    def __init__(self, spec, fuse=False):
-        self.spec, self.fuse = spec, fuse  # fuse: Tuning.fuse
+    def __init__(self, spec, tune=None):
+        # the products fused to their pointwise steps (Tuning.fuse): that tuning, else None
+        self.spec, self.fuse = spec, (tune if tune is not None and tune.fuse else None)
         L = spec.n_layers
         self.curved = ([spec.activation_id in CURVED] * (L - 1)
                        + [spec.output_activation_id in CURVED])
@@ -282,7 +294,7 @@ class GemmForm:
                 z = saved[:, cols[i]:cols[i + 1]].contiguous()  # no GEMM again
             elif fuse:  # z and the next layer's input in one pass
                 z = x.new_empty(M, w.shape[0])
-                _mm_pointwise(0 if nxt is not None else 4, ids[i], h, w, True, bias=b,
+                _mm_pointwise(fuse, 0 if nxt is not None else 4, ids[i], h, w, True, bias=b,
                               keep=z, out=nxt)
                 zs.append(z)
                 continue
@@ -295,8 +307,8 @@ class GemmForm:
         for i in range(L - 1, -1, -1):
             if i < L - 1 and fuse:  # u = d W and d = u s'(z) in one pass, u kept
                 u = x.new_empty(M, weights[i + 1].shape[1])
-                d = _mm_pointwise(1, ids[i], d, weights[i + 1], False, z=zs[i], keep=u,
-                                  out=de[i][:M])
+                d = _mm_pointwise(fuse, 1, ids[i], d, weights[i + 1], False, z=zs[i],
+                                  keep=u, out=de[i][:M])
             elif i < L - 1:
                 u = torch.mm(d, weights[i + 1])
                 d = _pointwise(1, ids[i], zs[i], a=u, out=de[i][:M])
@@ -319,8 +331,8 @@ class GemmForm:
             zb = st["zbar"][i] = torch.empty_like(zs[i]) if self.curved[i] else None
             mode = 2 if self.curved[i] else 1
             if self.fuse:  # T = t W^T never goes through memory
-                t = _mm_pointwise(mode, ids[i], t, w, True, z=zs[i], b=us[i], o2=zb,
-                                  out=nxt)
+                t = _mm_pointwise(self.fuse, mode, ids[i], t, w, True, z=zs[i], b=us[i],
+                                  o2=zb, out=nxt)
             else:
                 T = torch.mm(t, w.t())
                 t = _pointwise(mode, ids[i], zs[i], a=T, b=us[i], o2=zb, out=nxt)
@@ -346,8 +358,8 @@ class GemmForm:
                 e = de[i][M:]
                 mode = 1 if zbar[i] is None else 3
                 if e_above is not None:  # g = e_above W_{i+1} and e in one pass
-                    out = _mm_pointwise(mode, ids[i], e_above, weights[i + 1], False,
-                                        z=zs[i], b=zbar[i], out=e, col_sum=need_b)
+                    out = _mm_pointwise(self.fuse, mode, ids[i], e_above, weights[i + 1],
+                                        False, z=zs[i], b=zbar[i], out=e, col_sum=need_b)
                 elif g is None:
                     e.copy_(zbar[i])
                     out = (e, e.sum(0, dtype=torch.float32)) if need_b else e
