@@ -22,6 +22,8 @@ def environment(device: torch.device) -> dict:
            "host": platform.machine(), "fusedmlp_xpu": fm.__version__}
     with contextlib.suppress(Exception):
         env["triton"] = importlib.import_module("triton").__version__
+    # the package's switches set for the run (a forced tuning, a backend off, ...)
+    env["switches"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("FUSEDMLP_")}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(device=p.name, vendor="nvidia", capability=f"{p.major}.{p.minor}",
