@@ -40,8 +40,8 @@ class Tuning:
 
     def __str__(self) -> str:
         if self.fuse:
-            return "row-block GEMMs with their pointwise steps" + (
-                f", {self.block_m} rows x {self.warps} warps" if self.block_m else "")
+            return (f"row-block GEMMs with their pointwise steps, {self.block_m} rows x "
+                    f"{self.warps} warps")
         if self.split:
             return "GEMMs + pointwise kernels"
         return (f"{self.block_m} rows x {self.warps} warps x {self.per_sm} per SM"
@@ -53,11 +53,12 @@ class Tuning:
         ``split``, or ``fused`` (Tuning.fuse; ``fusedROWSxWARPS`` for its row blocks,
         ``fused64x8``): the benchmark's and FUSEDMLP_SECOND_ORDER_TUNING's spelling."""
         t = text.strip().lower()
-        if t in ("split", "fused"):
-            return SPLIT if t == "split" else FUSED
+        if t == "split":
+            return SPLIT
         if t.startswith("fused"):
             try:
-                bm, warps = (int(n) for n in t.removeprefix("fused").split("x"))
+                bm, warps = ((int(n) for n in t.removeprefix("fused").split("x"))
+                             if t != "fused" else (FUSED.block_m, FUSED.warps))
             except ValueError:
                 bm = warps = 0
             if bm < 16 or bm & (bm - 1) or warps not in (1, 2, 4, 8, 16):
@@ -77,18 +78,22 @@ class Tuning:
 
 #: the GEMM form (Tuning.split), and with its products fused to their pointwise steps
 SPLIT = Tuning(0, split=True)
-FUSED = Tuning(0, split=True, fuse=True)  # rows by width (_mm_pointwise), 4 warps
+# 64 rows x 4 warps: the fastest of the row blocks the H200 timed (``tuning``)
+FUSED = Tuning(64, 4, split=True, fuse=True)
 
 
 def tuning(device: torch.device, P: int) -> Tuning:
-    """The tuning at padded width P: on GPUs the GEMM form (SPLIT), in the interpreter the
-    one kernel (``kernel_tuning``). The sdf net (32 -> 64 x 4 -> 16, softplus, biases),
-    fp16, H200, ms a call (benchmarks/second_order.py, every tuning checked against
-    float64 first; h200-so-kernel-{262144,1048576}-20261203.json), 2^18 / 2^20 rows:
-      GEMM form                                  1.47 / 4.23
-      one kernel, 16 rows x 4 warps x 2 per SM, merged dW  1.83 / 7.17
-      one kernel, 32 rows x 8 warps x 1 per SM   1.86 / 7.27
-      one kernel, 32 rows x 4 warps x 1 per SM   2.68 / 10.51  (the default before)
+    """The tuning at padded width P: on GPUs the GEMM form with its products fused to
+    their pointwise steps (FUSED), in the interpreter the one kernel (``kernel_tuning``).
+    The sdf net (32 -> 64 x 4 -> 16, softplus, biases), fp16, H200, ms a call
+    (benchmarks/second_order.py, every tuning checked against float64 first), 2^18 / 2^20
+    rows (h200-so-kernel-{262144,1048576}-20261204.json, -rows- for the row blocks; the
+    one kernel and eager from h200-so-kernel-*-20261203.json):
+      GEMM form, fused, 64 rows x 4 warps        - / 3.08  (128x4: 1.30 / 3.71, 32x4: 3.15,
+                                                 64x8: 3.12, 128x8: 3.16)
+      GEMM form, cuBLAS + pointwise kernels      1.52 / 4.03
+      one kernel, 16 rows x 4 warps x 2 per SM, merged dW  1.79 / 6.89
+      one kernel, 32 rows x 4 warps x 1 per SM   2.68 / 10.51
       eager torch's double backward (with its forward and first backward)  2.63 / 7.07
     The kernel's tiles are too small for the tensor cores to pay: every row block does
     ~14 dependent [rows, 64] x [64, 64] products. Width 128 is not timed (the kernel spills
@@ -214,13 +219,13 @@ def _mm_pointwise(tune: Tuning, mode: int, act_id: int, a, w, transpose: bool, z
     """_so_mm_kernel: P = a w^T (``transpose``) or a w, then the pointwise step ``mode``
     on it -> o1 (``out`` when given; for modes 0 and 4 z = P + bias goes into ``keep``);
     ``keep``: where P goes too (modes 1-3); ``col_sum``: (o1, its fp32 column sums).
-    ``tune``: its rows a block and warps (block_m 0: 128 rows up to width 64, else 64)."""
+    ``tune``: its rows a block and warps."""
     M, K = a.shape
     N = w.shape[0] if transpose else w.shape[1]
     swk, swn = (w.stride(1), w.stride(0)) if transpose else (w.stride(0), w.stride(1))
     o1 = a.new_empty(M, N) if out is None and mode != 4 else out
     NP, KP = max(16, pow2(N)), max(16, pow2(K))
-    bm = tune.block_m or (128 if max(NP, KP) <= 64 else 64)
+    bm = tune.block_m
     progs = cdiv(M, bm)
     parts = a.new_empty(progs, NP, dtype=torch.float32) if col_sum else None
     if M:
