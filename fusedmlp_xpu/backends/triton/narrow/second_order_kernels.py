@@ -226,6 +226,22 @@ def _second_order_kernel(
 
 
 @triton.jit
+def _so_step(a, z, b_ptr, o1_ptr, o2_ptr, offs, m, MODE: tl.constexpr, ACT: tl.constexpr):
+    """MODE 1-3 of _so_pointwise_kernel from a and z (fp32) at offs: o1 (and o2) stored
+    -> o1 as rounded, in fp32."""
+    dt = o1_ptr.dtype.element_ty
+    r = _times_act_grad(a, z, ACT)
+    if MODE == 2:
+        b = tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(o2_ptr + offs, (a * b * _act_grad2(z, ACT)).to(dt), mask=m)
+    if MODE == 3:
+        r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    r = r.to(dt)
+    tl.store(o1_ptr + offs, r, mask=m)
+    return r.to(tl.float32)
+
+
+@triton.jit
 def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl.constexpr,
                          ACT: tl.constexpr, BLOCK: tl.constexpr, SUM_W: tl.constexpr):
     """The elementwise steps of the second-order backward's GEMM form (second_order.py,
@@ -250,16 +266,10 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl
         tl.store(o1_ptr + offs, _act(z, ACT).to(dt), mask=m)
     else:
         a = tl.load(a_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        r = _times_act_grad(a, z, ACT)
-        if MODE == 2:
-            b = tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            tl.store(o2_ptr + offs, (a * b * _act_grad2(z, ACT)).to(dt), mask=m)
-        if MODE == 3:
-            r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(o1_ptr + offs, r.to(dt), mask=m)
+        r = _so_step(a, z, b_ptr, o1_ptr, o2_ptr, offs, m, MODE, ACT)
         if SUM_W > 0:
             tl.store(s_ptr + tl.program_id(0) * SUM_W + tl.arange(0, SUM_W),
-                     tl.sum(tl.where(m, r.to(dt).to(tl.float32), 0.0), axis=0))
+                     tl.sum(tl.where(m, r, 0.0), axis=0))
 
 
 @triton.jit
@@ -301,15 +311,7 @@ def _so_mm_kernel(a_ptr, w_ptr, bias_ptr, z_ptr, b_ptr, p_ptr, o1_ptr, o2_ptr, s
         pr = p.to(dt)
         if KEEP_P:
             tl.store(p_ptr + offs, pr, mask=m)
-        pa = pr.to(tl.float32)
         z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        r = _times_act_grad(pa, z, ACT)
-        if MODE == 2:
-            b = tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            tl.store(o2_ptr + offs, (pa * b * _act_grad2(z, ACT)).to(dt), mask=m)
-        if MODE == 3:
-            r += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(o1_ptr + offs, r.to(dt), mask=m)
+        r = _so_step(pr.to(tl.float32), z, b_ptr, o1_ptr, o2_ptr, offs, m, MODE, ACT)
         if SUM:
-            tl.store(s_ptr + pid * NP + ns, tl.sum(tl.where(m, r.to(dt).to(tl.float32), 0.0),
-                                                   axis=0))
+            tl.store(s_ptr + pid * NP + ns, tl.sum(tl.where(m, r, 0.0), axis=0))
