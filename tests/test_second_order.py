@@ -536,3 +536,41 @@ def test_second_order_tuning_spellings():
     for bad in ("fused3x2", "fused64", "fused64x3", "32x4", "splitx"):
         with pytest.raises(ValueError, match=repr(bad)):
             kernel.Tuning.parse(bad)
+
+
+@pytest.mark.parametrize("name", ["reference", "triton-fused"])
+@pytest.mark.parametrize("g_on_thread", [False, True], ids=["input-grad-first", "mlp-first"])
+def test_eikonal_two_input_gradients_of_one_y(name, g_on_thread, op_path, monkeypatch):
+    """Two input gradients of the same y (two columns), a loss on both and on y: each
+    InputGrad node and the MLP node share backward passes; no gradient may be dropped or
+    counted twice, in either node order. Against float64 eager."""
+    name, variant = (name.split("-") + [""])[:2]
+    if not fm.dispatch.availability(name)[0]:
+        pytest.skip(f"{name} not available")
+    use_second_order_variant(monkeypatch, name, variant)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = fm.FusedMLP(3, 4, 16, 2, activation="tanh", backend=name, dtype=torch.float32,
+                    device=dev)
+    x = torch.randn(29, 3, device=dev, requires_grad=True)
+
+    def step(net, x, params):
+        y = net(x)
+        out = []
+        first = lambda: out.extend(  # noqa: E731
+            torch.autograd.grad(y[:, c].sum(), x, create_graph=True)[0] for c in (0, 3))
+        if g_on_thread:
+            t = threading.Thread(target=first)
+            t.start()
+            t.join()
+        else:
+            first()
+        g0, g3 = out
+        loss = (g0.norm(dim=-1) - 1).pow(2).mean() + 0.3 * g3.pow(2).mean() + y.pow(2).mean()
+        return torch.autograd.grad(loss, [x, *params])
+
+    got = step(m, x, list(m.parameters()))
+    seq = m.to_sequential().double().cpu()
+    x64 = x.detach().double().cpu().requires_grad_()
+    want = step(seq, x64, list(seq.parameters()))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_close(a.cpu(), b, tolerance(name, torch.float32), f"gradient {i}")
