@@ -21,6 +21,12 @@ eikonal pattern); where it also needs the weights' first gradients (``.backward(
 create_graph=True)``, gradgradcheck) the op records its backward instead. ``InputGrad``'s
 own backward run with ``create_graph=True`` (third derivatives) recomputes g as torch ops
 and differentiates that.
+
+The backward pass is y's first-order backward too, seeded with the loss's gradient at y
+above the top layer (e_L = gy s_L'(z_L) + zbar_L): where the loss takes y as well, the
+two nodes run that pass once between them (``_share``, ``take_over``). And where the
+backend runs the closed form in passes (``Backend.second_order_form``), the node's forward
+(g) is the first of them, kept for its backward.
 """
 from __future__ import annotations
 
