@@ -46,7 +46,8 @@ def compile_kernel(fn, consts, arch, num_warps, num_stages=1):
             sig[n], cx[n] = "constexpr", consts[n] if n in consts or not p.has_default \
                 else p.default
         else:
-            sig[n] = ("*fp32" if n == "acc_ptr" else "*fp16") if n.endswith("_ptr") else "i32"
+            sig[n] = (("*fp32" if n in ("acc_ptr", "s_ptr") else "*fp16") if n.endswith("_ptr")
+                      else "i32")
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -235,16 +236,37 @@ def compile_second_order(args) -> int:
             failed += 1
             print(f"so P={P} act {act}: FAILED {type(e).__name__}: "
                   f"{str(e).splitlines()[0][:200]}")
-    # the GEMM form's pointwise kernel (Tuning.split), every mode, softplus
-    for mode in range(4):
+    # the GEMM form's pointwise kernel (Tuning.split), every mode, softplus; with a bias's
+    # column sums (width 64) where the backward pass writes e
+    for mode, sum_w in ((0, 0), (1, 0), (2, 0), (3, 0), (1, 64), (3, 64)):
         try:
             smem, _, info = compile_kernel(second_order_kernels._so_pointwise_kernel,
-                                           dict(MODE=mode, ACT=SOFTPLUS, BLOCK=1024), args.arch, 4)
-            print(f"sop mode {mode} act {SOFTPLUS} {info}")
+                                           dict(MODE=mode, ACT=SOFTPLUS, BLOCK=1024,
+                                                SUM_W=sum_w), args.arch, 4)
+            print(f"sop mode {mode} sums {sum_w} act {SOFTPLUS} {info}")
         except Exception as e:  # noqa: BLE001
             failed += 1
-            print(f"sop mode {mode}: FAILED {type(e).__name__}: "
+            print(f"sop mode {mode} sums {sum_w}: FAILED {type(e).__name__}: "
                   f"{str(e).splitlines()[0][:200]}")
+    # its products fused to those steps (Tuning.fuse, the GPU default), at its tuning: every
+    # mode as GemmForm launches it, widths 64 (and 128 unless quick), fp16
+    fused = second_order.FUSED
+    for P in (64,) if args.quick else (64, 128):
+        for mode, keep, sums in ((0, False, False), (4, False, False), (1, True, False),
+                                 (2, False, False), (1, False, False), (3, False, True)):
+            consts = dict(MODE=mode, ACT=SOFTPLUS, BM=fused.block_m, KP=P, NP=P,
+                          HAS_BIAS=mode in (0, 4), KEEP_P=keep, SUM=sums, F32=False,
+                          PREC="tf32x3")
+            try:
+                smem, mma, info = compile_kernel(second_order_kernels._so_mm_kernel, consts,
+                                                 args.arch, fused.warps)
+                print(f"somm P={P:<4} mode {mode}{' keep' if keep else ''}"
+                      f"{' sums' if sums else ''} BM {fused.block_m} w{fused.warps} "
+                      f"{smem // 1024:>4} KB smem {mma:<6} {info}")
+            except Exception as e:  # noqa: BLE001
+                failed += 1
+                print(f"somm P={P} mode {mode}: FAILED {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}")
     return failed
 
 

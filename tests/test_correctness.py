@@ -205,15 +205,20 @@ def test_narrow_triton_kernels_compile_for_hopper():
     # z, or recomputing it) at width 64 and at hidden 32 between in/out 64, all on tensor
     # cores (the Gluon forward's lines are test_gluon_narrow.py's)
     triton_lines = [ln for ln in out.splitlines()
-                    if not ln.startswith(("gluon", "so ", "sop "))]
+                    if not ln.startswith(("gluon", "so ", "sop ", "somm "))]
     assert sum("wgmma" in ln for ln in triton_lines) == 28, out
     # the second-order kernel (narrow/second_order_kernels.py; --quick: width 64, softplus
     # and relu): on tensor cores, pipelined
     so = [ln for ln in out.splitlines() if ln.startswith("so ")]
     assert len(so) == 2 and all("wgmma" in ln and SERIALIZED not in ln for ln in so), so
-    # and the GEMM form's pointwise kernel, its four modes
+    # and the GEMM form's pointwise kernel, its four modes and two with a bias's sums
     assert sum(ln.startswith("sop mode") and "FAILED" not in ln
-               for ln in out.splitlines()) == 4, out
+               for ln in out.splitlines()) == 6, out
+    # the fused GEMM form's kernel (the GPU default), its six launches at width 64: its
+    # products on tensor cores, pipelined, no spills
+    somm = [ln for ln in out.splitlines() if ln.startswith("somm ")]
+    assert len(somm) == 6 and all("wgmma" in ln and SERIALIZED not in ln
+                                  and "spill 0 B" in ln for ln in somm), somm
     # ptxas runs every kernel's MMAs pipelined but the weight-gradient kernel's with biases
     # (its bias sum, a second MMA a row block: the known case, NOTES narrow history 37)
     serial = [ln for ln in triton_lines if SERIALIZED in ln]
