@@ -3,6 +3,7 @@ reference, one tolerance table. A backend joins the suite by registering with th
 dispatcher; no test file names a backend except the reference."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -341,10 +342,12 @@ def saved_z(x, weights, biases, activation, output_activation, backend):
 SERIALIZED = "WGMMA SERIALIZED"
 
 
+@functools.lru_cache(maxsize=None)
 def run_aot_compile(script: str) -> str:
     """Run ci/<script> --quick (ahead-of-time compile of Triton kernels for sm_90, no GPU) in
     a process without TRITON_INTERPRET; skip where this Triton has no NVIDIA backend.
-    Returns its stdout; fails the test if it failed."""
+    Returns its stdout; fails the test if it failed. Once a script per session (two test
+    files read the narrow one's lines)."""
     import subprocess
     import sys
 
