@@ -207,6 +207,19 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def _report(label, fn, consts, arch, warps) -> bool:
+    """Compile one kernel and print "<label> <smem> KB smem <mma> <ptxas info>", or
+    "<label>: FAILED ..." -> whether it compiled (every failure reported, then the run
+    fails)."""
+    try:
+        smem, mma, info = compile_kernel(fn, consts, arch, warps)
+    except Exception as e:  # noqa: BLE001
+        print(f"{label}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return False
+    print(f"{label} {smem // 1024:>4} KB smem {mma:<6} {info}")
+    return True
+
+
 def compile_second_order(args) -> int:
     """The second-order backward kernel (narrow/second_order_kernels.py) at widths 32, 64
     and 128 (softplus: the most live registers; relu at 64), 3 hidden-to-hidden layers,
@@ -226,28 +239,17 @@ def compile_second_order(args) -> int:
                       HID2=act % APPROX in second_order.CURVED, OUT2=False, F32=False,
                       PREC="tf32x3",
                       MERGE_DW=merge)
-        try:
-            smem, mma, info = compile_kernel(second_order_kernels._second_order_kernel, consts,
-                                             args.arch, tune.warps)
-            print(f"so P={P:<4} act {act}{' merged dW' if merge else ''} BLOCK_M {bm:<4} "
-                  f"w{tune.warps} {smem // 1024:>4} KB smem "
-                  f"{mma:<6} {info}")
-        except Exception as e:  # report every failure, then fail the run
-            failed += 1
-            print(f"so P={P} act {act}: FAILED {type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:200]}")
+        failed += not _report(f"so P={P:<4} act {act}{' merged dW' if merge else ''} "
+                              f"BLOCK_M {bm:<4} w{tune.warps}",
+                              second_order_kernels._second_order_kernel, consts, args.arch,
+                              tune.warps)
     # the GEMM form's pointwise kernel (Tuning.split), every mode, softplus; with a bias's
     # column sums (width 64) where the backward pass writes e
     for mode, sum_w in ((0, 0), (1, 0), (2, 0), (3, 0), (1, 64), (3, 64)):
-        try:
-            smem, _, info = compile_kernel(second_order_kernels._so_pointwise_kernel,
-                                           dict(MODE=mode, ACT=SOFTPLUS, BLOCK=1024,
-                                                SUM_W=sum_w), args.arch, 4)
-            print(f"sop mode {mode} sums {sum_w} act {SOFTPLUS} {info}")
-        except Exception as e:  # noqa: BLE001
-            failed += 1
-            print(f"sop mode {mode} sums {sum_w}: FAILED {type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:200]}")
+        failed += not _report(f"sop mode {mode} sums {sum_w} act {SOFTPLUS}",
+                              second_order_kernels._so_pointwise_kernel,
+                              dict(MODE=mode, ACT=SOFTPLUS, BLOCK=1024, SUM_W=sum_w),
+                              args.arch, 4)
     # its products fused to those steps (Tuning.fuse, the GPU default), at its tuning: every
     # mode as GemmForm launches it, widths 64 (and 128 unless quick), fp16
     fused = second_order.FUSED
@@ -257,16 +259,10 @@ def compile_second_order(args) -> int:
             consts = dict(MODE=mode, ACT=SOFTPLUS, BM=fused.block_m, KP=P, NP=P,
                           HAS_BIAS=mode in (0, 4), KEEP_P=keep, SUM=sums, F32=False,
                           PREC="tf32x3")
-            try:
-                smem, mma, info = compile_kernel(second_order_kernels._so_mm_kernel, consts,
-                                                 args.arch, fused.warps)
-                print(f"somm P={P:<4} mode {mode}{' keep' if keep else ''}"
-                      f"{' sums' if sums else ''} BM {fused.block_m} w{fused.warps} "
-                      f"{smem // 1024:>4} KB smem {mma:<6} {info}")
-            except Exception as e:  # noqa: BLE001
-                failed += 1
-                print(f"somm P={P} mode {mode}: FAILED {type(e).__name__}: "
-                      f"{str(e).splitlines()[0][:200]}")
+            failed += not _report(f"somm P={P:<4} mode {mode}{' keep' if keep else ''}"
+                                  f"{' sums' if sums else ''} BM {fused.block_m} "
+                                  f"w{fused.warps}", second_order_kernels._so_mm_kernel,
+                                  consts, args.arch, fused.warps)
     return failed
 
 

@@ -303,8 +303,7 @@ def take_over(node, grad_y, x_shape, needs):
         return (None if gx is None else gx.reshape(x_shape)), gw, gb
     ig = ig()
     if (ig is None or task < 0 or gy is None or ig.form is None or ig.needs != needs
-            or ig.owner[1] != needs or getattr(ig, "_fusedmlp_ran", None) == task
-            or not _will_run(ig)):
+            or getattr(ig, "_fusedmlp_ran", None) == task or not _will_run(ig)):
         return None
     ig._fusedmlp_gy = (task, gy)
     return LEFT
@@ -330,6 +329,8 @@ class InputGrad(torch.autograd.Function):
         form = pass_form(be, spec, x.device)
         ctx.spec, ctx.be, ctx.form, ctx.owner, ctx.state = spec, be, form, owner, None
         need = ctx.needs_input_grad
+        # (x, weights, biases): the needs of every backward of this node (and of the MLP
+        # node's, whose pass it may share: ``_share``)
         ctx.needs = (need[5], any(need[6:6 + n]), spec.bias and any(need[6 + n:]))
         if form is None:
             gx, _, _ = backward_rows(be, v, x, weights, biases, saved, spec,
@@ -350,10 +351,8 @@ class InputGrad(torch.autograd.Function):
         n_p = n * (2 if spec.bias else 1)
         params, saved = params[:n_p], (params[n_p] if len(params) > n_p else None)
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        need = ctx.needs_input_grad
-        need_v, need_x = need[4], need[5]
-        need_w = any(need[6:6 + n])
-        need_b = spec.bias and any(need[6 + n:])
+        need_v, needs = ctx.needs_input_grad[4], ctx.needs
+        need_x, need_w, need_b = needs
         # this backward's alone: a retained graph's next backward computes it again
         state, ctx.state = ctx.state, None
         if torch.is_grad_enabled():  # create_graph=True again: third derivatives
@@ -363,7 +362,6 @@ class InputGrad(torch.autograd.Function):
                 lambda: input_grad_torch(v, x, weights, biases, spec), gbar, groups)
             gv, gx = (gv[0] if gv else None), (gx[0] if gx else None)
         else:
-            needs = (need_x, need_w, need_b)
             form, out = ctx.form, None
             if form is None:  # the backend's kernel, where it has one
                 out = ctx.be.second_order(_rows(gbar), _rows(v), _rows(x), weights, biases,
