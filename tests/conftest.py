@@ -235,6 +235,32 @@ def chance_sum_size(terms: torch.Tensor) -> float:
     return (t.mean(0) * t.shape[0] ** 0.5).norm().item()
 
 
+def gradient_floors(x, weights, biases, activation, output_activation, grad_y) -> list[float]:
+    """rel_error's floor per gradient [grad_x, *grad_weights, *grad_biases]: the size the
+    sums over rows have by chance (chance_sum_size), from float64 pre-activation gradients
+    gz_l and layer inputs h_l. A weight's gradient sums gz_l[r, o] h_l[r, i] over rows r:
+    where that cancels (a width-1 layer's 1x1 weight over a few hundred rows) the result is
+    far below its terms, and its relative error in half precision says nothing. grad_x sums
+    over a layer's outputs, not rows: no floor."""
+    act = activations.get(activation).fn
+    out_act = activations.get(output_activation).fn
+    h = x.detach().to("cpu", torch.float64).reshape(-1, x.shape[-1])
+    hs, zs = [], []
+    for i, w in enumerate(weights):
+        hs.append(h)
+        z = F.linear(h, w.detach().to("cpu", torch.float64),
+                     None if biases is None else biases[i].detach().to("cpu", torch.float64))
+        zs.append(z.requires_grad_())
+        h = out_act(z) if i == len(weights) - 1 else act(z)
+    if h.numel() == 0:
+        return [0.0] * (1 + len(weights) + (0 if biases is None else len(biases)))
+    gzs = torch.autograd.grad(h, zs, grad_y.detach().to("cpu", torch.float64).reshape(h.shape))
+    rows = h.shape[0]
+    fw = [(gz.abs().t() @ hi.abs() / rows ** 0.5).norm().item() for gz, hi in zip(gzs, hs)]
+    fb = [] if biases is None else [chance_sum_size(gz) for gz in gzs]
+    return [0.0, *fw, *fb]
+
+
 def term_size(x, weights, biases) -> float:
     """The size of the terms an MLP's output sums, as a norm: |x| through |W_l| and |b_l|
     layer by layer, no activation (every registered activation has |act(z)| <= |z| + 1
