@@ -34,6 +34,12 @@ class Activation:
     #: d^2 fn / d z^2, evaluated at z; None where it is zero (almost everywhere: relu,
     #: leaky relu, none), as torch's double backward takes it
     grad2: Callable[[torch.Tensor], torch.Tensor] | None = None
+    #: (g, z) -> g * fn'(z) by the kernel eager autograd runs for fn (``threshold_backward``
+    #: for relu, ``silu_backward``, ...): one pass where ``grad`` takes several, the same
+    #: rounding and NaN handling as nn.Sequential's backward. g and z share a dtype. Not
+    #: differentiable for every activation (torch has no derivative of silu_backward):
+    #: a backward that autograd records takes ``grad`` instead.
+    backward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 def _gelu_grad(z):
@@ -94,29 +100,42 @@ def _softplus_grad(z):
     return torch.where(bz > SOFTPLUS_THRESHOLD, torch.ones_like(z), torch.sigmoid(bz))
 
 
+_aten = torch.ops.aten
+
 _ENTRIES = [
-    Activation("none", 0, lambda z: z, lambda z: torch.ones_like(z)),
+    Activation("none", 0, lambda z: z, lambda z: torch.ones_like(z),
+               backward=lambda g, z: g),
     # the derivative as torch's relu backward takes it: 0 where z <= 0, else 1 (NaN: 1)
-    Activation("relu", 1, torch.relu, lambda z: (z <= 0).logical_not().to(z.dtype)),
+    Activation("relu", 1, torch.relu, lambda z: (z <= 0).logical_not().to(z.dtype),
+               backward=lambda g, z: _aten.threshold_backward(g, z, 0)),
     Activation(
         "leaky_relu",
         2,
         lambda z: F.leaky_relu(z, LEAKY_RELU_SLOPE),
         lambda z: torch.where(z > 0, torch.ones_like(z), torch.full_like(z, LEAKY_RELU_SLOPE)),
+        backward=lambda g, z: _aten.leaky_relu_backward(g, z, LEAKY_RELU_SLOPE, False),
     ),
-    Activation("gelu", 3, F.gelu, _gelu_grad, _gelu_grad2),
+    Activation("gelu", 3, F.gelu, _gelu_grad, _gelu_grad2,
+               backward=lambda g, z: _aten.gelu_backward(g, z)),
     Activation("gelu_tanh", 4, lambda z: F.gelu(z, approximate="tanh"), _gelu_tanh_grad,
-               _gelu_tanh_grad2),
-    Activation("silu", 5, F.silu, _silu_grad, _silu_grad2),
+               _gelu_tanh_grad2,
+               backward=lambda g, z: _aten.gelu_backward(g, z, approximate="tanh")),
+    Activation("silu", 5, F.silu, _silu_grad, _silu_grad2,
+               backward=lambda g, z: _aten.silu_backward(g, z)),
+    # sigmoid's and tanh's backward kernels take the output, as eager saves it
     Activation("sigmoid", 6, torch.sigmoid, lambda z: torch.sigmoid(z) * (1.0 - torch.sigmoid(z)),
-               _sigmoid_grad2),
-    Activation("tanh", 7, torch.tanh, lambda z: 1.0 - torch.tanh(z) ** 2, _tanh_grad2),
+               _sigmoid_grad2,
+               backward=lambda g, z: _aten.sigmoid_backward(g, torch.sigmoid(z))),
+    Activation("tanh", 7, torch.tanh, lambda z: 1.0 - torch.tanh(z) ** 2, _tanh_grad2,
+               backward=lambda g, z: _aten.tanh_backward(g, torch.tanh(z))),
     Activation(
         "softplus",
         8,
         lambda z: F.softplus(z, SOFTPLUS_BETA, SOFTPLUS_THRESHOLD),
         _softplus_grad,
         _softplus_grad2,
+        backward=lambda g, z: _aten.softplus_backward(g, z, SOFTPLUS_BETA,
+                                                      SOFTPLUS_THRESHOLD),
     ),
 ]
 

@@ -1,0 +1,104 @@
+"""The CPU path against eager on the machine it runs on: a FusedMLP (on the CPU the
+dispatcher takes the `reference` backend) and its `nn.Sequential` twin (`to_sequential()`,
+the same weights), no-grad inference and a train step (forward, backward of a given
+grad_y to x and every parameter), at several row counts. Each case is checked against
+float64 first; the two are then timed interleaved (their rounds in turn, median:
+`bench.interleaved_us`), so the host's drift lands on both alike. Writes JSON with the
+environment.
+
+    PYTHONPATH=. python3 benchmarks/cpu_eager.py --out benchmarks/results/cpu-eager-DATE.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import fusedmlp_xpu as fm
+from fusedmlp_xpu.bench import interleaved_us
+from fusedmlp_xpu.benchtools import environment, write_json
+
+# name -> (FusedMLP arguments, row counts)
+NETS = {
+    "narrow-w64": (dict(in_features=64, out_features=64, hidden_features=64, hidden_layers=4,
+                        activation="relu", bias=False), (16, 1024, 16384, 65536)),
+    "narrow-w128": (dict(in_features=64, out_features=64, hidden_features=128,
+                         hidden_layers=4, activation="relu", bias=False), (1024, 16384)),
+    "sdf": (dict(in_features=32, out_features=16, hidden_features=64, hidden_layers=4,
+                 activation="softplus", bias=True), (1024, 65536)),
+    "ffn-gelu": (dict(in_features=512, out_features=512, hidden_features=2048,
+                      hidden_layers=1, activation="gelu", bias=True), (16, 512, 4096)),
+}
+
+
+def _err(model, x) -> float:
+    """The module's output against float64 eager on the same weights (relative)."""
+    ref = model.to_sequential().double()
+    with torch.no_grad():
+        y, r = model(x).double(), ref(x.double())
+    return ((y - r).norm() / r.norm().clamp_min(1e-30)).item()
+
+
+def case(name, rows, dtype, mode, calls) -> dict:
+    kw, _ = NETS[name]
+    torch.manual_seed(0)
+    fused = fm.FusedMLP(**kw, dtype=dtype)
+    eager = fused.to_sequential()
+    x = torch.randn(rows, kw["in_features"], dtype=dtype)
+    err = _err(fused, x)
+    if mode == "inference":
+        def run(net):
+            def f():
+                with torch.no_grad():
+                    net(x)
+            return f
+    else:
+        xg = x.clone().requires_grad_()
+        gy = torch.randn(rows, kw["out_features"], dtype=dtype)
+
+        def run(net):
+            params = list(net.parameters())
+
+            def f():
+                xg.grad = None
+                for p in params:
+                    p.grad = None
+                net(xg).backward(gy)
+            return f
+    us = interleaved_us({"fused": run(fused), "eager": run(eager)}, torch.device("cpu"),
+                        n=calls * 5, rounds=5, warm=2)
+    return {"net": name, "rows": rows, "dtype": str(dtype).removeprefix("torch."),
+            "mode": mode, "backend": fm.explain(fused, x).backend,
+            "fused_ms": us["fused"] / 1e3, "eager_ms": us["eager"] / 1e3,
+            "eager_over_fused": us["eager"] / us["fused"], "max_rel_error": err}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nets", nargs="+", choices=sorted(NETS), default=sorted(NETS))
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                   choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--calls", type=int, default=4, help="calls per round (5 rounds)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    res = {"schema": "fusedmlp-cpu-eager/1", "env": environment(torch.device("cpu")),
+           "notes": ["ms per call, interleaved rounds, median; eager_over_fused > 1: the "
+                     "fused module is faster", "train: forward and backward of a given "
+                     "grad_y to x and every parameter"],
+           "records": []}
+    for name in args.nets:
+        for dt in args.dtypes:
+            for rows in NETS[name][1]:
+                for mode in ("inference", "train"):
+                    r = case(name, rows, getattr(torch, dt), mode, args.calls)
+                    res["records"].append(r)
+                    print(f"{name:<12} {dt:<9} {rows:>6} {mode:<9} fused {r['fused_ms']:9.3f} "
+                          f"eager {r['eager_ms']:9.3f} ms  {r['eager_over_fused']:.2f}x  "
+                          f"err {r['max_rel_error']:.1e}", file=sys.stderr, flush=True)
+                    write_json(args.out, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
