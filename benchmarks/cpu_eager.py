@@ -1,7 +1,8 @@
 """The CPU path against eager on the machine it runs on: a FusedMLP (on the CPU the
 dispatcher takes the `reference` backend) and its `nn.Sequential` twin (`to_sequential()`,
-the same weights), no-grad inference and a train step (forward, backward of a given
-grad_y to x and every parameter), at several row counts. Each case is checked against
+the same weights), no-grad inference, a train step (forward, backward of a given
+grad_y to x and every parameter) and, for the sdf net, an eikonal step (g = dy/dx with
+create_graph=True, a loss on y and g, backward: a double backward), at several row counts. Each case is checked against
 float64 first; the two are then timed interleaved (their rounds in turn, median:
 `bench.interleaved_us`), so the host's drift lands on both alike. Writes JSON with the
 environment.
@@ -19,7 +20,8 @@ import fusedmlp_xpu as fm
 from fusedmlp_xpu.bench import interleaved_us
 from fusedmlp_xpu.benchtools import environment, write_json
 
-# name -> (FusedMLP arguments, row counts)
+MODES = ("inference", "train", "eikonal")
+# name -> (FusedMLP arguments, row counts); the eikonal step on the sdf net only
 NETS = {
     "narrow-w64": (dict(in_features=64, out_features=64, hidden_features=64, hidden_layers=4,
                         activation="relu", bias=False), (16, 1024, 16384, 65536)),
@@ -53,6 +55,18 @@ def case(name, rows, dtype, mode, calls) -> dict:
                 with torch.no_grad():
                     net(x)
             return f
+    elif mode == "eikonal":
+        def run(net):
+            params = list(net.parameters())
+
+            def f():
+                xg = x.clone().requires_grad_()
+                for p in params:
+                    p.grad = None
+                y = net(xg)
+                g, = torch.autograd.grad(y[:, 0].sum(), xg, create_graph=True)
+                (y[:, 0].abs().mean() + (g.norm(dim=-1) - 1).square().mean()).backward()
+            return f
     else:
         xg = x.clone().requires_grad_()
         gy = torch.randn(rows, kw["out_features"], dtype=dtype)
@@ -79,18 +93,23 @@ def main(argv=None) -> int:
     p.add_argument("--nets", nargs="+", choices=sorted(NETS), default=sorted(NETS))
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                    choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--calls", type=int, default=4, help="calls per round (5 rounds)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     res = {"schema": "fusedmlp-cpu-eager/1", "env": environment(torch.device("cpu")),
            "notes": ["ms per call, interleaved rounds, median; eager_over_fused > 1: the "
                      "fused module is faster", "train: forward and backward of a given "
-                     "grad_y to x and every parameter"],
+                     "grad_y to x and every parameter", "eikonal (sdf net): g = d y0/dx "
+                     "with create_graph=True, loss |y0| + (|g| - 1)^2, backward to x and "
+                     "every parameter"],
            "records": []}
     for name in args.nets:
         for dt in args.dtypes:
             for rows in NETS[name][1]:
-                for mode in ("inference", "train"):
+                for mode in args.modes:
+                    if mode == "eikonal" and name != "sdf":
+                        continue
                     r = case(name, rows, getattr(torch, dt), mode, args.calls)
                     res["records"].append(r)
                     print(f"{name:<12} {dt:<9} {rows:>6} {mode:<9} fused {r['fused_ms']:9.3f} "

@@ -100,6 +100,10 @@ class Explanation:
             return what + "no backend can run it"
         ranges = self.torch_rows(train) if self.torch_rows is not None else ()
         if any(lo <= rows <= hi for lo, hi in ranges):
+            if self.backend == "reference":
+                return what + ("the reference's torch ops with torch's own autograd graph "
+                               "(nn.Sequential's backward and derivatives of every order), "
+                               "measured faster than the op's autograd node there")
             return what + ("torch ops (cuBLAS GEMMs, eager's epilogues" +
                            (", torch's autograd" if train else "") +
                            f"), measured faster than the {self.backend} kernels there")

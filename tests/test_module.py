@@ -413,6 +413,40 @@ def test_routed_train_calls_on_cuda_match_eager(dtype):
     assert m._bound_train is not None, fm.explain(m, x).route(x, train=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpu_training_records_torchs_graph(dtype):
+    """On the CPU an unforced FusedMLP trains through torch's own autograd graph of the
+    reference's ops (ReferenceBackend.torch_rows; benchmarks/cpu_eager.py measured the
+    op's node slower there): its gradients and an eikonal double backward are
+    nn.Sequential's bit for bit, and explain's route says so. Forced to the reference,
+    or with recompute=True, the op's own node runs."""
+    torch.manual_seed(0)
+    kw = dict(activation="softplus", output_activation="tanh", dtype=dtype)
+    m = fm.FusedMLP(8, 4, 16, 2, **kw)
+    seq = m.to_sequential()
+    x = torch.randn(33, 8, dtype=dtype)
+    for _ in range(2):  # the full path, then the bound one (module._bind_train)
+        _assert_eager_grads(m, seq, x, torch.randn(33, 4, dtype=dtype))
+    assert m._bound_train is not None
+    assert "torch's own autograd graph" in fm.explain(m, x).route(x, train=True)
+
+    def eikonal(net):
+        net.zero_grad()
+        xx = x.clone().requires_grad_()
+        y = net(xx)
+        g, = torch.autograd.grad(y[:, 0].sum(), xx, create_graph=True)
+        (y.square().mean() + g.square().sum()).backward()
+        return [xx.grad] + [p.grad for p in net.parameters()]
+    for a, b in zip(eikonal(m), eikonal(seq)):
+        assert torch.equal(a, b)
+    forced = fm.FusedMLP(8, 4, 16, 2, **kw, backend="reference")
+    recomputing = fm.FusedMLP(8, 4, 16, 2, **kw, recompute=True)
+    for node in (forced, recomputing):
+        y = node(x.clone().requires_grad_())
+        assert type(y.grad_fn).__name__ == "_EagerMLPBackward", y.grad_fn
+    assert fm.explain(forced, x).route(x, train=True).endswith("the reference's torch ops")
+
+
 def test_routed_rows_bind_to_torch_ops(monkeypatch):
     """No-grad calls of the row counts a backend runs as torch ops (Backend.torch_rows:
     the wide layers' small calls on CUDA) bind to those ops (module._routed_forward): the

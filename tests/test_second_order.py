@@ -41,7 +41,8 @@ def _leaves(*shapes, gen):
 @pytest.mark.parametrize("recompute", [None, True, False], ids=["auto", "recompute", "save"])
 def test_gradgradcheck(act, bias, recompute, op_path):
     """Every activation, with and without bias, each paired with a different output
-    activation, every recompute mode, both call paths."""
+    activation, every recompute mode, both call paths: the op's node (the reference
+    forced; unforced, a CPU training call records torch's own graph)."""
     out_act = ACTS[(ACTS.index(act) + 4) % len(ACTS)]
     gen = torch.Generator().manual_seed(hash((act, bias)) % 2**31)
     x, w1, w2, w3 = _leaves((4, 3), (5, 3), (5, 5), (2, 5), gen=gen)
@@ -49,7 +50,7 @@ def test_gradgradcheck(act, bias, recompute, op_path):
 
     def f(x, w1, w2, w3, *bs):
         return fm.fused_mlp(x, [w1, w2, w3], list(bs) if bias else None, act, out_act,
-                            recompute=recompute)
+                            recompute=recompute, backend="reference")
 
     assert torch.autograd.gradcheck(f, (x, w1, w2, w3, *bs))
     assert torch.autograd.gradgradcheck(f, (x, w1, w2, w3, *bs))
@@ -215,11 +216,12 @@ def test_compiled_double_backward_raises_clearly():
 # --- the closed-form input-gradient node (second_order.InputGrad) ----------------------
 def _input_grad_fn(act, out_act, bias, recompute=None):
     """f(v, x, *params) = (dy/dx)^T v with create_graph=True, y the fused MLP: autograd.grad
-    asks for x's gradient only, so the op hands back the InputGrad node."""
+    asks for x's gradient only, so the op hands back the InputGrad node. The reference
+    forced: unforced on the CPU it records torch's own graph (ReferenceBackend.torch_rows)."""
     def f(v, x, *params):
         n = 3
         ws, bs = list(params[:n]), (list(params[n:]) if bias else None)
-        y = fm.fused_mlp(x, ws, bs, act, out_act, recompute=recompute)
+        y = fm.fused_mlp(x, ws, bs, act, out_act, recompute=recompute, backend="reference")
         g, = torch.autograd.grad(y, x, v, create_graph=True)
         assert type(g.grad_fn).__name__ == "InputGradBackward", g.grad_fn
         return g
@@ -247,7 +249,7 @@ def test_input_grad_matches_recorded_backward(act, monkeypatch):
     (second_order.ENABLED off) agree in float64; the node is taken only where the backward
     needs x's gradient alone (.backward(create_graph=True) also needs the weights')."""
     m = fm.FusedMLP(3, 4, 16, 3, activation=act, output_activation="tanh",
-                    dtype=torch.float64)
+                    dtype=torch.float64, backend="reference")  # the node (unforced: torch's)
     x = torch.randn(21, 3, dtype=torch.float64, requires_grad=True)
     closed = _eikonal_grads(m, x, list(m.parameters()))
     monkeypatch.setattr(second_order, "ENABLED", False)

@@ -64,16 +64,18 @@ def test_softplus_beta_matches_eager_on_every_backend(backend, acts):
         assert_close(t.grad, w, bound, f"gradient {i}")
 
 
-def test_softplus_beta_second_derivatives():
+@pytest.mark.parametrize("backend", [None, "reference"], ids=["unforced", "node"])
+def test_softplus_beta_second_derivatives(backend):
     """gradgradcheck in float64 through the op with beta (the rescaling and the op's
-    differentiable backward), and an eikonal-style gradient against eager's."""
+    differentiable backward: the reference forced; unforced, a CPU training call records
+    torch's own graph), and an eikonal-style gradient against eager's."""
     torch.manual_seed(0)
     widths = (3, 8, 8, 2)
     ws, bs = _params(widths, torch.float64, torch.device("cpu"), 3)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
 
     def f(x, *p):
-        return fm.fused_mlp(x, p[:3], p[3:], "softplus", softplus_beta=BETA)
+        return fm.fused_mlp(x, p[:3], p[3:], "softplus", softplus_beta=BETA, backend=backend)
     assert torch.autograd.gradgradcheck(f, (x, *ws, *bs))
     y = f(x, *ws, *bs)
     (g,) = torch.autograd.grad(y[:, 0].sum(), x, create_graph=True)

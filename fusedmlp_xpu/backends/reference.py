@@ -13,6 +13,10 @@ from .. import activations
 from . import Backend, saved_widths
 
 
+#: every row count (Backend.torch_rows' inclusive pairs)
+ALL_ROWS = ((0, 2 ** 63 - 1),)
+
+
 class ReferenceBackend(Backend):
     name = "reference"
     device_types = ("cpu", "cuda", "xpu")
@@ -26,6 +30,14 @@ class ReferenceBackend(Backend):
             return True, "torch ops (CPU half-precision matmuls are slow but exact to the dtype)"
         return True, ("torch ops: any width, depth, dtype; second derivatives through the "
                       "input gradient (eikonal) in closed form as torch ops")
+
+    def torch_rows(self, spec, device, train):
+        """On the CPU, a plain eager training call chosen unforced records torch's own
+        autograd graph of these same ops, as nn.Sequential does (its backward, its
+        derivatives of every order, what it saves), instead of the op's autograd node:
+        measured faster there (benchmarks/cpu_eager.py on a 2-core CPU). Elsewhere (the
+        reference as a GPU's fallback) that was not measured: the node."""
+        return ALL_ROWS if train and device.type == "cpu" else ()
 
     def forward(self, x, weights, biases, spec, save):
         act = activations.ACTIVATIONS[spec.activation].fn
