@@ -1,6 +1,6 @@
 """The CPU path against eager on the machine it runs on: a FusedMLP (on the CPU the
 dispatcher takes the `reference` backend) and its `nn.Sequential` twin (`to_sequential()`,
-the same weights), no-grad inference, a train step (forward, backward of a given
+the same weights), a GatedMLP and the eager Llama MLP of the same Linears, no-grad inference, a train step (forward, backward of a given
 grad_y to x and every parameter) and, for the sdf net, an eikonal step (g = dy/dx with
 create_graph=True, a loss on y and g, backward: a double backward), at several row counts. Each case is checked against
 float64 first; the two are then timed interleaved (their rounds in turn, median:
@@ -12,9 +12,11 @@ environment.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 
 import torch
+import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu.bench import interleaved_us
@@ -31,12 +33,37 @@ NETS = {
                  activation="softplus", bias=True), (1024, 65536)),
     "ffn-gelu": (dict(in_features=512, out_features=512, hidden_features=2048,
                       hidden_layers=1, activation="gelu", bias=True), (16, 512, 4096)),
+    # a GatedMLP (SwiGLU, Llama's layout)
+    "swiglu": (dict(in_features=512, hidden_features=1408, activation="silu", bias=False),
+               (16, 512, 2048)),
 }
 
 
-def _err(model, x) -> float:
+class LlamaMLP(torch.nn.Module):
+    """Eager SwiGLU over copies of a GatedMLP's three Linears: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, gated):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = (
+            copy.deepcopy(m) for m in (gated.gate_proj, gated.up_proj, gated.down_proj))
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _nets(name, dtype):
+    """(the fused module, its eager twin) with the same weights."""
+    kw, _ = NETS[name]
+    if name == "swiglu":
+        fused = fm.GatedMLP(**kw, dtype=dtype)
+        return fused, LlamaMLP(fused)
+    fused = fm.FusedMLP(**kw, dtype=dtype)
+    return fused, fused.to_sequential()
+
+
+def _err(model, eager, x) -> float:
     """The module's output against float64 eager on the same weights (relative)."""
-    ref = model.to_sequential().double()
+    ref = copy.deepcopy(eager).double()
     with torch.no_grad():
         y, r = model(x).double(), ref(x.double())
     return ((y - r).norm() / r.norm().clamp_min(1e-30)).item()
@@ -45,10 +72,9 @@ def _err(model, x) -> float:
 def case(name, rows, dtype, mode, calls) -> dict:
     kw, _ = NETS[name]
     torch.manual_seed(0)
-    fused = fm.FusedMLP(**kw, dtype=dtype)
-    eager = fused.to_sequential()
+    fused, eager = _nets(name, dtype)
     x = torch.randn(rows, kw["in_features"], dtype=dtype)
-    err = _err(fused, x)
+    err = _err(fused, eager, x)
     if mode == "inference":
         def run(net):
             def f():
@@ -69,7 +95,7 @@ def case(name, rows, dtype, mode, calls) -> dict:
             return f
     else:
         xg = x.clone().requires_grad_()
-        gy = torch.randn(rows, kw["out_features"], dtype=dtype)
+        gy = torch.randn(rows, kw.get("out_features", kw["in_features"]), dtype=dtype)
 
         def run(net):
             params = list(net.parameters())

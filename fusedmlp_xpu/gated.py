@@ -27,6 +27,7 @@ from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
 from .spec import check_backend, check_recompute, check_size
+from .backends.reference import ALL_ROWS
 from .backends.triton import routes as _routes
 from .backends.triton import routes_note as _routes_note
 
@@ -132,7 +133,7 @@ def explain_choice(device: torch.device, spec, backend: str | None = None):
             ok, why = False, f"no gated-MLP kernels; the gated MLP knows {list(BACKENDS)}"
         taken = ok and ex.backend is None
         ex.backend = name if taken else ex.backend
-        if taken and name == "triton" and forced is None:
+        if taken and forced is None and (name == "triton" or device.type == "cpu"):
             d, hidden = spec.widths[0], spec.widths[1]
             ex.torch_rows = lambda train: _torch_rows(device, train, d, hidden)
         ex.considered.append(dispatch.Consideration(name, taken, why))
@@ -141,7 +142,12 @@ def explain_choice(device: torch.device, spec, backend: str | None = None):
 
 def _torch_rows(device: torch.device, train: bool, d: int, hidden: int):
     """The row ranges where plain eager calls on ``device`` of a d -> hidden gated MLP run
-    as torch ops when the wide kernels are chosen automatically (backends/triton/routes.py)."""
+    as torch ops when the wide kernels are chosen automatically (backends/triton/routes.py),
+    and on the CPU, where the reference runs unforced, every training call: torch's own
+    autograd graph of its ops, as for fused_mlp (ReferenceBackend.torch_rows; the node
+    was 0.67-1.06x eager's train step there, benchmarks/NOTES.md)."""
+    if device.type == "cpu":
+        return ALL_ROWS if train else ()
     return _routes.torch_rows(device, True, train, d, hidden)
 
 
@@ -154,7 +160,7 @@ def _torch_ops(x, w_gate, backend: str | None, train: bool) -> bool:
     return (op.rows_in(x, _torch_rows(x.device, train, w_gate.shape[1], w_gate.shape[0]))
             and not backend
             and (envvars.get(dispatch.ENV_VAR) or "auto") == "auto"
-            and choose(x.device) is not _Reference)
+            and (x.device.type == "cpu" or choose(x.device) is not _Reference))
 
 
 # --- validation ----------------------------------------------------------------------

@@ -501,6 +501,32 @@ def test_small_training_calls_record_torch_autograd(monkeypatch):
     assert calls == [("forward", 32, False)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpu_training_records_torchs_graph(dtype, monkeypatch):
+    """On the CPU an unforced GatedMLP trains through torch's own autograd graph of the
+    reference's ops (gated._torch_rows: the node was slower there): x's and every
+    parameter's gradients are eager Llama MLP's bit for bit, explain's route says so;
+    forced to the reference the op's node runs."""
+    monkeypatch.delenv(fm.dispatch.ENV_VAR, raising=False)
+    torch.manual_seed(0)
+    g = fm.GatedMLP(16, 40, activation="silu", bias=True, dtype=dtype)
+    x = torch.randn(9, 16, dtype=dtype)
+    gy = torch.randn(9, 16, dtype=dtype)
+
+    def grads(fn, params):
+        xx = x.clone().requires_grad_()
+        return torch.autograd.grad(fn(xx), [xx, *params], gy)
+    lin = [g.gate_proj, g.up_proj, g.down_proj]
+    eager = grads(lambda t: lin[2](F.silu(lin[0](t)) * lin[1](t)), list(g.parameters()))
+    for a, b in zip(grads(g, list(g.parameters())), eager):
+        assert torch.equal(a, b)
+    assert "torch's own autograd graph" in fm.explain(g, x).route(x, train=True)
+    forced = fm.GatedMLP(16, 40, activation="silu", bias=True, dtype=dtype,
+                         backend="reference")
+    y = forced(x.clone().requires_grad_())
+    assert type(y.grad_fn).__name__ == "_EagerGatedBackward", y.grad_fn
+
+
 def test_explain_gated_modules():
     """explain() takes a GatedMLP and a converted (packed) GatedMLPView, saying which
     implementation runs and why not the other; a forced backend that cannot run says so."""
