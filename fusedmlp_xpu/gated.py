@@ -145,7 +145,7 @@ def _torch_rows(device: torch.device, train: bool, d: int, hidden: int):
     as torch ops when the wide kernels are chosen automatically (backends/triton/routes.py),
     and on the CPU, where the reference runs unforced, every training call: torch's own
     autograd graph of its ops, as for fused_mlp (ReferenceBackend.torch_rows; the node
-    was 0.67-1.06x eager's train step there, benchmarks/NOTES.md)."""
+    was 0.85-0.94x eager's train step there, cpu-eager-before-20261204.json)."""
     if device.type == "cpu":
         return ALL_ROWS if train else ()
     return _routes.torch_rows(device, True, train, d, hidden)
