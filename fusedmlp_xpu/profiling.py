@@ -4,7 +4,9 @@ The point of the package in one table: the same MLP run three ways on one device
 what the profiler sees -- device time, how many kernels (or ops) one call costs, where
 the time goes, the working memory and, on a GPU, how long the device sat idle waiting
 for the host. Timing is a quick look (wall clock around back-to-back calls); the
-protocol-grade numbers come from ``fusedmlp bench``.
+protocol-grade numbers come from ``fusedmlp bench``. The three are timed after all are
+profiled, their repeats in turn, so the speed-up column compares them under the same host
+load.
 """
 from __future__ import annotations
 
@@ -157,24 +159,32 @@ def _forward_fn(module: Callable, x: torch.Tensor):
     return fwd
 
 
-def _time_ms(fn: Callable, device: torch.device) -> tuple[float, float]:
-    """Median wall-clock ms per call over back-to-back calls (device synced per repeat),
-    and the repeats' spread (max / min - 1)."""
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    once = max(time.perf_counter() - t0, 1e-6)
-    n = max(1, min(1000, int(_REPEAT_S / once)))
-    per_call = []
-    for _ in range(_REPEATS):
+def _time_ms(fns: dict[str, Callable], device: torch.device) -> dict[str, tuple[float, float]]:
+    """name -> (median wall-clock ms per call over back-to-back calls, the repeats' spread
+    (max / min - 1)), the device synced per repeat. The functions' repeats are taken in
+    turn, the order rotating each round: a host's speed drifts over seconds (on a 2-core
+    CPU the same ops ran 0.80x eager timed after it and 1.17x in the next run), and
+    interleaved the drift lands on every variant alike."""
+    calls = {}
+    for name, fn in fns.items():
         _sync(device)
         t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
+        fn()
         _sync(device)
-        per_call.append((time.perf_counter() - t0) * 1e3 / n)
-    return statistics.median(per_call), max(per_call) / min(per_call) - 1
+        once = max(time.perf_counter() - t0, 1e-6)
+        calls[name] = max(1, min(1000, int(_REPEAT_S / once)))
+    per_call: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(_REPEATS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, n = fns[name], calls[name]
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            _sync(device)
+            per_call[name].append((time.perf_counter() - t0) * 1e3 / n)
+    return {name: (statistics.median(v), max(v) / min(v) - 1) for name, v in per_call.items()}
 
 
 # --- reading the profiler ------------------------------------------------------------
@@ -363,12 +373,8 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
         _forward_fn(module, x)()  # a forward under inference_mode compiles its own graph
     _sync(device)
     row.warmup_s = time.perf_counter() - t0
-    log(f"  first call {row.warmup_s:.1f} s; timing the forward ...")
-    row.fwd_ms, row.spread = _time_ms(_forward_fn(module, x), device)
-    if train:
-        log(f"  forward {row.fwd_ms:.3f} ms; timing the train step ...")
-        row.train_ms, row.spread = _time_ms(step, device)
-    log(f"  profiling {_PROFILED_STEPS} {'steps' if train else 'calls'} ...")
+    log(f"  first call {row.warmup_s:.1f} s; profiling {_PROFILED_STEPS} "
+        f"{'steps' if train else 'calls'} ...")
 
     on_gpu = device.type != "cpu"
     activities = [ProfilerActivity.CPU]
@@ -501,6 +507,7 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
          lambda: (_compile(eager, compile_mode), list(eager.parameters()))),
         ("fused", f"FusedMLP[{backend}]", lambda: (fused, list(fused.parameters()))),
     ]
+    timed = {}  # name -> (forward, train step) of each variant that ran
     for name, label, build in variants:
         row = Row(name, label)
         log(f"profiling {label} ...")
@@ -509,9 +516,17 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
             _measure(row, module, x, params, dev, train, grad_y, trace_dir, result.traces, log)
             with torch.inference_mode():
                 row.rel_err = _rel_err(module(x), ref)
+            timed[name] = (_forward_fn(module, x), _step_fn(module, x, params, train, grad_y))
         except Exception as e:  # one variant failing (compile without a compiler) is a result
             row.ok, row.reason = False, _first_line(e)
         result.rows.append(row)
+    log(f"timing {', '.join(timed)}, their repeats in turn ...")
+    rows = {row.name: row for row in result.rows}
+    for name, (ms, spread) in _time_ms({k: f for k, (f, _) in timed.items()}, dev).items():
+        rows[name].fwd_ms, rows[name].spread = ms, spread
+    if train:
+        for name, (ms, spread) in _time_ms({k: s for k, (_, s) in timed.items()}, dev).items():
+            rows[name].train_ms, rows[name].spread = ms, spread
 
     base = result.rows[0]
     for row in result.rows:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -145,6 +146,31 @@ def test_help_points_to_files_in_the_repo(capsys):
         with pytest.raises(SystemExit):
             cli.main([sub, "--help"])
         assert "BENCHMARKS.md" not in capsys.readouterr().out
+
+
+def test_profile_times_the_variants_in_turn(monkeypatch):
+    """profiling._time_ms takes the variants' timed repeats in turn, the order rotating each
+    round (a drifting host then slows every variant alike), and reports each one's median
+    ms per call over its own back-to-back calls."""
+    monkeypatch.setattr(profiling, "_REPEATS", 3)
+    monkeypatch.setattr(profiling, "_REPEAT_S", 0.002)
+    order = []
+
+    def variant(name, seconds):
+        def call():
+            order.append(name)
+            time.sleep(seconds)
+        return call
+    got = profiling._time_ms({"a": variant("a", 2e-3), "b": variant("b", 1e-4),
+                              "c": variant("c", 1e-4)}, torch.device("cpu"))
+    runs = [order[0]]  # the names of consecutive runs of calls
+    for name in order[1:]:
+        if name != runs[-1]:
+            runs.append(name)
+    assert runs == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b"], runs
+    # ms per call (a sleep never returns early; a busy host only makes it longer)
+    assert got["a"][0] >= 1.95 and got["b"][0] >= 0.095 and got["c"][0] >= 0.095
+    assert all(spread >= 0 for _, spread in got.values())
 
 
 def test_untrusted_numbers_are_flagged():
