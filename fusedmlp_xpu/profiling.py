@@ -366,11 +366,13 @@ def new_trace_dir(parent: str, config: str) -> str:
 # --- one variant ---------------------------------------------------------------------
 def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, traces,
              log: Callable[[str], None] = lambda s: None):
-    step = _step_fn(module, x, params, train, grad_y)
+    """Warm ``module`` up and profile it into ``row`` -> (its forward, its step) for the
+    timing that follows every variant's profile (``_time_ms``)."""
+    step, fwd = _step_fn(module, x, params, train, grad_y), _forward_fn(module, x)
     t0 = time.perf_counter()
     step()  # warm-up; torch.compile compiles here, and may fail here
     if train:
-        _forward_fn(module, x)()  # a forward under inference_mode compiles its own graph
+        fwd()  # a forward under inference_mode compiles its own graph
     _sync(device)
     row.warmup_s = time.perf_counter() - t0
     log(f"  first call {row.warmup_s:.1f} s; profiling {_PROFILED_STEPS} "
@@ -413,6 +415,7 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
     else:
         row.device_ms = _cpu_op_us(events) / _PROFILED_STEPS / 1e3
         row.launches = _outermost_aten(events) / _PROFILED_STEPS
+    return fwd, step
 
 
 def _host_load() -> str | None:
@@ -513,10 +516,11 @@ def run_profile(config: str = configs.DEFAULT_CONFIG, batch: int | None = None,
         log(f"profiling {label} ...")
         try:
             module, params = build()
-            _measure(row, module, x, params, dev, train, grad_y, trace_dir, result.traces, log)
+            fns = _measure(row, module, x, params, dev, train, grad_y, trace_dir,
+                           result.traces, log)
             with torch.inference_mode():
                 row.rel_err = _rel_err(module(x), ref)
-            timed[name] = (_forward_fn(module, x), _step_fn(module, x, params, train, grad_y))
+            timed[name] = fns
         except Exception as e:  # one variant failing (compile without a compiler) is a result
             row.ok, row.reason = False, _first_line(e)
         result.rows.append(row)
