@@ -6,7 +6,8 @@ tunings, beside the triton backend, in one process on one input. Writes JSON.
 
 A tuning is MTxWARPS (the mma.sync kernel, fused_mlp_forward.cu: 16-row tiles a warp,
 warps a CTA) or wgN (the wgmma kernel, fused_mlp_forward_sm90.cu, Hopper only: N
-warpgroups a CTA); cuda_build.ForwardConfig; the package's own choice is
+warpgroups a CTA), either with sS for S x/y buffers a warp (x copied S - 1 row blocks
+ahead; default 2); cuda_build.ForwardConfig; the package's own choice is
 cuda_build.forward_config. Each configuration is compiled by NVRTC for
 the device, run once into a NaN-filled output and checked against the float64 reference
 (error over the output's scale within the suite's tolerance of the dtype) before it is
@@ -32,19 +33,24 @@ DEFAULT_TUNINGS = ("1x16", "2x8", "wg2", "wg3", "wg4")
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
-def parse_tuning(text: str) -> tuple[int, int, str]:
-    """(16-row tiles a warp, warps a CTA, kernel family) of a --tunings word."""
+def parse_tuning(text: str) -> tuple[int, int, str, int]:
+    """(16-row tiles a warp, warps a CTA, kernel family, x/y buffers a warp) of a
+    --tunings word: MTxWARPS or wgN, with sS for S buffers (default 2)."""
     t = text.lower()
+    t, _, s = t.partition("s")
     try:
+        stages = int(s) if s else 2
         if t.startswith("wg"):
             mt, warps, family = 1, 4 * int(t[2:]), "wgmma"
         else:
             (mt, warps), family = (int(v) for v in t.split("x")), "mma"
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--tunings: {text!r} is not MTxWARPS or wgN") from None
-    if not (1 <= mt <= 8 and 1 <= warps <= 32):
-        raise argparse.ArgumentTypeError(f"--tunings: {text!r} out of range (MT 1-8, WARPS 1-32)")
-    return mt, warps, family
+        raise argparse.ArgumentTypeError(
+            f"--tunings: {text!r} is not MTxWARPS or wgN (optionally sS)") from None
+    if not (1 <= mt <= 8 and 1 <= warps <= 32 and 2 <= stages <= 8):
+        raise argparse.ArgumentTypeError(
+            f"--tunings: {text!r} out of range (MT 1-8, WARPS 1-32, S 2-8)")
+    return mt, warps, family, stages
 
 
 def median_ms(device, fn, repeats: int, target_ms: float = 20.0) -> float:
@@ -125,10 +131,10 @@ def main(argv=None) -> int:
     result["package_tuning"] = f"{base.family} {base.mt}x{base.warps}"
     cap = torch.cuda.get_device_capability(device)
     arch = cuda_build.arch_for(cap)
-    for mt, warps, family in args.tunings or [parse_tuning(t) for t in DEFAULT_TUNINGS]:
-        c = dataclasses.replace(base, mt=mt, warps=warps, family=family)
-        name = f"wg{warps // 4}" if family == "wgmma" else f"{mt}x{warps}"
-        rec = dict(tuning=name, family=family, smem_kb=c.smem_bytes() / 1024)
+    for mt, warps, family, stages in args.tunings or [parse_tuning(t) for t in DEFAULT_TUNINGS]:
+        c = dataclasses.replace(base, mt=mt, warps=warps, family=family, stages=stages)
+        name = (f"wg{warps // 4}" if family == "wgmma" else f"{mt}x{warps}") + f"s{stages}"
+        rec = dict(tuning=name, family=family, stages=stages, smem_kb=c.smem_bytes() / 1024)
         try:
             built = cuda_build.compile_forward(c, arch)
             s = cuda_build.ptxas_stats(built.log)
@@ -154,7 +160,7 @@ def main(argv=None) -> int:
             rec["ms"] = median_ms(device, run, args.repeats)
             rec["floor_multiple"] = rec["ms"] / result["copy_ms"]
         result["tunings"].append(rec)
-        print(f"cuda {rec['tuning']:>5}: {rec['registers']} regs, spill {rec['spill']} B, "
+        print(f"cuda {rec['tuning']:>7}: {rec['registers']} regs, spill {rec['spill']} B, "
               f"{rec['smem_kb']:.0f} KB smem, error {rec['error']:.2e}  "
               f"{'%.4f ms' % rec['ms'] if rec['ok'] else 'WRONG'}")
         write_json(args.out, result)

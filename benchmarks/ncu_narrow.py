@@ -1,6 +1,7 @@
 """The narrow kernels of the bench configs once each, inside NVTX ranges, for Nsight Compute:
-the inference forward of narrow-w32 and narrow-w64 (persistent, weights resident), and the
-train step's backward of both (the one kernel, recomputing z, then the reduction). Every
+the inference forward of narrow-w32 and narrow-w64 (--nets) on each of --backends (triton;
+cuda: the CUDA C++ forward), and the train step's backward of each net on triton (the one
+kernel, recomputing z, then the reduction; not with --forward-only). Every
 kernel is compiled and run before the ranges; 2^22 rows, fp16, as the bench. The backward
 runs on the calling thread (autograd's device threads off): NVTX ranges are per thread.
 
@@ -18,6 +19,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2 ** 22)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test (TRITON_INTERPRET=1)")
+    ap.add_argument("--nets", nargs="+", default=["narrow-w32", "narrow-w64"])
+    ap.add_argument("--backends", nargs="+", default=["triton"],
+                    help="cuda: its inference forward beside triton's (training is triton's)")
+    ap.add_argument("--forward-only", action="store_true")
     args = ap.parse_args()
     dev, dt, rows = torch.device(args.device), torch.float16, args.rows
     gpu = dev.type == "cuda"
@@ -25,22 +30,27 @@ def main():
     nvtx = torch.cuda.nvtx if gpu else None
     torch.manual_seed(0)
     cases = {}
-    for name in ("narrow-w32", "narrow-w64"):
+    for name in args.nets:
+        for backend in args.backends:
+            m = configs.CONFIGS[name].make(device=dev, dtype=dt, backend=backend)
+            x = torch.randn(rows, m.in_features, device=dev, dtype=dt)
+
+            def fwd(m=m, x=x):
+                with torch.no_grad():
+                    m(x)
+            cases[f"fwd_{name}_{backend}"] = (fwd, False)
+        if args.forward_only:
+            continue
         m = configs.CONFIGS[name].make(device=dev, dtype=dt, backend="triton")
         x = torch.randn(rows, m.in_features, device=dev, dtype=dt)
         xg = x.clone().requires_grad_()
         gy = torch.randn(rows, m.out_features, device=dev, dtype=dt)
-
-        def fwd(m=m, x=x):
-            with torch.no_grad():
-                m(x)
 
         def train(m=m, xg=xg, gy=gy):  # returns the backward to time
             xg.grad = None
             y = m(xg)
             return lambda: y.backward(gy)
 
-        cases[f"fwd_{name}"] = (fwd, False)
         cases[f"bwd_{name}"] = (train, True)
     for fn, two_part in cases.values():  # compile, warm up
         for _ in range(3):

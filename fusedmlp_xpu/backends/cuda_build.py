@@ -86,8 +86,12 @@ class ForwardConfig:
     #: "mma": fused_mlp_forward.cu (mma.sync, sm_80+); "wgmma": fused_mlp_forward_sm90.cu
     #: (warpgroup MMAs, sm_90a only; mt 1, warps a multiple of 4)
     family: str = "mma"
+    #: x/y buffers per warp: x tiles are copied stages - 1 row blocks ahead
+    stages: int = 2
 
     def __post_init__(self):
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"stages: {self.stages} x/y buffers per warp, not in [2, 8]")
         if self.family not in ("mma", "wgmma"):
             raise ValueError(f"family: {self.family!r} is not 'mma' or 'wgmma'")
         if self.family == "wgmma" and (self.mt != 1 or self.warps % 4):
@@ -113,21 +117,22 @@ class ForwardConfig:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of one CTA, as the kernel lays it out: every layer's
         weights padded to 16 (mma: with rows 16 bytes longer, for bank-conflict-free
-        ldmatrix; wgmma: in core matrices, unpadded), the biases as fp32, two x/y
-        buffers of rows_per_warp rows per warp."""
+        ldmatrix; wgmma: in core matrices, unpadded), the biases as fp32, ``stages``
+        x/y buffers of rows_per_warp rows per warp."""
         in_p, out_p, h_p = pad16(self.in_features), pad16(self.out_features), pad16(self.hidden)
         pad = 0 if self.family == "wgmma" else 8
         weights = h_p * (in_p + pad) + (self.hidden_layers * h_p + out_p) * (h_p + pad)
         biases = (self.hidden_layers + 1) * h_p + out_p if self.bias else 0
-        buffers = 2 * self.warps * self.rows_per_warp * (max(in_p, out_p) + 8)
-        return 2 * weights + 4 * biases + 2 * buffers
+        buffers = 2 * self.warps * self.rows_per_warp * (max(in_p, out_p) + 8)  # bytes, one
+        return 2 * weights + 4 * biases + self.stages * buffers
 
     def defines(self) -> dict[str, int]:
         return {"FMLP_IN": self.in_features, "FMLP_OUT": self.out_features,
                 "FMLP_H": self.hidden, "FMLP_L_HID": self.hidden_layers,
                 "FMLP_ACT": self.activation, "FMLP_OUT_ACT": self.output_activation,
                 "FMLP_BIAS": int(self.bias), "FMLP_BF16": int(self.bf16), "FMLP_MT": self.mt,
-                "FMLP_WARPS": self.warps, "FMLP_MAX_LAYERS": MAX_LAYERS,
+                "FMLP_WARPS": self.warps, "FMLP_STAGES": self.stages,
+                "FMLP_MAX_LAYERS": MAX_LAYERS,
                 "FMLP_SMEM_BYTES": self.smem_bytes()}
 
     def describe(self) -> str:
@@ -135,7 +140,7 @@ class ForwardConfig:
         return (f"{self.in_features}->{self.hidden}x{self.hidden_layers + 1}->"
                 f"{self.out_features} {dt} act {self.activation}/{self.output_activation}"
                 f"{' bias' if self.bias else ''} {self.family} {self.rows_per_warp} rows/warp "
-                f"{self.warps} warps")
+                f"{self.warps} warps {self.stages} stages")
 
 
 def check_spec(spec) -> str | None:

@@ -10,12 +10,17 @@
 //   FMLP_L_HID             number of hidden -> hidden layers (>= 0; n_layers - 2)
 //   FMLP_ACT, FMLP_OUT_ACT activation ids (activations.py), FMLP_BIAS 0/1, FMLP_BF16 0/1
 //   FMLP_MT                16-row tiles per warp, FMLP_WARPS warps per CTA
+//   FMLP_STAGES            x/y buffers per warp (>= 2): x tiles are copied in this many
+//                          minus one row blocks ahead of the one computed
 //   FMLP_MAX_LAYERS        size of the pointer arrays in FmlpForwardParams
 //   FMLP_SMEM_BYTES        the host's count of the dynamic shared memory
 #pragma once
 
 #include "fmlp_device.cuh"
 
+#ifndef FMLP_STAGES
+#define FMLP_STAGES 2
+#endif
 #ifndef FMLP_MAX_LAYERS
 #define FMLP_MAX_LAYERS 32
 #endif
@@ -29,7 +34,7 @@ constexpr bool kBF16 = FMLP_BF16 != 0;
 constexpr bool kBias = FMLP_BIAS != 0;
 constexpr int kIn = FMLP_IN, kOut = FMLP_OUT, kH = FMLP_H, kLHid = FMLP_L_HID;
 constexpr int kInP = pad16(kIn), kOutP = pad16(kOut), kHP = pad16(kH);
-constexpr int kMT = FMLP_MT, kWarps = FMLP_WARPS, kRows = 16 * kMT;
+constexpr int kMT = FMLP_MT, kWarps = FMLP_WARPS, kRows = 16 * kMT, kStages = FMLP_STAGES;
 // the x/y buffers' row stride in 16-bit elements: +8 (16 bytes) shifts consecutive rows
 // by 16 bytes mod 128, so the 8 rows of an ldmatrix hit 8 different bank groups
 constexpr int kXY = cmax(kInP, kOutP), kLdXY = kXY + 8;
@@ -38,6 +43,7 @@ constexpr int kBufElems = kRows * kLdXY;  // one x/y buffer of a warp
 static_assert(kIn >= 1 && kIn <= 128 && kOut >= 1 && kOut <= 128 && kH >= 1 && kH <= 128,
               "widths must be in [1, 128]");
 static_assert(kLHid >= 0 && kLHid + 2 <= FMLP_MAX_LAYERS, "layer count");
+static_assert(kStages >= 2 && kStages <= 8, "x/y buffers per warp: 2 to 8");
 
 }  // namespace fmlp
 
@@ -133,6 +139,36 @@ __device__ __forceinline__ void load_x(const FmlpForwardParams& p, long long blk
       st_shared_u16(buf + 2u * (r * kLdXY + c), v);
     });
   }
+}
+
+// The warp's ring of kStages x/y buffers, kBufElems each from shared address ``buf0``:
+// the x tiles of its next kStages - 1 row blocks in flight while one is computed (one
+// cp.async group per block, empty past the last). ``load(b, buf)`` copies block b's tile.
+template <typename Load>
+__device__ __forceinline__ void ring_start(long long blk, long long stride, long long n_blocks,
+                                           unsigned buf0, Load&& load) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (blk + s * stride < n_blocks) load(blk + s * stride, buf0 + 2u * s * kBufElems);
+    cp_async_commit();
+  }
+}
+
+// The buffer of block ``blk`` (ring slot ``cur``) once its tile has landed, after the copy
+// of the block kStages - 1 ahead was issued into the slot the previous block freed (its y
+// tile is out: store_y ends with __syncwarp). Advances ``cur``.
+template <typename Load>
+__device__ __forceinline__ unsigned ring_next(long long blk, long long stride, long long n_blocks,
+                                              unsigned buf0, int& cur, Load&& load) {
+  const int ahead = cur == 0 ? kStages - 1 : cur - 1;
+  if (blk + (kStages - 1) * stride < n_blocks)
+    load(blk + (kStages - 1) * stride, buf0 + 2u * ahead * kBufElems);
+  cp_async_commit();
+  cp_async_wait<kStages - 1>();  // this block's group has landed; later ones may be in flight
+  __syncwarp();
+  const unsigned buf = buf0 + 2u * cur * kBufElems;
+  cur = cur + 1 == kStages ? 0 : cur + 1;
+  return buf;
 }
 
 // The warp's y tile from registers (the last layer's packed output, laid out as A

@@ -8,8 +8,8 @@
 //   them without bank conflicts. The grid is persistent (the host launches SMs x CTAs
 //   per SM at most); after that one __syncthreads the warps never wait for each other.
 // - A warp owns row blocks of ROWS = 16 MT rows, striding over the row blocks of the
-//   whole grid. Its block's x tile is copied global -> shared with cp.async while the
-//   warp computes the previous block (two buffers per warp), then read as MMA A
+//   whole grid. Its blocks' x tiles are copied global -> shared with cp.async FMLP_STAGES
+//   - 1 blocks ahead of the one it computes (a ring of buffers per warp), then read as MMA A
 //   fragments with ldmatrix.
 // - From there the activations stay in registers: mma.sync m16n8k16, fp32 accumulators
 //   started at the bias, the activation applied to them, and two adjacent 8-column
@@ -28,13 +28,13 @@ namespace fmlp {
 
 // weight row strides in shared memory, in 16-bit elements (+8: as kLdXY, conflict-free
 // ldmatrix); element offsets of the regions: W_1, the hidden W's, W_L, then the biases
-// (fp32), then two x/y buffers per warp
+// (fp32), then kStages x/y buffers per warp
 constexpr int kLdW0 = kInP + 8, kLdWH = kHP + 8;
 constexpr int kOffWH = kHP * kLdW0;
 constexpr int kOffWL = kOffWH + kLHid * kHP * kLdWH;
 constexpr int kWeightElems = kOffWL + kOutP * kLdWH;
 constexpr unsigned kSmemBytes =
-    2u * kWeightElems + 4u * kBiasFloats + 2u * 2u * kWarps * kBufElems;
+    2u * kWeightElems + 4u * kBiasFloats + 2u * kStages * kWarps * kBufElems;
 // the biases' byte offset must stay 16-byte aligned for the buffers after them
 static_assert((2 * kWeightElems) % 16 == 0, "weight region not a multiple of 16 bytes");
 // the host computes the same size (cuda_build.ForwardConfig.smem_bytes) and passes it
@@ -118,23 +118,19 @@ fmlp_forward(const FmlpForwardParams p) {
   // --- row blocks, each warp on its own ---
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const unsigned buf0 = smem_addr(smem + kWeightElems + 2 * kBiasFloats) +
-                        2u * (2 * warp) * kBufElems;
+                        2u * (kStages * warp) * kBufElems;
   const unsigned w0_s = smem_addr(w0), wh_s = smem_addr(wh), wl_s = smem_addr(wl);
   const long long n_blocks = (p.n_rows + kRows - 1) / kRows;
   const long long stride = (long long)gridDim.x * kWarps;
   // lane's row address in the four 8x8 A matrices: (rows 0-7 | 8-15) x (k 0-7 | 8-15)
   const unsigned a_lane = 2u * (((lane & 7) + ((lane >> 3) & 1) * 8) * kLdXY + (lane >> 4) * 8);
 
+  auto load = [&](long long b, unsigned buf) { load_x(p, b, buf, lane); };
   long long blk = (long long)blockIdx.x * kWarps + warp;
-  if (blk < n_blocks) load_x(p, blk, buf0, lane);
-  cp_async_commit();
+  ring_start(blk, stride, n_blocks, buf0, load);
   int cur = 0;
   for (; blk < n_blocks; blk += stride) {
-    const unsigned buf = buf0 + 2u * cur * kBufElems;
-    if (blk + stride < n_blocks) load_x(p, blk + stride, buf0 + 2u * (cur ^ 1) * kBufElems, lane);
-    cp_async_commit();
-    cp_async_wait<1>();  // this block's tile has landed (the next one may be in flight)
-    __syncwarp();
+    const unsigned buf = ring_next(blk, stride, n_blocks, buf0, cur, load);
 
     unsigned xa[kMT][kInP / 16][4];
 #pragma unroll
@@ -162,7 +158,6 @@ fmlp_forward(const FmlpForwardParams p) {
     layer<kHP, kOutP, kLdWH, FMLP_OUT_ACT>(h, o, wl_s, bias + (kLHid + 1) * kHP, lane);
     __syncwarp();  // every lane has read its x fragments: the buffer takes y now
     store_y(p, blk, o, buf, lane);
-    cur ^= 1;
   }
   cp_async_wait<0>();
 }

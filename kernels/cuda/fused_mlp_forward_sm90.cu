@@ -21,8 +21,8 @@
 //   proxy) and one __syncthreads. The grid is persistent.
 // - A warpgroup (4 warps) owns row blocks of 64 rows, striding over the grid's
 //   warpgroups; warp w of it holds rows 16 w .. 16 w + 15 of the block: its x tile
-//   copied with cp.async while the warpgroup computes the previous block (two buffers
-//   per warp), read as A fragments with ldmatrix, its y tile written through the same
+//   copied with cp.async kStages - 1 blocks ahead of the one the warpgroup computes
+//   (a ring of kStages buffers per warp), read as A fragments with ldmatrix, its y tile written through the same
 //   buffer (fmlp_forward_common.cuh: the mma.sync kernel's row I/O at 16 rows a warp).
 // - Each layer is one wgmma group: m64nNk16 over its k slices (N = the layer's padded
 //   outputs), A from registers, B from shared memory; then bias (already in the
@@ -40,11 +40,11 @@ static_assert(kMT == 1, "the wgmma forward holds 16 rows a warp");
 static_assert(kWarps % 4 == 0, "whole warpgroups");
 constexpr int kWG = kWarps / 4;
 // byte offsets of the weight regions (core-matrix layout: N_P x K_P x 2 bytes each), then
-// the biases (fp32), then two x/y buffers per warp
+// the biases (fp32), then kStages x/y buffers per warp
 constexpr unsigned kOffWH = 2u * kHP * kInP;
 constexpr unsigned kOffWL = kOffWH + 2u * kLHid * kHP * kHP;
 constexpr unsigned kWeightBytes = kOffWL + 2u * kOutP * kHP;
-constexpr unsigned kSmemBytes = kWeightBytes + 4u * kBiasFloats + 2u * 2u * kWarps * kBufElems;
+constexpr unsigned kSmemBytes = kWeightBytes + 4u * kBiasFloats + 2u * kStages * kWarps * kBufElems;
 static_assert(kWeightBytes % 16 == 0, "weight region not a multiple of 16 bytes");
 static_assert(kSmemBytes == FMLP_SMEM_BYTES, "host and kernel disagree on shared memory");
 
@@ -130,24 +130,20 @@ fmlp_forward_sm90(const FmlpForwardParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2, wl = warp & 3;
   const unsigned base = smem_addr(smem_bytes);
-  const unsigned buf0 = base + kWeightBytes + 4u * kBiasFloats + 2u * (2 * warp) * kBufElems;
+  const unsigned buf0 = base + kWeightBytes + 4u * kBiasFloats + 2u * (kStages * warp) * kBufElems;
   const unsigned w0_s = base, wh_s = base + kOffWH, wl_s = base + kOffWL;
   const long long n_blocks = (p.n_rows + 63) / 64;
   const long long stride = (long long)gridDim.x * kWG;
   // lane's row address in the four 8x8 A matrices: (rows 0-7 | 8-15) x (k 0-7 | 8-15)
   const unsigned a_lane = 2u * (((lane & 7) + ((lane >> 3) & 1) * 8) * kLdXY + (lane >> 4) * 8);
 
+  // this warp's 16 rows of row block b
+  auto load = [&](long long b, unsigned buf) { load_x(p, 4 * b + wl, buf, lane); };
   long long blk = (long long)blockIdx.x * kWG + wg;
-  if (blk < n_blocks) load_x(p, 4 * blk + wl, buf0, lane);
-  cp_async_commit();
+  ring_start(blk, stride, n_blocks, buf0, load);
   int cur = 0;
   for (; blk < n_blocks; blk += stride) {  // uniform across the warpgroup
-    const unsigned buf = buf0 + 2u * cur * kBufElems;
-    if (blk + stride < n_blocks)
-      load_x(p, 4 * (blk + stride) + wl, buf0 + 2u * (cur ^ 1) * kBufElems, lane);
-    cp_async_commit();
-    cp_async_wait<1>();  // this block's tile has landed (the next one may be in flight)
-    __syncwarp();
+    const unsigned buf = ring_next(blk, stride, n_blocks, buf0, cur, load);
 
     unsigned xa[kInP / 16][4];
 #pragma unroll
@@ -169,7 +165,6 @@ fmlp_forward_sm90(const FmlpForwardParams p) {
     layer<kHP, kOutP, FMLP_OUT_ACT>(h, o[0], wl_s, bias + (kLHid + 1) * kHP, lane);
     __syncwarp();  // every lane has read its x fragments: the buffer takes y now
     store_y(p, 4 * blk + wl, o, buf, lane);
-    cur ^= 1;
   }
   cp_async_wait<0>();
 }
