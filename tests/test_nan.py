@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import activations
 
-from conftest import (SECOND_ORDER_VARIANTS, devices, is_slow, make_params,
-                      use_second_order_variant)
+from conftest import (BACKENDS, INFERENCE_BACKENDS, SECOND_ORDER_VARIANTS, devices, is_slow,
+                      make_params, use_second_order_variant)
 
 ACTS = sorted(activations.ACTIVATIONS)
 # narrow: one fused kernel; wide: the GEMM-with-epilogue kernels (GPU only: 256 columns
@@ -89,6 +89,30 @@ def test_nonfinite_like_eager(backend, shape, act, where):
     _same_pattern(y, ye, "y")
     for i, (a, b) in enumerate(zip(leaves, eager_leaves)):
         _same_pattern(a.grad, b.grad, f"gradient {i}")
+
+
+INFERENCE_ONLY = [p for p in INFERENCE_BACKENDS if p not in BACKENDS]
+
+
+@pytest.mark.skipif(not INFERENCE_ONLY, reason="no inference-only backend here (the cuda "
+                    "backend on an NVIDIA GPU); the others are checked with their gradients")
+@pytest.mark.parametrize("pair", INFERENCE_ONLY, ids=[f"{n}-{d.type}" for n, d in INFERENCE_ONLY])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("where", ["x", "weight"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_inference_only_nonfinite_like_eager(pair, act, where, bias):
+    """The forward of a backend that only infers (the CUDA C++ kernels) has eager's
+    NaN/Inf pattern, with and without biases (their kernels start the accumulators
+    differently)."""
+    name, dev = pair
+    out_act = "softplus" if act == "relu" else "relu"
+    x, ws, bs = _planted(name, dev, SHAPES["narrow"], act, out_act, where)
+    bs = bs if bias else None
+    with torch.no_grad():
+        y = fm.fused_mlp(x, ws, bs, act, out_act, backend=name)
+        ye = _eager(x, ws, bs, act, out_act)
+    assert torch.isnan(ye).any()
+    _same_pattern(y, ye, "y")
 
 
 @pytest.mark.parametrize("dev", devices(), ids=str)

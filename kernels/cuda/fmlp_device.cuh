@@ -140,7 +140,11 @@ enum Act { NONE = 0, RELU = 1, LEAKY_RELU = 2, GELU = 3, GELU_TANH = 4, SILU = 5
 
 template <int ACT>
 __device__ __forceinline__ float act(float z) {
-  if (ACT == RELU) return z < 0.f ? 0.f : z;  // not fmaxf: it turns NaN into 0
+  if (ACT == RELU) {  // max.NaN, not fmaxf: that turns NaN into 0
+    float r;
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(z));
+    return r;
+  }
   if (ACT == LEAKY_RELU) return z > 0.f ? z : 0.01f * z;
   if (ACT == GELU) return 0.5f * z * (1.f + erff(z * 0.7071067811865476f));
   if (ACT == GELU_TANH) {
@@ -153,6 +157,23 @@ __device__ __forceinline__ float act(float z) {
   if (ACT == TANH) return tanhf(z);
   if (ACT == SOFTPLUS) return z > 20.f ? z : log1pf(expf(z));  // torch's threshold 20
   return z;
+}
+
+// Two outputs of one layer, activated and packed to 16 bits (the next layer's A fragment
+// half, as pack2). ReLU (and none) on the packed pair: rounding to 16 bits commutes with
+// max(., 0), so one max.NaN on both halves replaces two fp32 maxima (NaN stays NaN).
+template <int ACT, bool BF16>
+__device__ __forceinline__ unsigned act_pack2(float lo, float hi) {
+  if (ACT == RELU) {
+    unsigned r = pack2<BF16>(lo, hi);
+    if (BF16) {
+      asm("max.NaN.bf16x2 %0, %0, %1;" : "+r"(r) : "r"(0u));
+    } else {
+      asm("max.NaN.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0u));
+    }
+    return r;
+  }
+  return pack2<BF16>(act<ACT>(lo), act<ACT>(hi));
 }
 
 }  // namespace fmlp

@@ -46,8 +46,9 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
 
-// Wgmma<N>::mma(d, a, desc): one m64nNk16 MMA, D += A B (scale-d = 1: D is always
-// accumulated into; the kernels start it at the bias). N in 16, 32, ..., 128.
+// Wgmma<N>::mma(d, a, desc, accumulate): one m64nNk16 MMA, D = A B + (accumulate ? D : 0)
+// (the scale-d predicate; 0 starts a layer without bias, whose D is never initialized).
+// N in 16, 32, ..., 128.
 template <int N>
 struct Wgmma;
 
@@ -79,23 +80,23 @@ struct Wgmma;
 #define FMLP_WGMMA_R64 FMLP_WGMMA_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
 
 // One m64nNk16 statement over N / 2 accumulators; A0..A3, DESC and ONE are the numbers
-// (as strings) of the operands after them: a[0..3], the descriptor, the constant 1 that
-// sets the scale-d predicate.
+// (as strings) of the operands after them: a[0..3], the descriptor, ``accumulate`` (the
+// scale-d predicate).
 #define FMLP_WGMMA_RS(N, ND, A0, A1, A2, A3, DESC, ONE)                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n"                         \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FMLP_WGMMA_AB " "        \
                "{" FMLP_WGMMA_R##ND "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" DESC     \
                ", p, 1, 1, 0;\n}\n"                                                       \
                : FMLP_WGMMA_D##ND                                                         \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate))
 
 // Wgmma<N> for N = 16, 32, ..., 128 (ND = N / 2 accumulators; the numbers of the
-// operands after them: a[0..3], the descriptor, the constant 1).
+// operands after them: a[0..3], the descriptor, accumulate).
 #define FMLP_WGMMA_N(N, ND, A0, A1, A2, A3, DESC, ONE)                                    \
   template <>                                                                             \
   struct Wgmma<N> {                                                                       \
     static __device__ __forceinline__ void mma(float (&d)[ND], const unsigned (&a)[4],    \
-                                               unsigned long long desc) {                 \
+                                               unsigned long long desc, int accumulate) { \
       FMLP_WGMMA_RS(N, ND, A0, A1, A2, A3, DESC, ONE);                                    \
     }                                                                                     \
   };

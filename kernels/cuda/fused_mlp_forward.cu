@@ -87,10 +87,10 @@ __device__ __forceinline__ void layer(const unsigned (&in)[kMT][K_P / 16][4],
     }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      out[mt][nb][0] = pack2<kBF16>(act<ACT>(acc[mt][0][0]), act<ACT>(acc[mt][0][1]));
-      out[mt][nb][1] = pack2<kBF16>(act<ACT>(acc[mt][0][2]), act<ACT>(acc[mt][0][3]));
-      out[mt][nb][2] = pack2<kBF16>(act<ACT>(acc[mt][1][0]), act<ACT>(acc[mt][1][1]));
-      out[mt][nb][3] = pack2<kBF16>(act<ACT>(acc[mt][1][2]), act<ACT>(acc[mt][1][3]));
+      out[mt][nb][0] = act_pack2<ACT, kBF16>(acc[mt][0][0], acc[mt][0][1]);
+      out[mt][nb][1] = act_pack2<ACT, kBF16>(acc[mt][0][2], acc[mt][0][3]);
+      out[mt][nb][2] = act_pack2<ACT, kBF16>(acc[mt][1][0], acc[mt][1][1]);
+      out[mt][nb][3] = act_pack2<ACT, kBF16>(acc[mt][1][2], acc[mt][1][3]);
     }
   }
 }

@@ -79,31 +79,29 @@ __device__ __forceinline__ void layer(const unsigned (&in)[K_P / 16][4],
                                       unsigned (&out)[N_P / 16][4], unsigned w,
                                       const float* bias, int lane) {
   const int t2 = (lane & 3) * 2;
-  float d[N_P / 2];
+  float d[N_P / 2];  // without bias: never initialized, the first MMA does not read it
+  if (kBias) {
 #pragma unroll
-  for (int i = 0; i < N_P / 8; ++i) {
-    float b0 = 0.f, b1 = 0.f;
-    if (kBias) {
+    for (int i = 0; i < N_P / 8; ++i) {
       const float2 bb = *reinterpret_cast<const float2*>(bias + i * 8 + t2);
-      b0 = bb.x;
-      b1 = bb.y;
+      d[4 * i] = bb.x; d[4 * i + 1] = bb.y; d[4 * i + 2] = bb.x; d[4 * i + 3] = bb.y;
     }
-    d[4 * i] = b0; d[4 * i + 1] = b1; d[4 * i + 2] = b0; d[4 * i + 3] = b1;
+    pin(d);
   }
-  pin(d);
   wgmma_fence();
 #pragma unroll
   for (int kb = 0; kb < K_P / 16; ++kb)
-    Wgmma<N_P>::mma(d, in[kb], wgmma_desc(w + kb * N_P * 32u, N_P * 16u, 128u));
+    Wgmma<N_P>::mma(d, in[kb], wgmma_desc(w + kb * N_P * 32u, N_P * 16u, 128u),
+                    kBias || kb > 0);
   wgmma_commit();
   wgmma_wait<0>();
   pin(d);
 #pragma unroll
   for (int nb = 0; nb < N_P / 16; ++nb) {
-    out[nb][0] = pack2<kBF16>(act<ACT>(d[8 * nb]), act<ACT>(d[8 * nb + 1]));
-    out[nb][1] = pack2<kBF16>(act<ACT>(d[8 * nb + 2]), act<ACT>(d[8 * nb + 3]));
-    out[nb][2] = pack2<kBF16>(act<ACT>(d[8 * nb + 4]), act<ACT>(d[8 * nb + 5]));
-    out[nb][3] = pack2<kBF16>(act<ACT>(d[8 * nb + 6]), act<ACT>(d[8 * nb + 7]));
+    out[nb][0] = act_pack2<ACT, kBF16>(d[8 * nb], d[8 * nb + 1]);
+    out[nb][1] = act_pack2<ACT, kBF16>(d[8 * nb + 2], d[8 * nb + 3]);
+    out[nb][2] = act_pack2<ACT, kBF16>(d[8 * nb + 4], d[8 * nb + 5]);
+    out[nb][3] = act_pack2<ACT, kBF16>(d[8 * nb + 6], d[8 * nb + 7]);
   }
 }
 
