@@ -160,16 +160,17 @@ __device__ __forceinline__ float act(float z) {
 }
 
 // Two outputs of one layer, activated and packed to 16 bits (the next layer's A fragment
-// half, as pack2). ReLU (and none) on the packed pair: rounding to 16 bits commutes with
-// max(., 0), so one max.NaN on both halves replaces two fp32 maxima (NaN stays NaN).
+// half, as pack2). ReLU in the conversion itself (cvt's .relu: negatives to 0, NaN to
+// NaN; rounding commutes with max(., 0)): one instruction for two values, where the fp32
+// compare-and-select took two each.
 template <int ACT, bool BF16>
 __device__ __forceinline__ unsigned act_pack2(float lo, float hi) {
   if (ACT == RELU) {
-    unsigned r = pack2<BF16>(lo, hi);
+    unsigned r;
     if (BF16) {
-      asm("max.NaN.bf16x2 %0, %0, %1;" : "+r"(r) : "r"(0u));
+      asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     } else {
-      asm("max.NaN.f16x2 %0, %0, %1;" : "+r"(r) : "r"(0u));
+      asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     }
     return r;
   }

@@ -99,16 +99,31 @@ __device__ __forceinline__ void stage_biases(float* bias, const FmlpForwardParam
   }
 }
 
-// The warp's lanes over a row block's kRows x CHUNKS 16-byte chunks, unrolled: f(r, c8)
-// for row r of the block and first column c8 (a multiple of 8) of each chunk a lane takes.
+// The warp's lanes over a row block's kRows x CHUNKS 16-byte chunks, unrolled: f(r, c8,
+// off) for row r of the block, first column c8 (a multiple of 8) of each chunk a lane
+// takes, and off = r * ld (elements).
+// - Where CHUNKS divides 32 and the hidden width is at most 64, a lane's chunks share c8
+//   and lie 32 / CHUNKS rows apart, so off grows by a constant: one 64-bit add a chunk
+//   instead of a multiply. In the wgmma kernel at narrow-w64 that is 369 -> 331 SASS
+//   instructions a row block, for 94 -> 108 registers; at hidden 128 the same form
+//   spilled (3 warpgroups, 168 registers), so wider nets take the multiply.
 template <int CHUNKS, typename F>
-__device__ __forceinline__ void for_chunks(int lane, F&& f) {
+__device__ __forceinline__ void for_chunks(int lane, long long ld, F&& f) {
   constexpr int TOTAL = kRows * CHUNKS;
+  if constexpr (32 % CHUNKS == 0 && kHP <= 64) {
+    constexpr int STEP = 32 / CHUNKS;
+    const int r0 = lane / CHUNKS, c8 = (lane % CHUNKS) * 8;
+    long long off = r0 * ld;
+    const long long step = STEP * ld;
 #pragma unroll
-  for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
-    const int c = lane + 32 * i;
-    if (TOTAL % 32 != 0 && c >= TOTAL) break;
-    f(c / CHUNKS, (c % CHUNKS) * 8);
+    for (int i = 0; i < TOTAL / 32; ++i, off += step) f(r0 + i * STEP, c8, off);
+  } else {
+#pragma unroll
+    for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
+      const int c = lane + 32 * i;
+      if (TOTAL % 32 != 0 && c >= TOTAL) break;
+      f(c / CHUNKS, (c % CHUNKS) * 8, (c / CHUNKS) * ld);
+    }
   }
 }
 
@@ -125,10 +140,12 @@ __device__ __forceinline__ void load_x(const FmlpForwardParams& p, long long blk
                                        unsigned buf, int lane) {
   const long long row0 = blk * kRows;
   if constexpr (kIn % 8 == 0) {
-    for_chunks<kInP / 8>(lane, [&](int r, int c8) {
-      const long long row = row0 + r;
-      const bool ok = row < p.n_rows && c8 < kIn;
-      const unsigned short* src = ok ? p.x + row * p.ld_x + c8 : p.x;
+    // the block's first row and its row count once; per chunk a 32-bit compare
+    const unsigned short* xb = p.x + row0 * p.ld_x;
+    const int rows = (int)(p.n_rows - row0 < kRows ? p.n_rows - row0 : kRows);
+    for_chunks<kInP / 8>(lane, p.ld_x, [&](int r, int c8, long long off) {
+      const bool ok = r < rows && c8 < kIn;
+      const unsigned short* src = ok ? xb + off + c8 : p.x;
       cp_async_16(buf + 2u * (r * kLdXY + c8), src, ok ? 16 : 0);
     });
   } else {
@@ -192,12 +209,13 @@ __device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long bl
   __syncwarp();
   const long long row0 = blk * kRows;
   if constexpr (kOut % 8 == 0) {
-    for_chunks<kOut / 8>(lane, [&](int r, int c8) {
-      const long long row = row0 + r;
-      if (row < p.n_rows) {
+    unsigned short* yb = p.y + row0 * p.ld_y;
+    const int rows = (int)(p.n_rows - row0 < kRows ? p.n_rows - row0 : kRows);
+    for_chunks<kOut / 8>(lane, p.ld_y, [&](int r, int c8, long long off) {
+      if (r < rows) {
         unsigned v[4];
         ld_shared_v4(v, buf + 2u * (r * kLdXY + c8));
-        st_global_cs_v4(p.y + row * p.ld_y + c8, v);
+        st_global_cs_v4(yb + off + c8, v);
       }
     });
   } else {
