@@ -279,14 +279,21 @@ def h200(monkeypatch):
     return torch.device("cuda", 0)
 
 
-def test_not_chosen_unforced_until_measured(h200, monkeypatch):
+def test_chosen_unforced_only_where_measured(h200, monkeypatch):
+    # biases were not timed: not taken
     spec = _spec((64,) + (64,) * 5 + (64,))
     ex = dispatch.explain_choice(h200, spec, None)
     c = next(c for c in ex.considered if c.name == "cuda")
-    assert not c.taken and "not measured faster than triton on sm_90 yet" in c.reason
+    assert not c.taken and "not measured faster than triton on sm_90 for this spec" in c.reason
     assert ex.backend != "cuda"
+    for measured in (spec.__class__(spec.widths, "relu", "none", False, torch.float16),
+                     _spec((32, 64, 16), bias=False, dtype=torch.bfloat16)):
+        assert dispatch.explain_choice(h200, measured, None).backend == "cuda"
+    for other in (_spec((64, 128, 64), bias=False), _spec((64, 32, 64), bias=False),
+                  _spec((64, 64, 64), "gelu", bias=False)):
+        assert dispatch.explain_choice(h200, other, None).backend != "cuda"
     # a measured inference win is taken for inference; training calls take triton
-    monkeypatch.setitem(cuda_backend.MEASURED_WINS, ((9, 0), torch.float16, 64), "x.json")
+    monkeypatch.setitem(cuda_backend.MEASURED_WINS, cuda_backend.win_key((9, 0), spec), "x.json")
     ex = dispatch.explain_choice(h200, spec, None)
     c = next(c for c in ex.considered if c.name == "cuda")
     assert ex.backend == "cuda" and c.taken and "measured faster" in c.reason
@@ -378,6 +385,7 @@ def test_forward_activations(dtype, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("widths", [(3, 16, 5), (17, 33, 33, 9), (1, 64, 1), (100, 128, 128, 3),
                                     (128, 16, 16, 100), (24, 64, 64, 40), (128, 128, 128, 128),
+                                    (8, 32, 32, 8), (16, 64, 64, 16), (8, 128, 128, 8),
                                     (64,) + (64,) * 11 + (64,)], ids=str)
 @pytest.mark.parametrize("rows", [1, 7, 1037])
 def test_forward_odd_widths(widths, rows):
@@ -464,10 +472,19 @@ def test_forced_training_fails_clearly(recompute):
 
 
 @pytest.mark.gpu
-def test_not_dispatched_unforced_and_explained():
+def test_dispatched_unforced_only_where_measured():
     dev = _gpu_or_skip()
-    m = fm.FusedMLP(64, 64, 64, 4, device=dev, dtype=torch.float16)
-    ex = fm.explain(m, torch.empty(1, 64, device=dev, dtype=torch.float16))
+    x = torch.empty(1, 64, device=dev, dtype=torch.float16)
+    m = fm.FusedMLP(64, 64, 64, 4, bias=False, device=dev, dtype=torch.float16)  # narrow-w64
+    win = torch.cuda.get_device_capability(dev) == (9, 0) and cuda_backend.CudaBackend(
+        ).available()[0]
+    with torch.no_grad():
+        ex = fm.explain(m, x)
+    assert (ex.backend == "cuda") == win
+    if win:
+        assert "measured faster than triton" in ex.considered[0].reason
+    m128 = fm.FusedMLP(64, 64, 128, 4, bias=False, device=dev, dtype=torch.float16)
+    ex = fm.explain(m128, x)
     assert ex.backend != "cuda"
     assert "not measured faster than triton" in next(
         c.reason for c in ex.considered if c.name == "cuda")

@@ -1,5 +1,6 @@
 """The ``cuda`` backend: CUDA C++ kernels of ``kernels/cuda``, compiled at run time by
-NVRTC, loaded and launched through the CUDA driver API (NVIDIA's Python bindings).
+NVRTC, loaded through the CUDA driver API (NVIDIA's Python bindings) and launched through
+the driver library itself (ctypes: three calls a launch).
 
 Kernel chain: ``fmlp_forward_sm90`` (kernels/cuda/fused_mlp_forward_sm90.cu, wgmma) on
 sm_90, ``fmlp_forward`` (fused_mlp_forward.cu, mma.sync) elsewhere -> ``cuda_build``
@@ -14,9 +15,9 @@ every training call (a forward autograd will differentiate, the backward) to the
 backend, and refuses it when ``cuda`` is forced; ``forward(save=True)`` and ``backward``
 called directly raise NotImplementedError naming it.
 
-When it is chosen: only where it was measured faster than triton (``MEASURED_WINS``,
-empty: on the H200 it ran narrow-w64 inference slower, below), or when forced (``FUSEDMLP_BACKEND=cuda``,
-``backend="cuda"``). ``supports`` says what the kernel can compute (a forced backend
+When it is chosen: for inference where it was measured faster than triton
+(``MEASURED_WINS``: on sm_90, hidden width 64, relu, no bias, fp16/bf16), or when forced
+(``FUSEDMLP_BACKEND=cuda``, ``backend="cuda"``). ``supports`` says what the kernel can compute (a forced backend
 runs it); ``preferred`` says whether the dispatcher takes it unforced.
 
 A launch does no allocation through the driver and no synchronization, so forwards
@@ -26,18 +27,39 @@ cache) and loads the module, so warm up before capturing.
 from __future__ import annotations
 
 import ctypes
+import functools
+import sys
 import threading
 
 import torch
 
 from . import Backend, cuda_build, device_guard, memory
 
-#: Measured inference wins over triton, by (compute capability, dtype, hidden width):
-#: the benchmark result file that showed it. Empty: every measurement so far is a loss
-#: (2^22 rows, H200, benchmarks/cuda_forward.py: narrow-w64 with wgmma 0.443 ms fp16 /
-#: 0.427 bf16 against triton's 0.377 / 0.357, narrow-w128 0.860 against 0.850,
-#: h200-cuda-fwd-wgmma-*-20261203.json; mma.sync 0.50-0.53 at every tuning).
-MEASURED_WINS: dict[tuple[tuple[int, int], torch.dtype, int], str] = {}
+#: Measured inference wins over triton, by (compute capability, dtype, hidden width,
+#: activation, output activation, bias): the benchmark result file that showed it. A spec
+#: not in it runs here only when forced. H200, 2^22 rows, fp16 / bf16, ms (triton beside it
+#: in the same process, h200-cuda-fwd-*-20261204.json):
+#: - narrow-w64 (hidden 64, relu, no bias): 0.331 / 0.314 against 0.367 / 0.351; from a CUDA
+#:   graph at 2^16-2^20 rows 2-9% faster (h200-bench-narrow-w64-inference-cuda-20261204.json);
+#:   paper-table1 (11 hidden layers, 2^20 rows) 0.172 against 0.205, nerf-density (in 32,
+#:   out 16, one hidden layer) 0.033 against 0.037. Taken.
+#: - narrow-w128 (hidden 128): 0.798 / 0.766 against 0.840 / 0.820 at 2^22 rows, but slower
+#:   from a graph at 2^16 (0.021 against 0.017 ms) and 2^18 (0.061 against 0.058): the
+#:   choice is per spec, not per row count, so not taken.
+#: - narrow-w32 (hidden 32): 0.079 against 0.073 at 2^20 rows. Not taken.
+#: Biases and other activations were not timed: not taken.
+_W64 = "h200-cuda-fwd-narrow-w64-{}-20261204.json"
+MEASURED_WINS: dict[tuple, str] = {
+    ((9, 0), torch.float16, 64, "relu", "none", False): _W64.format("float16"),
+    ((9, 0), torch.bfloat16, 64, "relu", "none", False): _W64.format("bfloat16"),
+}
+
+
+def win_key(capability: tuple[int, int], spec) -> tuple:
+    """The MEASURED_WINS key of ``spec`` on a device of ``capability``."""
+    return (tuple(capability), spec.dtype, spec.widths[1], spec.activation,
+            spec.output_activation, spec.bias)
+
 
 _TRAINING = ("cuda backend: training is not implemented yet (the forward that saves the "
              "pre-activations and the backward are later steps of issue #39); this backend "
@@ -77,6 +99,8 @@ class LoadedKernel:
             self.function,
             driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             self.smem), "cuFuncSetAttribute(max dynamic shared memory)")
+        #: the CUfunction's handle, for the ctypes launch (_libcuda)
+        self.handle = int(self.function)
         per_sm = _check(driver, driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
             self.function, self.threads, self.smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         if per_sm < 1:
@@ -85,28 +109,52 @@ class LoadedKernel:
         self.max_ctas = sms * per_sm
 
 
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    """The driver library itself, for the three calls every launch makes (the current
+    context, setting it, the launch), through ctypes: NVIDIA's Python bindings marshal
+    each argument into objects, and a forward from Python took ~0.10 ms of host time
+    against triton's ~0.05 (fusedmlp bench, 2^16 rows, H200). Loaded by name: it is
+    already in the process (torch and the bindings load it)."""
+    lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    vp, u = ctypes.c_void_p, ctypes.c_uint
+    lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
+    lib.cuCtxSetCurrent.argtypes = [vp]
+    for f in (lib.cuLaunchKernel, lib.cuCtxGetCurrent, lib.cuCtxSetCurrent):
+        f.restype = ctypes.c_int
+    return lib
+
+
+def _driver_call(result: int, what: str) -> None:
+    if result != 0:
+        raise RuntimeError(f"cuda backend: {what} failed: CUresult {result}")
+
+
 class _Contexts:
     """The primary context of each device, made current on the launching thread when it is
     not (a thread whose first CUDA work this is, such as autograd's device threads, may
     have none): the context torch itself uses, so modules, pointers and streams agree."""
 
     def __init__(self):
-        self.primary: dict[int, object] = {}
+        self.primary: dict[int, int] = {}  # device index -> CUcontext handle
         self.lock = threading.Lock()
 
-    def ensure(self, driver, index: int) -> None:
+    def ensure(self, index: int) -> None:
         ctx = self.primary.get(index)
         if ctx is None:
             with self.lock:
                 torch.cuda.init()
+                driver = driver_module()
                 _check(driver, driver.cuInit(0), "cuInit")
                 dev = _check(driver, driver.cuDeviceGet(index), "cuDeviceGet")
-                ctx = _check(driver, driver.cuDevicePrimaryCtxRetain(dev),
-                             "cuDevicePrimaryCtxRetain")
-                self.primary[index] = ctx
-        current = _check(driver, driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if int(current) != int(ctx):
-            _check(driver, driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+                ctx = self.primary[index] = int(_check(
+                    driver, driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain"))
+        lib = _libcuda()
+        current = ctypes.c_void_p()
+        _driver_call(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+        if (current.value or 0) != ctx:
+            _driver_call(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 _contexts = _Contexts()
@@ -116,7 +164,13 @@ _kernels_lock = threading.Lock()
 
 def device_info(device: torch.device) -> tuple[tuple[int, int], int, int]:
     """(compute capability, SM count, opt-in shared memory a block) of a CUDA device."""
-    p = torch.cuda.get_device_properties(device)
+    return _device_info(device.index if device.index is not None
+                        else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(index: int) -> tuple[tuple[int, int], int, int]:
+    p = torch.cuda.get_device_properties(index)
     smem = getattr(p, "shared_memory_per_block_optin", 0) or cuda_build.SM90_SMEM
     return (p.major, p.minor), p.multi_processor_count, smem
 
@@ -133,9 +187,9 @@ def forward_kernel(device: torch.device, cfg: cuda_build.ForwardConfig) -> Loade
             if k is None:
                 cap, sms, _ = device_info(torch.device("cuda", index))
                 built = cuda_build.compile_forward(cfg, cuda_build.arch_for(cap))
-                driver = driver_module()
-                _contexts.ensure(driver, index)
-                k = _kernels[key] = LoadedKernel(driver, built.cubin, cfg.kernel, cfg, sms)
+                _contexts.ensure(index)
+                k = _kernels[key] = LoadedKernel(driver_module(), built.cubin, cfg.kernel,
+                                                 cfg, sms)
     return k
 
 
@@ -184,15 +238,14 @@ def grid_size(n_rows: int, cfg: cuda_build.ForwardConfig, max_ctas: int) -> int:
 def launch(kernel: LoadedKernel, grid: int, params: cuda_build.ForwardParams,
            device: torch.device) -> None:
     """The kernel on torch's current stream of ``device``: asynchronous, nothing
-    allocated, nothing synchronized (capturable in a CUDA graph)."""
-    driver = driver_module()
-    _contexts.ensure(driver, device.index if device.index is not None
-                     else torch.cuda.current_device())
+    allocated, nothing synchronized (capturable in a CUDA graph). The driver copies the
+    argument at the call, so ``params`` may be reused after it."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    _contexts.ensure(index)
     args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-    stream = torch.cuda.current_stream(device).cuda_stream
-    _check(driver, driver.cuLaunchKernel(
-        kernel.function, grid, 1, 1, kernel.threads, 1, 1, kernel.smem,
-        driver.CUstream(stream), ctypes.addressof(args), 0), "cuLaunchKernel")
+    stream = torch.cuda.current_stream(index).cuda_stream
+    _driver_call(_libcuda().cuLaunchKernel(kernel.handle, grid, 1, 1, kernel.threads, 1, 1,
+                                           kernel.smem, stream, args, None), "cuLaunchKernel")
 
 
 # --- the backend -----------------------------------------------------------------------
@@ -236,10 +289,11 @@ class CudaBackend(Backend):
     def preferred(self, spec, device):
         cap = torch.cuda.get_device_capability(device)
         arch = f"sm_{cap[0]}{cap[1]}"
-        src = MEASURED_WINS.get((cap, spec.dtype, spec.widths[1]))
+        src = MEASURED_WINS.get(win_key(cap, spec))
         if src is None:
-            return False, (f"compiled, not measured faster than triton on {arch} yet: used "
-                           "only when forced (FUSEDMLP_BACKEND=cuda or backend='cuda')")
+            return False, (f"compiled, not measured faster than triton on {arch} for this "
+                           "spec (hidden width, dtype, activations, bias): used only when "
+                           "forced (FUSEDMLP_BACKEND=cuda or backend='cuda')")
         # training calls never get here: the dispatcher skips a backend that does not train
         return True, f"measured faster than triton on {arch} for inference ({src})"
 

@@ -102,15 +102,16 @@ __device__ __forceinline__ void stage_biases(float* bias, const FmlpForwardParam
 // The warp's lanes over a row block's kRows x CHUNKS 16-byte chunks, unrolled: f(r, c8,
 // off) for row r of the block, first column c8 (a multiple of 8) of each chunk a lane
 // takes, and off = r * ld (elements).
-// - Where CHUNKS divides 32 and the hidden width is at most 64, a lane's chunks share c8
-//   and lie 32 / CHUNKS rows apart, so off grows by a constant: one 64-bit add a chunk
-//   instead of a multiply. In the wgmma kernel at narrow-w64 that is 369 -> 331 SASS
+// - Where CHUNKS divides 32, every lane has a chunk (kRows x CHUNKS a multiple of 32: not
+//   so for an 8-wide y of 16-row tiles) and the hidden width is at most 64, a lane's
+//   chunks share c8 and lie 32 / CHUNKS rows apart, so off grows by a constant: one
+//   64-bit add a chunk instead of a multiply. In the wgmma kernel at narrow-w64 that is 369 -> 331 SASS
 //   instructions a row block, for 94 -> 108 registers; at hidden 128 the same form
 //   spilled (3 warpgroups, 168 registers), so wider nets take the multiply.
 template <int CHUNKS, typename F>
 __device__ __forceinline__ void for_chunks(int lane, long long ld, F&& f) {
   constexpr int TOTAL = kRows * CHUNKS;
-  if constexpr (32 % CHUNKS == 0 && kHP <= 64) {
+  if constexpr (32 % CHUNKS == 0 && TOTAL % 32 == 0 && kHP <= 64) {
     constexpr int STEP = 32 / CHUNKS;
     const int r0 = lane / CHUNKS, c8 = (lane % CHUNKS) * 8;
     long long off = r0 * ld;
