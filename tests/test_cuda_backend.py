@@ -9,9 +9,11 @@ forward against the float64 reference for what the backend claims, outputs poiso
 CUDA-graph capture, a launch from a new thread, and the clear errors for training."""
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -239,6 +241,53 @@ def test_no_rows_launches_nothing(stubbed):
     y, _ = cuda_backend.CudaBackend().forward(torch.empty(0, 16).half(), ws, bs,
                                               _spec((16, 16, 8), bias=False), False)
     assert y.shape == (0, 8) and not stubbed
+
+
+class _FakeLibcuda:
+    """The three driver entry points a launch calls, recording their arguments."""
+
+    def __init__(self, current):
+        self.current, self.calls = current, []
+
+    def cuCtxGetCurrent(self, out):
+        out._obj.value = self.current
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):
+        self.calls.append(("set", ctx))
+        self.current = ctx
+        return 0
+
+    def cuLaunchKernel(self, *args):
+        self.calls.append(("launch", args))
+        return self.result
+
+    result = 0
+
+
+def test_launch_passes_the_driver_what_it_needs(monkeypatch):
+    """The ctypes launch: the function handle, grid, block, shared memory, torch's current
+    stream and a pointer to the one argument; the primary context made current only
+    where it is not; a driver error raised with its code."""
+    lib = _FakeLibcuda(current=None)  # a new thread: no current context
+    monkeypatch.setattr(cuda_backend, "_libcuda", lambda: lib)
+    monkeypatch.setitem(cuda_backend._contexts.primary, 0, 0xC0)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda index: types.SimpleNamespace(cuda_stream=0x5))
+    kernel = types.SimpleNamespace(handle=0xF00, threads=512, smem=1 << 17)
+    p = cb.ForwardParams()
+    p.n_rows = 1037
+    cuda_backend.launch(kernel, 7, p, torch.device("cuda", 0))
+    (what, ctx), (kind, args) = lib.calls
+    assert (what, ctx) == ("set", 0xC0) and kind == "launch"
+    assert args[:9] == (0xF00, 7, 1, 1, 512, 1, 1, 1 << 17, 0x5) and args[10] is None
+    arg0 = ctypes.cast(args[9], ctypes.POINTER(ctypes.c_void_p))[0]
+    assert arg0 == ctypes.addressof(p)
+    cuda_backend.launch(kernel, 1, p, torch.device("cuda", 0))
+    assert [c[0] for c in lib.calls] == ["set", "launch", "launch"]  # already current
+    lib.result = 1
+    with pytest.raises(RuntimeError, match="cuLaunchKernel failed: CUresult 1"):
+        cuda_backend.launch(kernel, 1, p, torch.device("cuda", 0))
 
 
 @pytest.mark.parametrize("rows, want", [(1, 1), (256, 1), (257, 2), (1 << 22, 132)])
