@@ -335,11 +335,14 @@ def test_chosen_unforced_only_where_measured(h200, monkeypatch):
     c = next(c for c in ex.considered if c.name == "cuda")
     assert not c.taken and "not measured faster than triton on sm_90 for this spec" in c.reason
     assert ex.backend != "cuda"
-    for measured in (spec.__class__(spec.widths, "relu", "none", False, torch.float16),
-                     _spec((32, 64, 16), bias=False, dtype=torch.bfloat16)):
+    # an entry covers the specs of its hidden width, dtype, activations and bias only
+    w64 = _spec((32, 64, 16), bias=False, dtype=torch.bfloat16)
+    monkeypatch.setitem(cuda_backend.MEASURED_WINS, cuda_backend.win_key((9, 0), w64), "w.json")
+    for measured in (w64, _spec((64,) * 12, bias=False, dtype=torch.bfloat16)):
         assert dispatch.explain_choice(h200, measured, None).backend == "cuda"
-    for other in (_spec((64, 128, 64), bias=False), _spec((64, 32, 64), bias=False),
-                  _spec((64, 64, 64), "gelu", bias=False)):
+    for other in (_spec((64, 128, 64), bias=False, dtype=torch.bfloat16),
+                  _spec((64, 64, 64), bias=False), _spec((64, 64, 64), dtype=torch.bfloat16),
+                  _spec((64, 64, 64), "gelu", bias=False, dtype=torch.bfloat16)):
         assert dispatch.explain_choice(h200, other, None).backend != "cuda"
     # a measured inference win is taken for inference; training calls take triton
     monkeypatch.setitem(cuda_backend.MEASURED_WINS, cuda_backend.win_key((9, 0), spec), "x.json")
@@ -524,19 +527,15 @@ def test_forced_training_fails_clearly(recompute):
 def test_dispatched_unforced_only_where_measured():
     dev = _gpu_or_skip()
     x = torch.empty(1, 64, device=dev, dtype=torch.float16)
-    m = fm.FusedMLP(64, 64, 64, 4, bias=False, device=dev, dtype=torch.float16)  # narrow-w64
-    win = torch.cuda.get_device_capability(dev) == (9, 0) and cuda_backend.CudaBackend(
-        ).available()[0]
-    with torch.no_grad():
+    cap = torch.cuda.get_device_capability(dev)
+    for hidden in (64, 128):
+        m = fm.FusedMLP(64, 64, hidden, 4, bias=False, device=dev, dtype=torch.float16)
         ex = fm.explain(m, x)
-    assert (ex.backend == "cuda") == win
-    if win:
-        assert "measured faster than triton" in ex.considered[0].reason
-    m128 = fm.FusedMLP(64, 64, 128, 4, bias=False, device=dev, dtype=torch.float16)
-    ex = fm.explain(m128, x)
-    assert ex.backend != "cuda"
-    assert "not measured faster than triton" in next(
-        c.reason for c in ex.considered if c.name == "cuda")
+        measured = cuda_backend.win_key(cap, m.spec(x.dtype)) in cuda_backend.MEASURED_WINS
+        assert (ex.backend == "cuda") == (measured and cuda_backend.CudaBackend().available()[0])
+        if ex.backend != "cuda":
+            assert "not measured faster than triton" in next(
+                c.reason for c in ex.considered if c.name == "cuda")
 
 
 def test_bench_times_named_backends_side_by_side():

@@ -15,9 +15,9 @@ every training call (a forward autograd will differentiate, the backward) to the
 backend, and refuses it when ``cuda`` is forced; ``forward(save=True)`` and ``backward``
 called directly raise NotImplementedError naming it.
 
-When it is chosen: for inference where it was measured faster than triton
-(``MEASURED_WINS``: on sm_90, hidden width 64, relu, no bias, fp16/bf16), or when forced
-(``FUSEDMLP_BACKEND=cuda``, ``backend="cuda"``). ``supports`` says what the kernel can compute (a forced backend
+When it is chosen: for inference where it was measured faster than triton, device and
+host time (``MEASURED_WINS``: empty until the ctypes launch is timed on a GPU, below), or
+when forced (``FUSEDMLP_BACKEND=cuda``, ``backend="cuda"``). ``supports`` says what the kernel can compute (a forced backend
 runs it); ``preferred`` says whether the dispatcher takes it unforced.
 
 A launch does no allocation through the driver and no synchronization, so forwards
@@ -38,21 +38,21 @@ from . import Backend, cuda_build, device_guard, memory
 #: Measured inference wins over triton, by (compute capability, dtype, hidden width,
 #: activation, output activation, bias): the benchmark result file that showed it. A spec
 #: not in it runs here only when forced. H200, 2^22 rows, fp16 / bf16, ms (triton beside it
-#: in the same process, h200-cuda-fwd-*-20261204.json):
+#: in the same process, h200-cuda-fwd-*-20261204*.json):
 #: - narrow-w64 (hidden 64, relu, no bias): 0.331 / 0.314 against 0.367 / 0.351; from a CUDA
-#:   graph at 2^16-2^20 rows 2-9% faster (h200-bench-narrow-w64-inference-cuda-20261204.json);
+#:   graph at 2^16-2^20 rows 2-9% faster (h200-bench-narrow-w64-inference-cuda-20261204a.json);
 #:   paper-table1 (11 hidden layers, 2^20 rows) 0.172 against 0.205, nerf-density (in 32,
-#:   out 16, one hidden layer) 0.033 against 0.037. Taken.
+#:   out 16, one hidden layer) 0.033 against 0.037. But from Python a call then took ~0.10
+#:   ms of host time against triton's ~0.05 (the same bench), and the ctypes launch that
+#:   replaced the bindings' (launch(), below) has not run on a GPU yet: not taken until it
+#:   has been timed. The entries to take then: ((9, 0), torch.float16 / torch.bfloat16, 64,
+#:   "relu", "none", False).
 #: - narrow-w128 (hidden 128): 0.798 / 0.766 against 0.840 / 0.820 at 2^22 rows, but slower
 #:   from a graph at 2^16 (0.021 against 0.017 ms) and 2^18 (0.061 against 0.058): the
 #:   choice is per spec, not per row count, so not taken.
 #: - narrow-w32 (hidden 32): 0.079 against 0.073 at 2^20 rows. Not taken.
-#: Biases and other activations were not timed: not taken.
-_W64 = "h200-cuda-fwd-narrow-w64-{}-20261204.json"
-MEASURED_WINS: dict[tuple, str] = {
-    ((9, 0), torch.float16, 64, "relu", "none", False): _W64.format("float16"),
-    ((9, 0), torch.bfloat16, 64, "relu", "none", False): _W64.format("bfloat16"),
-}
+#: Biases and other activations were not timed.
+MEASURED_WINS: dict[tuple, str] = {}
 
 
 def win_key(capability: tuple[int, int], spec) -> tuple:
