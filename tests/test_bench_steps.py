@@ -56,8 +56,9 @@ def test_one_record_per_variant(result, config):
 
 @pytest.mark.parametrize("config", sorted(bench_steps.CONFIGS))
 def test_fused_checked_against_float64(result, config):
-    chk = _records(result, config)["fused"]["check"]
-    assert chk["ok"]
+    rec = _records(result, config)["fused"]
+    chk = rec["check"]
+    assert chk["ok"] and chk["rows"] == rec["N"]  # checked at the timed batch
     assert len(chk["fused_errors"]) == len(chk["what"]) == len(chk["tolerances"])
     assert chk["what"][0] == "loss" and len(chk["what"]) > 3  # the loss and every gradient
     assert max(chk["fused_errors"]) <= 1e-5  # float32: the table's bound
