@@ -63,6 +63,15 @@ for s in $steps; do
     steps) for c in ${STEPS_CONFIGS:-sdf-eikonal loop-image}; do
              timeout ${STEPS_S:-280} python3 -m fusedmlp_xpu.cli bench --suite steps --configs $c ${STEPS_ARGS:-} --out "$OUT/steps-$c.json" > "$OUT/steps-$c.txt" 2>&1
              echo "$c rc=$?"; grep -vE "Warn|warn" "$OUT/steps-$c.txt" | tail -14; done ;;
+    # the cuda backend: its tests, the shared forward cases and NaN pattern with it forced,
+    # racecheck, the forward beside triton (CUDA_CONFIGS), and fusedmlp bench's host time
+    # from Python with both forced (the measurement MEASURED_WINS in backends/cuda.py waits on)
+    cuda) timeout ${CUDA_TESTS_S:-200} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_cuda_backend.py tests/test_nan.py tests/test_correctness.py -k "test_cuda_backend or inference_only or cuda-cuda" > "$OUT/cuda-tests.log" 2>&1
+          echo "passed $(grep -c ' PASSED ' "$OUT/cuda-tests.log"), failed $(grep -c ' FAILED ' "$OUT/cuda-tests.log")"; grep -E "^FAILED" "$OUT/cuda-tests.log" | head -10
+          PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 100 compute-sanitizer --tool racecheck python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "forward_widths and relu" 2>&1 | grep -E "RACECHECK SUMMARY|passed|failed" | sort | uniq -c
+          for c in ${CUDA_CONFIGS:-narrow-w64 narrow-w128}; do for dt in float16 bfloat16; do
+            timeout 60 python3 benchmarks/cuda_forward.py --config $c --dtype $dt --tunings wg4 wg3 --out "$OUT/cuda-fwd-$c-$dt.json" 2>&1 | grep -E "^triton|^cuda"; done; done
+          timeout 150 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode inference --backends triton cuda --passes 2 --out "$OUT/bench-cuda-narrow-w64.json" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
     *) echo "unknown step $s" ;;
   esac
 done
