@@ -17,8 +17,9 @@ called directly raise NotImplementedError naming it.
 
 When it is chosen: for inference where it was measured faster than triton, device and
 host time (``MEASURED_WINS``: empty until the ctypes launch is timed on a GPU, below), or
-when forced (``FUSEDMLP_BACKEND=cuda``, ``backend="cuda"``). ``supports`` says what the kernel can compute (a forced backend
-runs it); ``preferred`` says whether the dispatcher takes it unforced.
+when forced (``FUSEDMLP_BACKEND=cuda``, ``backend="cuda"``). ``supports`` says what the
+kernel can compute (a forced backend runs it); ``preferred`` says whether the dispatcher
+takes it unforced.
 
 A launch does no allocation through the driver and no synchronization, so forwards
 capture in CUDA graphs; the first call of a configuration compiles (or reads the disk

@@ -105,9 +105,9 @@ __device__ __forceinline__ void stage_biases(float* bias, const FmlpForwardParam
 // - Where CHUNKS divides 32, every lane has a chunk (kRows x CHUNKS a multiple of 32: not
 //   so for an 8-wide y of 16-row tiles) and the hidden width is at most 64, a lane's
 //   chunks share c8 and lie 32 / CHUNKS rows apart, so off grows by a constant: one
-//   64-bit add a chunk instead of a multiply. In the wgmma kernel at narrow-w64 that is 369 -> 331 SASS
-//   instructions a row block, for 94 -> 108 registers; at hidden 128 the same form
-//   spilled (3 warpgroups, 168 registers), so wider nets take the multiply.
+//   64-bit add a chunk instead of a multiply. In the wgmma kernel at narrow-w64 that is
+//   369 -> 331 SASS instructions a row block, for 94 -> 108 registers; at hidden 128 the
+//   same form spilled (3 warpgroups, 168 registers), so wider nets take the multiply.
 template <int CHUNKS, typename F>
 __device__ __forceinline__ void for_chunks(int lane, long long ld, F&& f) {
   constexpr int TOTAL = kRows * CHUNKS;

@@ -9,10 +9,15 @@
 // inference at 0.50-0.52 ms at every tuning against triton's wgmma kernel's 0.37
 // (benchmarks/results/h200-cuda-fwd-tunings-narrow-w64-20261203.json). This one ran it
 // at 0.43-0.44 ms (fp16/bf16, 4 warpgroups), and narrow-w128 at 0.86 against triton's
-// 0.85 (3 warpgroups): h200-cuda-fwd-wgmma-*-20261203.json. Not the in-warpgroup order
-// of MMAs and epilogues: a variant running two row blocks a warpgroup interleaved (one's
+// 0.85 (3 warpgroups): h200-cuda-fwd-wgmma-*-20261203.json. With fewer instructions a
+// row block (relu in the 16-bit conversion, scale-d 0 without bias, cheaper row I/O:
+// 778 -> 331 SASS instructions) it ran narrow-w64 at 0.331 / 0.314 ms against triton's
+// 0.367 / 0.351 and narrow-w128 at 0.798 against 0.840 (h200-cuda-fwd-*-20261204*):
+// Nsight Compute had shown the first form moving triton's bytes with ~1.8x its
+// instructions, and deeper x prefetch changed nothing. Not the in-warpgroup order of MMAs
+// and epilogues either: a variant running two row blocks a warpgroup interleaved (one's
 // MMAs beside the other's epilogue, 182 registers) was slower, 0.47-0.48 ms at 1-2
-// warpgroups (h200-cuda-fwd-pairs-narrow-w64-*-20261203.json). Not profiled yet.
+// warpgroups (h200-cuda-fwd-pairs-narrow-w64-*-20261203.json).
 //
 // Layout of the work:
 // - Every CTA stages all layers' weights (biases as fp32) in shared memory once, in
@@ -22,8 +27,9 @@
 // - A warpgroup (4 warps) owns row blocks of 64 rows, striding over the grid's
 //   warpgroups; warp w of it holds rows 16 w .. 16 w + 15 of the block: its x tile
 //   copied with cp.async kStages - 1 blocks ahead of the one the warpgroup computes
-//   (a ring of kStages buffers per warp), read as A fragments with ldmatrix, its y tile written through the same
-//   buffer (fmlp_forward_common.cuh: the mma.sync kernel's row I/O at 16 rows a warp).
+//   (a ring of kStages buffers per warp), read as A fragments with ldmatrix, its y tile
+//   written through the same buffer (fmlp_forward_common.cuh: the mma.sync kernel's row
+//   I/O at 16 rows a warp).
 // - Each layer is one wgmma group: m64nNk16 over its k slices (N = the layer's padded
 //   outputs), A from registers, B from shared memory; then bias (already in the
 //   accumulators), activation, and packing to the next layer's A fragments, in registers.
