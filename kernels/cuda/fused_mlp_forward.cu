@@ -113,6 +113,7 @@ fmlp_forward(const FmlpForwardParams p) {
     stage_weight_padded<kHP, kHP>(wh + l * kHP * kLdWH, p.w[1 + l], kH, kH);
   stage_weight_padded<kOutP, kHP>(wl, p.w[kLHid + 1], kOut, kH);
   stage_biases(bias, p);
+  stage_wait();
   __syncthreads();
 
   // --- row blocks, each warp on its own ---

@@ -126,7 +126,8 @@ fmlp_forward_sm90(const FmlpForwardParams p) {
     stage_weight_cm<kHP, kHP>(smem_bytes + kOffWH + 2u * l * kHP * kHP, p.w[1 + l], kH, kH);
   stage_weight_cm<kOutP, kHP>(smem_bytes + kOffWL, p.w[kLHid + 1], kOut, kH);
   stage_biases(bias, p);
-  // the generic-proxy stores above, visible to wgmma's async-proxy reads
+  stage_wait();
+  // the copies and stores above, visible to wgmma's async-proxy reads
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
 
