@@ -27,7 +27,6 @@ from . import activations, dispatch, envvars, op
 from .dispatch import BackendUnavailableError
 from .op import DEVICE_TYPES, _autocast
 from .spec import check_backend, check_recompute, check_size
-from .backends.reference import ALL_ROWS
 from .backends.triton import routes as _routes
 from .backends.triton import routes_note as _routes_note
 
@@ -146,8 +145,8 @@ def _torch_rows(device: torch.device, train: bool, d: int, hidden: int):
     and on the CPU, where the reference runs unforced, every training call: torch's own
     autograd graph of its ops, as for fused_mlp (ReferenceBackend.torch_rows; the node
     was 0.85-0.94x eager's train step there, cpu-eager-before-20261204.json)."""
-    if device.type == "cpu":
-        return ALL_ROWS if train else ()
+    if device.type == "cpu":  # the reference's rule, which does not look at the spec
+        return dispatch.REGISTRY["reference"].torch_rows(None, device, train)
     return _routes.torch_rows(device, True, train, d, hidden)
 
 
