@@ -7,7 +7,8 @@ compiles, for the target architecture, each configuration the backend produces (
 kernel families for sm_90a: mma.sync and wgmma) for a table of nets (hidden 16/32/64/128
 x fp16/bf16 x relu/none x bias, every activation, odd in/out widths, a deep net) exactly
 as the backend would (cuda_build.forward_config: its tuning, its shared-memory count,
-which the kernel static_asserts), and fails on a compile error, on register spills over
+which the kernel static_asserts), and the sm_90a backward's (cuda_build.backward_config)
+for its nets and every set of gradients, and fails on a compile error, on register spills over
 cuda_build.SPILL_BUDGET, or on wgmma instructions ptxas serialized. One line per kernel:
 registers, spill bytes, stack, dynamic shared memory. Needs cuda-bindings and
 nvidia-cuda-nvrtc (pip install -e ".[cuda]"); compiled cubins go to the backend's disk
@@ -53,6 +54,56 @@ def nets(quick: bool) -> list[MLPSpec]:
     return out
 
 
+def backward_nets(quick: bool) -> list[MLPSpec]:
+    """The backward kernel's specs (hidden width 64, sm_90a): the bench's narrow-w64 and the
+    steps' nets, every activation it takes as hidden and output activation, biases or not,
+    in/out widths from 1 to 64, depth 2 to 5 layers."""
+    out = []
+    for dt in HALF[:1] if quick else HALF:
+        out += [MLPSpec((64,) * 6, "relu", "none", False, dt),  # narrow-w64
+                MLPSpec((32, 64, 64, 3), "relu", "none", False, dt),  # loop-image
+                MLPSpec((32,) + (64,) * 4 + (16,), "softplus", "none", True, dt)]  # sdf
+        if quick:
+            continue
+        acts = sorted(cb.GRAD_FROM_OUTPUT_IDS)
+        names = {activations.get(n).id: n for n in activations.ACTIVATIONS}
+        for i, a in enumerate(acts):
+            out.append(MLPSpec((64,) * 6, names[a], names[acts[(i + 2) % len(acts)]], True, dt))
+        out += [MLPSpec((1, 64, 1), "tanh", "none", True, dt),
+                MLPSpec((17, 64, 64, 9), "leaky_relu", "relu", True, dt),
+                MLPSpec((48, 64, 64, 64, 40), "sigmoid", "none", False, dt)]
+    return out
+
+
+def compile_backward_one(spec, arch: str) -> int:
+    """Compile the backward's configurations of ``spec`` (every gradient set); 1 a failure."""
+    failed = 0
+    for need_x, need_wb in ((True, True), (False, True), (True, False)):
+        cfg, why = cb.backward_config(spec, need_x, need_wb)
+        name = cfg.describe() if cfg else f"bwd {spec.widths}"
+        if cfg is None:
+            print(f"{name}: NOT SUPPORTED ({why})")
+            failed += 1
+            continue
+        try:
+            built = cb.compile_backward(cfg, arch)
+        except cb.CudaToolchainError as e:
+            print(f"{name}: FAILED {str(e)[:2000]}")
+            failed += 1
+            continue
+        s = cb.ptxas_stats(built.log)
+        spill = s["spill_stores"] + s["spill_loads"]
+        over = "  OVER THE SPILL BUDGET" if spill > cb.BACKWARD_SPILL_BUDGET else ""
+        serial = "  WGMMA SERIALIZED" if "serialized" in built.log else ""
+        # ptxas drops setmaxnreg where the kernel makes a call: the sums then spill
+        dropped = "  SETMAXNREG IGNORED" if "setmaxnreg' ignored" in built.log else ""
+        print(f"{name:<70} {spill:>4} B spill {s['stack']:>4} B stack "
+              f"{cfg.smem_bytes() / 1024:>6.1f} KB smem{' (cached)' if built.cached else ''}"
+              f"{over}{serial}{dropped}")
+        failed += int(bool(over or serial or dropped))
+    return failed
+
+
 def compile_one(spec, family: str, arch: str) -> int:
     """Compile ``spec``'s configuration of ``family``; print its line; 1 on a failure."""
     cfg, why = cb.forward_config(spec, family=family)
@@ -93,6 +144,10 @@ def main(argv=None) -> int:
     for spec in nets(args.quick):
         for family in families:
             failed += compile_one(spec, family, args.arch)
+    if args.arch == "sm_90a":
+        print(f"backward (sm_90a), spill budget {cb.BACKWARD_SPILL_BUDGET} B")
+        for spec in backward_nets(args.quick):
+            failed += compile_backward_one(spec, args.arch)
     return 1 if failed else 0
 
 

@@ -36,9 +36,13 @@ KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
 FORWARD_SOURCE = KERNEL_DIR / "fused_mlp_forward.cu"
 #: the wgmma forward (Hopper, sm_90a)
 FORWARD_SM90_SOURCE = KERNEL_DIR / "fused_mlp_forward_sm90.cu"
+#: the one-kernel backward (Hopper, sm_90a; compiled in CI, not yet run on a GPU)
+BACKWARD_SM90_SOURCE = KERNEL_DIR / "fused_mlp_backward_sm90.cu"
+BACKWARD_SM90_KERNEL = "fmlp_backward_sm90"
 DEVICE_HEADER = KERNEL_DIR / "fmlp_device.cuh"
 #: every header the kernels include, handed to NVRTC by name (and hashed into cache keys)
-HEADERS = (DEVICE_HEADER, KERNEL_DIR / "fmlp_forward_common.cuh", KERNEL_DIR / "fmlp_wgmma.cuh")
+HEADERS = (DEVICE_HEADER, KERNEL_DIR / "fmlp_forward_common.cuh", KERNEL_DIR / "fmlp_wgmma.cuh",
+           KERNEL_DIR / "fmlp_sm90.cuh")
 FORWARD_KERNEL = "fmlp_forward"
 FORWARD_SM90_KERNEL = "fmlp_forward_sm90"
 
@@ -58,6 +62,13 @@ SM90_SMEM = 227 * 1024
 #: compiles before it fails it: none (a spill in the layer chain costs local-memory
 #: round trips per row block)
 SPILL_BUDGET = 0
+#: the same for the backward kernel: 48 bytes (stores + loads). Its chain warpgroups run
+#: at 136 registers (setmaxnreg: the summing warpgroup holds every weight-gradient sum at
+#: 232). At in and out width 64 with three hidden-to-hidden layers, grad_x, and an output
+#: activation (or two smooth activations), ptxas keeps 4-5 loop-invariant values in local
+#: memory: stores before the row-block loop, one load each a 64-row block (cuobjdump of
+#: the sm_90a cubins of tanh/sigmoid and softplus/relu with biases).
+BACKWARD_SPILL_BUDGET = 48
 
 
 class CudaToolchainError(RuntimeError):
@@ -225,6 +236,166 @@ def forward_config(spec, smem_limit: int = SM90_SMEM,
     need = ForwardConfig(**base, mt=m, warps=w).smem_bytes()
     return None, (f"the weights and {w} warps' buffers need {need // 1024} KB of shared "
                   f"memory, over the device's {smem_limit // 1024} KB a block")
+
+
+# --- the backward (sm_90a) ----------------------------------------------------------------
+#: activation ids whose derivative the backward takes from the activation's output
+#: (fmlp::grad_from_output: identity, relu, leaky relu, sigmoid, tanh, softplus)
+GRAD_FROM_OUTPUT_IDS = frozenset(activations.get(n).id for n in (
+    "none", "relu", "leaky_relu", "sigmoid", "tanh", "softplus"))
+#: the backward's hidden width, and its largest in/out width
+BACKWARD_HIDDEN = 64
+BACKWARD_MAX_IO = 64
+#: hidden-to-hidden weights the summing warpgroup's registers hold (fp32 sums of 64 x 64:
+#: 32 registers a thread each, beside the first and last layers'), without / with biases
+BACKWARD_MAX_HIDDEN_LAYERS = (3, 3)
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """One specialization of the sm_90a backward (kernels/cuda/fused_mlp_backward_sm90.cu):
+    ``chains`` chain warpgroups and the summing one a CTA."""
+
+    in_features: int
+    out_features: int
+    hidden: int
+    hidden_layers: int
+    activation: int
+    output_activation: int
+    bias: bool
+    bf16: bool
+    need_x: bool
+    need_wb: bool
+    chains: int = 2
+
+    source = BACKWARD_SM90_SOURCE
+    kernel = BACKWARD_SM90_KERNEL
+
+    @property
+    def warps(self) -> int:
+        return 4 * (self.chains + 1)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def _pads(self):
+        return pad16(self.in_features), pad16(self.out_features), pad16(self.hidden)
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of one CTA, as the kernel lays it out (its kSmemBytes)."""
+        in_p, out_p, h_p = self._pads()
+        w0, wh, wl = 2 * h_p * in_p, 2 * h_p * h_p, 2 * out_p * h_p
+        forward = w0 + self.hidden_layers * wh + (wl if self.output_activation else 0)
+        transposed = (w0 if self.need_x else 0) + self.hidden_layers * wh + wl
+        biases = 4 * ((self.hidden_layers + 1) * h_p + out_p) if self.bias else 0
+        ones = 2 * 8 * 64 if self.bias and self.need_wb else 0
+        layers = self.hidden_layers + 1  # h tiles a chain keeps: every layer's but the last
+        tiles = self.chains * (2 * in_p * 64 + layers * 2 * h_p * 64 + 2 * 64 * 64)
+        buffers = 2 * 2 * 4 * self.chains * 16 * (max(in_p, out_p) + 8)
+        return (forward + transposed + (biases + 127) // 128 * 128 + ones + 128 + tiles
+                + buffers)
+
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """(out, in) of every layer."""
+        h = self.hidden
+        return ([(h, self.in_features)] + [(h, h)] * self.hidden_layers
+                + [(self.out_features, h)])
+
+    def _columns(self) -> list[int]:
+        """Each layer's accumulator columns in the summing warpgroup (its padded in width)."""
+        h_p = pad16(self.hidden)
+        return [pad16(self.in_features)] + [h_p] * (self.hidden_layers + 1)
+
+    def partial_floats(self) -> int:
+        """One CTA's partial (the kernel's kPartialFloats): per layer 128 threads' weight-
+        gradient accumulators (columns / 2 each), then their 4 bias accumulators."""
+        return sum(128 * (n // 2 + (4 if self.bias else 0)) for n in self._columns())
+
+    def partial_index(self) -> list[tuple[list[int], list[int] | None]]:
+        """Where each gradient lies in a partial (the kernel's fragment layout): per layer,
+        the partial's indices of dW_l [out_l, in_l] (row major) and of db_l [out_l] (None
+        without biases). A wgmma m64nN accumulator: thread 32 w + 4 g + t (warp w of the
+        warpgroup, lane 4 g + t) holds, for each 8-column tile i, rows 16 w + g (+8) and
+        columns 8 i + 2 t (+1) at d[4 i + 2 hh + j]; the bias sums are column 0 of an
+        n8 accumulator (every column holds them)."""
+        out, base = [], 0
+        for (rows, cols), n in zip(self.layer_shapes(), self._columns()):
+            per = n // 2
+            w = []
+            for m in range(rows):
+                warp, g, hh = m // 16, m % 8, (m % 16) // 8
+                for c in range(cols):
+                    i, t, j = c // 8, (c % 8) // 2, c % 2
+                    w.append(base + (32 * warp + 4 * g + t) * per + 4 * i + 2 * hh + j)
+            base += 128 * per
+            b = None
+            if self.bias:
+                b = [base + (32 * (m // 16) + 4 * (m % 8)) * 4 + 2 * ((m % 16) // 8)
+                     for m in range(rows)]
+                base += 128 * 4
+            out.append((w, b))
+        return out
+
+    def defines(self) -> dict[str, int]:
+        return {"FMLP_IN": self.in_features, "FMLP_OUT": self.out_features,
+                "FMLP_H": self.hidden, "FMLP_L_HID": self.hidden_layers,
+                "FMLP_ACT": self.activation, "FMLP_OUT_ACT": self.output_activation,
+                "FMLP_BIAS": int(self.bias), "FMLP_BF16": int(self.bf16), "FMLP_MT": 1,
+                "FMLP_WARPS": self.warps, "FMLP_MAX_LAYERS": MAX_LAYERS,
+                "FMLP_NEED_X": int(self.need_x), "FMLP_NEED_WB": int(self.need_wb),
+                "FMLP_PARTIAL_FLOATS": self.partial_floats(),
+                "FMLP_SMEM_BYTES": self.smem_bytes()}
+
+    def describe(self) -> str:
+        dt = "bf16" if self.bf16 else "fp16"
+        needs = "".join(n for n, on in (("x", self.need_x), ("w", self.need_wb)) if on)
+        return (f"bwd {self.in_features}->{self.hidden}x{self.hidden_layers + 1}->"
+                f"{self.out_features} {dt} act {self.activation}/{self.output_activation}"
+                f"{' bias' if self.bias else ''} needs {needs} {self.chains} chains")
+
+
+@functools.lru_cache(maxsize=256)
+def backward_config(spec, need_x: bool, need_wb: bool,
+                    smem_limit: int = SM90_SMEM) -> tuple[BackwardConfig | None, str]:
+    """The sm_90a backward's configuration for ``spec`` and the gradients asked for, or
+    (None, why not)."""
+    why = check_spec(spec)
+    if why:
+        return None, why
+    if not (need_x or need_wb):
+        return None, "no gradient asked for"
+    h = spec.widths[1]
+    if h != BACKWARD_HIDDEN:
+        return None, f"hidden width {h}: the CUDA backward takes {BACKWARD_HIDDEN} only"
+    if max(spec.in_features, spec.out_features) > BACKWARD_MAX_IO:
+        return None, (f"in/out widths {spec.in_features}/{spec.out_features}: the CUDA "
+                      f"backward takes up to {BACKWARD_MAX_IO}")
+    acts = {spec.activation_id, spec.output_activation_id} - GRAD_FROM_OUTPUT_IDS
+    if acts:
+        return None, (f"activation ids {sorted(acts)}: the CUDA backward takes activations "
+                      "whose derivative is a function of their output (none, relu, "
+                      "leaky_relu, sigmoid, tanh, softplus)")
+    most = BACKWARD_MAX_HIDDEN_LAYERS[int(spec.bias)]
+    if spec.n_layers - 2 > most:
+        return None, (f"{spec.n_layers - 2} hidden-to-hidden layers: the summing "
+                      f"warpgroup's registers hold {most}")
+    cfg = BackwardConfig(spec.in_features, spec.out_features, h, spec.n_layers - 2,
+                         spec.activation_id, spec.output_activation_id, spec.bias,
+                         spec.dtype == torch.bfloat16, need_x, need_wb)
+    if cfg.smem_bytes() > smem_limit:
+        return None, (f"the backward needs {cfg.smem_bytes() // 1024} KB of shared memory, "
+                      f"over the device's {smem_limit // 1024} KB a block")
+    return cfg, ""
+
+
+class BackwardParams(ctypes.Structure):
+    """FmlpBackwardParams of fused_mlp_backward_sm90.cu, field for field."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("gy", ctypes.c_void_p), ("gx", ctypes.c_void_p),
+                ("partial", ctypes.c_void_p), ("n_rows", ctypes.c_int64),
+                ("ld_x", ctypes.c_int64), ("ld_gy", ctypes.c_int64), ("ld_gx", ctypes.c_int64),
+                ("w", ctypes.c_void_p * MAX_LAYERS), ("b", ctypes.c_void_p * MAX_LAYERS)]
 
 
 # --- the kernel's argument -----------------------------------------------------------------
@@ -399,6 +570,12 @@ def ptxas_stats(log: str) -> dict[str, int]:
             "spill_loads": num(r"(\d+) bytes spill loads"),
             "stack": num(r"(\d+) bytes stack frame"),
             "static_smem": num(r"(\d+) bytes smem")}
+
+
+def compile_backward(cfg: BackwardConfig, arch: str) -> Compiled:
+    if arch != "sm_90a":
+        raise CudaToolchainError(f"cuda backend: the backward needs sm_90a, not {arch}")
+    return compile_cubin(cfg.source, cfg.defines(), arch)
 
 
 def compile_forward(cfg: ForwardConfig, arch: str) -> Compiled:

@@ -90,6 +90,44 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
                : "r"(addr));
 }
 
+// The same four matrices transposed on the way: lanes 8j..8j+7 give the addresses of
+// matrix j's 8 stored rows, and lane (g, t) receives stored[2t][g], stored[2t + 1][g].
+// A tile kept transposed (a column of 8 rows per 16-byte row) comes back as the A
+// fragments / accumulator pairs of the untransposed tile.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr) : "memory");
+}
+
+// The inverse (sm_90): four 8x8 matrices of fragments r[0..3] stored transposed, lanes
+// 8j..8j+7 giving matrix j's 8 row addresses: the value of lane (g, t) r[j] at (g, 2t)
+// lands in stored row 2t, position g.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};"
+               :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
+// --- mbarriers (shared memory, one CTA) ---------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+
+// This thread's arrival (release: its earlier shared-memory writes are seen by a waiter).
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}"
+               :: "r"(bar) : "memory");
+}
+
+// Wait until the phase of parity ``parity`` has completed. A fresh barrier is in phase 0:
+// a wait for parity 1 (the phase "before" it) returns at once.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}" :: "r"(bar), "r"(parity) : "memory");
+}
+
 // --- asynchronous copies -------------------------------------------------------------
 // 16 bytes global -> shared, bypassing L1; ``bytes`` < 16 zero-fills the rest (0: no
 // read at all, the source address is not dereferenced).
@@ -157,6 +195,34 @@ __device__ __forceinline__ float act(float z) {
   if (ACT == TANH) return tanhf(z);
   if (ACT == SOFTPLUS) return z > 20.f ? z : log1pf(expf(z));  // torch's threshold 20
   return z;
+}
+
+// One 32-bit register of two 16-bit values back to fp32 (``lo``: the lower half).
+template <bool BF16>
+__device__ __forceinline__ void unpack2(unsigned v, float& lo, float& hi) {
+  lo = to_float<BF16>((unsigned short)(v & 0xFFFF));
+  hi = to_float<BF16>((unsigned short)(v >> 16));
+}
+
+// Whether activation ACT's derivative is a function of its output h = act(z) (the
+// backward then needs no pre-activation): identity, relu, leaky relu (by h's sign),
+// sigmoid h (1 - h), tanh 1 - h^2, softplus sigmoid(z) = 1 - exp(-h).
+__host__ __device__ constexpr bool grad_from_output(int a) {
+  return a == NONE || a == RELU || a == LEAKY_RELU || a == SIGMOID || a == TANH ||
+         a == SOFTPLUS;
+}
+
+// g * act'(z), from h = act(z) (grad_from_output activations), as torch's backward
+// computes it: relu passes g where h is NaN (its mask is h <= 0).
+template <int ACT>
+__device__ __forceinline__ float times_grad_from_output(float g, float h) {
+  static_assert(grad_from_output(ACT), "this activation's derivative needs z");
+  if (ACT == RELU) return h <= 0.f ? 0.f : g;
+  if (ACT == LEAKY_RELU) return h > 0.f ? g : 0.01f * g;
+  if (ACT == SIGMOID) return g * (h * (1.f - h));
+  if (ACT == TANH) return g * (1.f - h * h);
+  if (ACT == SOFTPLUS) return g * (1.f - expf(-h));
+  return g;
 }
 
 // Two outputs of one layer, activated and packed to 16 bits (the next layer's A fragment

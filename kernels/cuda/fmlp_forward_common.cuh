@@ -101,7 +101,9 @@ __device__ __forceinline__ void stage_bias(float* dst, const unsigned short* src
 
 // Every layer's bias as fp32 at ``bias``: the hidden layers' kHP each, then the last
 // layer's kOutP (zero-padded); nothing without biases. All threads of the CTA take part.
-__device__ __forceinline__ void stage_biases(float* bias, const FmlpForwardParams& p) {
+// ``p``: the kernel's argument (its ``b`` pointer array).
+template <typename Params>
+__device__ __forceinline__ void stage_biases(float* bias, const Params& p) {
   if (kBias) {
     for (int l = 0; l <= kLHid; ++l) stage_bias<kHP>(bias + l * kHP, p.b[l], kH);
     stage_bias<kOutP>(bias + (kLHid + 1) * kHP, p.b[kLHid + 1], kOut);
@@ -143,29 +145,38 @@ __device__ __forceinline__ void for_elements(int lane, F&& f) {
   for (int e = lane; e < kRows * COLS; e += 32) f(e / COLS, e % COLS);
 }
 
-// The warp's x tile of row block ``blk`` into its buffer at shared address ``buf``:
-// asynchronous 16-byte copies where IN is a multiple of 8 (rows outside the input and
-// padded columns zero-filled); element by element otherwise.
-__device__ __forceinline__ void load_x(const FmlpForwardParams& p, long long blk,
-                                       unsigned buf, int lane) {
+// The warp's tile of row block ``blk`` (kRows rows of COLS columns, rows ``ld`` elements
+// apart, ``n_rows`` in all) into its buffer at shared address ``buf`` (rows kLdXY apart),
+// zero-padded to pad16(COLS) columns: asynchronous 16-byte copies where COLS is a
+// multiple of 8 (rows outside the input and padded columns zero-filled); element by
+// element otherwise.
+template <int COLS>
+__device__ __forceinline__ void load_rows(const unsigned short* const& src, const long long& ld,
+                                          const long long& n_rows, long long blk,
+                                          unsigned buf, int lane) {
   const long long row0 = blk * kRows;
-  if constexpr (kIn % 8 == 0) {
+  if constexpr (COLS % 8 == 0) {
     // the block's first row and its row count once; per chunk a 32-bit compare
-    const unsigned short* xb = p.x + row0 * p.ld_x;
-    const int rows = (int)(p.n_rows - row0 < kRows ? p.n_rows - row0 : kRows);
-    for_chunks<kInP / 8>(lane, p.ld_x, [&](int r, int c8, long long off) {
-      const bool ok = r < rows && c8 < kIn;
-      const unsigned short* src = ok ? xb + off + c8 : p.x;
-      cp_async_16(buf + 2u * (r * kLdXY + c8), src, ok ? 16 : 0);
+    const unsigned short* xb = src + row0 * ld;
+    const int rows = (int)(n_rows - row0 < kRows ? n_rows - row0 : kRows);
+    for_chunks<pad16(COLS) / 8>(lane, ld, [&](int r, int c8, long long off) {
+      const bool ok = r < rows && c8 < COLS;
+      cp_async_16(buf + 2u * (r * kLdXY + c8), ok ? xb + off + c8 : src, ok ? 16 : 0);
     });
   } else {
-    for_elements<kInP>(lane, [&](int r, int c) {
+    for_elements<pad16(COLS)>(lane, [&](int r, int c) {
       const long long row = row0 + r;
-      const unsigned short v = (row < p.n_rows && c < kIn) ? p.x[row * p.ld_x + c]
+      const unsigned short v = (row < n_rows && c < COLS) ? src[row * ld + c]
                                                          : (unsigned short)0;
       st_shared_u16(buf + 2u * (r * kLdXY + c), v);
     });
   }
+}
+
+// The forward's x tile (IN columns) of row block ``blk``.
+__device__ __forceinline__ void load_x(const FmlpForwardParams& p, long long blk,
+                                       unsigned buf, int lane) {
+  load_rows<kIn>(p.x, p.ld_x, p.n_rows, blk, buf, lane);
 }
 
 // The warp's ring of kStages x/y buffers, kBufElems each from shared address ``buf0``:
@@ -198,17 +209,21 @@ __device__ __forceinline__ unsigned ring_next(long long blk, long long stride, l
   return buf;
 }
 
-// The warp's y tile from registers (the last layer's packed output, laid out as A
-// fragments) to its buffer, then to global memory: 16-byte stores where OUT is a
-// multiple of 8 (y is contiguous, so its rows are 16-byte aligned), else element-wise.
-__device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long blk,
-                                        const unsigned (&o)[kMT][kOutP / 16][4],
-                                        unsigned buf, int lane) {
+// The warp's tile of row block ``blk`` (COLS columns) from registers (packed 16-bit
+// values laid out as A fragments: the last layer's output) to its buffer, then to global
+// memory at ``dst`` (rows ``ld`` elements apart, ``n_rows`` in all): 16-byte stores where
+// COLS is a multiple of 8 (the destination is contiguous, so its rows are 16-byte
+// aligned), else element-wise.
+template <int COLS>
+__device__ __forceinline__ void store_rows(unsigned short* const& dst, const long long& ld,
+                                           const long long& n_rows, long long blk,
+                                           const unsigned (&o)[kMT][pad16(COLS) / 16][4],
+                                           unsigned buf, int lane) {
   const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int nb = 0; nb < kOutP / 16; ++nb) {
+    for (int nb = 0; nb < pad16(COLS) / 16; ++nb) {
       const unsigned at = buf + 2u * ((mt * 16 + g) * kLdXY + nb * 16 + t2);
       st_shared_u32(at, o[mt][nb][0]);
       st_shared_u32(at + 2u * 8 * kLdXY, o[mt][nb][1]);
@@ -218,10 +233,10 @@ __device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long bl
   }
   __syncwarp();
   const long long row0 = blk * kRows;
-  if constexpr (kOut % 8 == 0) {
-    unsigned short* yb = p.y + row0 * p.ld_y;
-    const int rows = (int)(p.n_rows - row0 < kRows ? p.n_rows - row0 : kRows);
-    for_chunks<kOut / 8>(lane, p.ld_y, [&](int r, int c8, long long off) {
+  if constexpr (COLS % 8 == 0) {
+    unsigned short* yb = dst + row0 * ld;
+    const int rows = (int)(n_rows - row0 < kRows ? n_rows - row0 : kRows);
+    for_chunks<COLS / 8>(lane, ld, [&](int r, int c8, long long off) {
       if (r < rows) {
         unsigned v[4];
         ld_shared_v4(v, buf + 2u * (r * kLdXY + c8));
@@ -229,12 +244,19 @@ __device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long bl
       }
     });
   } else {
-    for_elements<kOut>(lane, [&](int r, int c) {
+    for_elements<COLS>(lane, [&](int r, int c) {
       const long long row = row0 + r;
-      if (row < p.n_rows) p.y[row * p.ld_y + c] = ld_shared_u16(buf + 2u * (r * kLdXY + c));
+      if (row < n_rows) dst[row * ld + c] = ld_shared_u16(buf + 2u * (r * kLdXY + c));
     });
   }
   __syncwarp();  // the buffer is the target of the next prefetch
+}
+
+// The forward's y tile (OUT columns) of row block ``blk``.
+__device__ __forceinline__ void store_y(const FmlpForwardParams& p, long long blk,
+                                        const unsigned (&o)[kMT][kOutP / 16][4],
+                                        unsigned buf, int lane) {
+  store_rows<kOut>(p.y, p.ld_y, p.n_rows, blk, o, buf, lane);
 }
 
 }  // namespace fmlp

@@ -62,6 +62,7 @@ struct Wgmma;
 // register list (FMLP_WGMMA_R<n>: "%0, ..., %<n-1>"), 8 at a time.
 #define FMLP_WGMMA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
     "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FMLP_WGMMA_D4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
 #define FMLP_WGMMA_D8 FMLP_WGMMA_ACC8(0)
 #define FMLP_WGMMA_D16 FMLP_WGMMA_D8, FMLP_WGMMA_ACC8(8)
 #define FMLP_WGMMA_D24 FMLP_WGMMA_D16, FMLP_WGMMA_ACC8(16)
@@ -70,6 +71,7 @@ struct Wgmma;
 #define FMLP_WGMMA_D48 FMLP_WGMMA_D40, FMLP_WGMMA_ACC8(40)
 #define FMLP_WGMMA_D56 FMLP_WGMMA_D48, FMLP_WGMMA_ACC8(48)
 #define FMLP_WGMMA_D64 FMLP_WGMMA_D56, FMLP_WGMMA_ACC8(56)
+#define FMLP_WGMMA_R4 "%0, %1, %2, %3"
 #define FMLP_WGMMA_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define FMLP_WGMMA_R16 FMLP_WGMMA_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define FMLP_WGMMA_R24 FMLP_WGMMA_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
@@ -108,5 +110,31 @@ FMLP_WGMMA_N(80, 40, "40", "41", "42", "43", "44", "45")
 FMLP_WGMMA_N(96, 48, "48", "49", "50", "51", "52", "53")
 FMLP_WGMMA_N(112, 56, "56", "57", "58", "59", "60", "61")
 FMLP_WGMMA_N(128, 64, "64", "65", "66", "67", "68", "69")
+
+// WgmmaSS<N>::mma(d, a_desc, b_desc, accumulate): one m64nNk16 MMA with A from shared
+// memory too (a descriptor, K-major as B: A[m][k] with the k values of one m contiguous,
+// in the same core-matrix layout), D = A B + (accumulate ? D : 0). N in 8, 16, ..., 128.
+// The backward's weight-gradient sums take it: A = g^T, B = the layer's input, both
+// kept transposed in shared memory.
+template <int N>
+struct WgmmaSS;
+
+#define FMLP_WGMMA_SS(N, ND, ADESC, BDESC, ONE)                                           \
+  template <>                                                                             \
+  struct WgmmaSS<N> {                                                                     \
+    static __device__ __forceinline__ void mma(float (&d)[ND], unsigned long long a_desc, \
+                                               unsigned long long b_desc, int accumulate) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n"                     \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FMLP_WGMMA_AB " "    \
+                   "{" FMLP_WGMMA_R##ND "}, %" ADESC ", %" BDESC ", p, 1, 1, 0, 0;\n}\n"   \
+                   : FMLP_WGMMA_D##ND                                                     \
+                   : "l"(a_desc), "l"(b_desc), "r"(accumulate));                          \
+    }                                                                                     \
+  };
+FMLP_WGMMA_SS(8, 4, "4", "5", "6")
+FMLP_WGMMA_SS(16, 8, "8", "9", "10")
+FMLP_WGMMA_SS(32, 16, "16", "17", "18")
+FMLP_WGMMA_SS(48, 24, "24", "25", "26")
+FMLP_WGMMA_SS(64, 32, "32", "33", "34")
 
 }  // namespace fmlp

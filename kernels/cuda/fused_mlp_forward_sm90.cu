@@ -38,7 +38,7 @@
 // Configuration: the -D options of fmlp_forward_common.cuh, with FMLP_MT 1 and
 // FMLP_WARPS a multiple of 4 (warpgroups x 4).
 #include "fmlp_forward_common.cuh"
-#include "fmlp_wgmma.cuh"
+#include "fmlp_sm90.cuh"
 
 namespace fmlp {
 
@@ -53,63 +53,6 @@ constexpr unsigned kWeightBytes = kOffWL + 2u * kOutP * kHP;
 constexpr unsigned kSmemBytes = kWeightBytes + 4u * kBiasFloats + 2u * kStages * kWarps * kBufElems;
 static_assert(kWeightBytes % 16 == 0, "weight region not a multiple of 16 bytes");
 static_assert(kSmemBytes == FMLP_SMEM_BYTES, "host and kernel disagree on shared memory");
-
-// Byte offset of W[n][k] in a layer's core-matrix layout with N_P rows: 8 x 8 core
-// matrices of 128 contiguous bytes (8 rows n of 16 bytes), ordered n-group fastest
-// within each 8-wide k group. So one 16-wide k slice kb starts at kb * N_P * 32 bytes,
-// its second core-matrix column is N_P * 16 bytes on (LBO) and the next 8 rows 128 (SBO).
-template <int N_P>
-__host__ __device__ constexpr unsigned cm_offset(int n, int k) {
-  return ((k >> 3) * (N_P >> 3) + (n >> 3)) * 128u + (n & 7) * 16u + (k & 7) * 2u;
-}
-
-// Stage one [rows, k] weight matrix into its core-matrix layout, zero-padded to [N_P, K_P].
-template <int N_P, int K_P>
-__device__ __forceinline__ void stage_weight_cm(unsigned char* dst, const unsigned short* src,
-                                                int rows, int k) {
-  stage_weight<N_P, K_P>(dst, src, rows, k, [](int n, int c) { return cm_offset<N_P>(n, c); });
-}
-
-// Keep the compiler from moving accesses of the accumulators across the wgmma group's
-// fence and wait: an empty volatile statement that reads and writes each of them.
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
-}
-
-// One layer for the warpgroup's 64 rows: out (A fragments of the next layer, this warp's
-// 16 rows) = act(in W^T + bias) over N_P outputs, K_P inputs; W at shared byte address w.
-template <int K_P, int N_P, int ACT>
-__device__ __forceinline__ void layer(const unsigned (&in)[K_P / 16][4],
-                                      unsigned (&out)[N_P / 16][4], unsigned w,
-                                      const float* bias, int lane) {
-  const int t2 = (lane & 3) * 2;
-  float d[N_P / 2];  // without bias: never initialized, the first MMA does not read it
-  if (kBias) {
-#pragma unroll
-    for (int i = 0; i < N_P / 8; ++i) {
-      const float2 bb = *reinterpret_cast<const float2*>(bias + i * 8 + t2);
-      d[4 * i] = bb.x; d[4 * i + 1] = bb.y; d[4 * i + 2] = bb.x; d[4 * i + 3] = bb.y;
-    }
-    pin(d);
-  }
-  wgmma_fence();
-#pragma unroll
-  for (int kb = 0; kb < K_P / 16; ++kb)
-    Wgmma<N_P>::mma(d, in[kb], wgmma_desc(w + kb * N_P * 32u, N_P * 16u, 128u),
-                    kBias || kb > 0);
-  wgmma_commit();
-  wgmma_wait<0>();
-  pin(d);
-#pragma unroll
-  for (int nb = 0; nb < N_P / 16; ++nb) {
-    out[nb][0] = act_pack2<ACT, kBF16>(d[8 * nb], d[8 * nb + 1]);
-    out[nb][1] = act_pack2<ACT, kBF16>(d[8 * nb + 2], d[8 * nb + 3]);
-    out[nb][2] = act_pack2<ACT, kBF16>(d[8 * nb + 4], d[8 * nb + 5]);
-    out[nb][3] = act_pack2<ACT, kBF16>(d[8 * nb + 6], d[8 * nb + 7]);
-  }
-}
 
 }  // namespace fmlp
 
