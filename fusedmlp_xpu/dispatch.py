@@ -3,7 +3,7 @@
 For a device it walks that device type's backends, fastest first, and takes the first
 whose ``supports()`` and ``preferred()`` say yes; for a training call (``train``: a
 forward that autograd will differentiate, or the backward) only a backend that trains
-(``Backend.trains``). ``FUSEDMLP_BACKEND=name`` or ``backend=name`` forces one (then
+(``Backend.train_support``). ``FUSEDMLP_BACKEND=name`` or ``backend=name`` forces one (then
 ``supports()`` alone decides, and an inference-only backend cannot take a training call);
 if that backend cannot run the input it is an error, never a silent fallback.
 Decisions are cached per (device, spec, forced name, training or not).
@@ -147,10 +147,13 @@ def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = Non
             ok, why = False, f"does not run on {device.type} (only {', '.join(be.device_types)})"
         if ok:
             ok, why = be.supports(spec, device)
-        if ok and train and not be.trains:
-            ok, why = False, ("inference only (no saving forward, no backward): a training "
-                              "call takes " + ("nothing, as forced" if forced
-                                               else "the next backend"))
+        if ok and train:
+            trains, says = be.train_support(spec, device)
+            if not trains:
+                ok, why = False, (f"{says}: a training call takes " +
+                                  ("nothing, as forced" if forced else "the next backend"))
+            elif says:
+                why = f"{why}; trains: {says}"
         if ok and forced is None:  # unforced, a backend may decline what it supports
             pref, says = be.preferred(spec, device)
             ok, why = (True, f"{why}; {says}" if says else why) if pref else (False, says)

@@ -96,15 +96,18 @@ def devices() -> list[torch.device]:
 
 def usable(trains: bool = True) -> list[tuple[str, torch.device]]:
     """Every (backend, device) pair that can run here, the reference on every device;
-    ``trains=False``: inference-only backends (Backend.trains False) too."""
+    ``trains=False``: inference-only backends too (those whose train_support refuses the
+    probes: the cuda backend, whose backward takes hidden width 64 only and is off by
+    default; tests/test_cuda_backward.py trains it)."""
     probes = [MLPSpec((16, 16, 16), "relu", "none", True, dt)
               for dt in (torch.float32, torch.float16)]
     pairs = []
     for dev in devices():
         for name, be in dispatch.REGISTRY.items():
             ok, _ = dispatch.availability(name)
-            if ok and dev.type in be.device_types and (be.trains or not trains) and any(
-                    be.supports(p, dev)[0] for p in probes):
+            if ok and dev.type in be.device_types and any(
+                    be.supports(p, dev)[0] and (not trains or be.train_support(p, dev)[0])
+                    for p in probes):
                 pairs.append((name, dev))
     return pairs
 

@@ -31,8 +31,13 @@ def run(backend, widths, dtype, act="relu", out_act="none", bias=True, lead=(103
     ok, why = fm.dispatch.REGISTRY[name].supports(spec, dev)
     if not ok:  # the dispatcher falls back for these; explain() shows the reason
         pytest.skip(f"{name} does not support this spec: {why}")
-    if grad and not fm.dispatch.REGISTRY[name].trains:
-        pytest.skip(f"{name} runs inference only")
+    be = fm.dispatch.REGISTRY[name]
+    if grad:
+        trains, why = be.train_support(spec, dev)
+        if not trains:
+            pytest.skip(f"{name} does not train this spec: {why}")
+        if not recompute and not be.saves:
+            pytest.skip(f"{name}'s backward always recomputes (recompute=False raises)")
     ws, bs = make_params(widths, bias, dtype, dev, requires_grad=grad)
     if noncontig:
         x = torch.randn(*lead, 2 * widths[0], device=dev).to(dtype)[..., ::2]

@@ -57,7 +57,8 @@ def _spec(widths, act="relu", out_act="none", bias=True, dtype=torch.float16):
 # --- compiles (CPU) ------------------------------------------------------------------
 def test_aot_compiles_every_configuration_without_spills(tmp_path):
     """ci/aot_cuda.py: every configuration the backend can produce for its table of nets
-    compiles for sm_90a, within the spill budget; one line per kernel."""
+    compiles for sm_90a, within the spill budget; one line per kernel (the forward's, then
+    the backward's)."""
     _nvrtc_or_skip()
     env = dict(os.environ, FUSEDMLP_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, str(ROOT / "ci" / "aot_cuda.py")], capture_output=True,
@@ -67,6 +68,9 @@ def test_aot_compiles_every_configuration_without_spills(tmp_path):
     # H 16/32/64/128 x fp16/bf16 x relu/none x bias, and the odd widths and activations
     assert len(lines) >= 40, r.stdout
     assert all(" 0 B spill" in ln for ln in lines), r.stdout
+    # the sm_90a backward: its nets, every set of gradients, within its spill budget
+    back = [ln for ln in r.stdout.splitlines() if ln.startswith("bwd ")]
+    assert len(back) >= 60 and not any("OVER" in ln or "SERIAL" in ln for ln in back), r.stdout
 
 
 def test_compile_reports_registers_and_uses_the_disk_cache(nvrtc, monkeypatch):
@@ -306,16 +310,21 @@ def test_grid_covers_every_row_block():
         assert 1 <= g <= 132 and (g == 132 or g * cfg.warps >= blocks)
 
 
-def test_training_raises_clearly(stubbed):
+def test_training_raises_clearly(stubbed, monkeypatch):
+    monkeypatch.delenv(cuda_backend.BACKWARD_ENV, raising=False)
     be = cuda_backend.CudaBackend()
-    ws, bs = make_params((16, 16, 8), True, torch.float16, "cpu")
+    ws, bs = make_params((16, 64, 8), True, torch.float16, "cpu")
     x = torch.randn(4, 16).half()
-    spec = _spec((16, 16, 8))
-    with pytest.raises(NotImplementedError, match="training is not implemented yet"):
+    spec = _spec((16, 64, 8))
+    # the backward always recomputes: a saving forward (recompute=False) is refused
+    with pytest.raises(NotImplementedError, match="recompute=False is not supported"):
         be.forward(x, ws, bs, spec, True)
-    with pytest.raises(NotImplementedError, match="training is not implemented yet"):
+    assert not be.saves and be.recomputes(spec, torch.device("cuda"))
+    # off unless FUSEDMLP_CUDA_BACKWARD=1 (not yet run on a GPU)
+    with pytest.raises(NotImplementedError, match="inference only .* FUSEDMLP_CUDA_BACKWARD=1"):
         be.backward(torch.randn(4, 8).half(), x, ws, bs, None, spec, (True, True, True))
-    assert not be.trains and not be.recomputes(spec, torch.device("cuda"))
+    ok, why = be.train_support(spec, torch.device("cuda", 0))
+    assert not ok and "has not run on a GPU yet" in why
 
 
 # --- the dispatcher's view (CPU, device properties stubbed) ---------------------------
@@ -325,6 +334,7 @@ def h200(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(dispatch, "_decisions", {})
     monkeypatch.setitem(dispatch._availability, "cuda", (True, "stubbed"))
+    monkeypatch.delenv(cuda_backend.BACKWARD_ENV, raising=False)
     return torch.device("cuda", 0)
 
 
@@ -358,7 +368,7 @@ def test_chosen_unforced_only_where_measured(h200, monkeypatch):
 def test_forced_takes_it_or_names_why_not(h200):
     spec = _spec((64,) + (64,) * 5 + (64,))
     ex = dispatch.explain_choice(h200, spec, "cuda")
-    assert ex.backend == "cuda" and "inference only" in ex.considered[0].reason
+    assert ex.backend == "cuda" and "fully-fused wgmma forward" in ex.considered[0].reason
     with pytest.raises(dispatch.BackendUnavailableError,
                        match="backend 'cuda' cannot run this input: cuda: dtype torch.float32"):
         dispatch.choose(h200, _spec((64, 64, 64), dtype=torch.float32), "cuda")
@@ -514,11 +524,12 @@ def test_launch_from_a_new_thread():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recompute", [None, False, True])
-def test_forced_training_fails_clearly(recompute):
+def test_forced_training_fails_clearly(recompute, monkeypatch):
     dev = _gpu_or_skip()
     ws, bs = make_params((32, 32, 32, 8), True, torch.float16, dev, requires_grad=True)
     x = torch.randn(64, 32, device=dev).half()
-    # the dispatcher refuses it before any kernel runs (Backend.trains is False)
+    # the dispatcher refuses it before any kernel runs (train_support: the backward is off)
+    monkeypatch.delenv(cuda_backend.BACKWARD_ENV, raising=False)
     with pytest.raises(fm.BackendUnavailableError, match="cuda: inference only"):
         fm.fused_mlp(x, ws, bs, backend="cuda", recompute=recompute).sum().backward()
 

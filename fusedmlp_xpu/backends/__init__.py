@@ -32,6 +32,16 @@ class Backend:
     #: whether it trains: ``forward(save=True)`` and ``backward``; False for an
     #: inference-only backend, to which the dispatcher gives no training call
     trains: bool = True
+    #: whether ``forward(save=True)`` saves the pre-activations (``recompute=False``); a
+    #: backend whose backward always recomputes them raises there instead
+    saves: bool = True
+
+    def train_support(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:
+        """Whether it trains ``spec`` on ``device`` (for a training call the dispatcher
+        asks this after ``supports``); the reason where not. Default: ``trains``."""
+        if self.trains:
+            return True, ""
+        return False, "inference only (no saving forward, no backward)"
 
     def supports(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:
         """Whether it can compute ``spec`` on ``device`` (what a forced backend runs); the

@@ -7,13 +7,16 @@ sm_90, ``fmlp_forward`` (fused_mlp_forward.cu, mma.sync) elsewhere -> ``cuda_bui
 (configuration, NVRTC, disk cache) -> ``CudaBackend.forward`` (this file: module load in
 torch's context, launch on torch's current stream).
 
-What it runs today: the narrow fully-fused forward for inference (every layer in one
-kernel; in/out features and the one hidden width <= 128, >= 2 layers, fp16/bf16 with
-fp32 accumulation, every registry activation, optional biases) on compute capability
-8.0 and later. Training is a later step: ``trains`` is False, so the dispatcher hands
-every training call (a forward autograd will differentiate, the backward) to the next
-backend, and refuses it when ``cuda`` is forced; ``forward(save=True)`` and ``backward``
-called directly raise NotImplementedError naming it.
+What it runs today: the narrow fully-fused forward (every layer in one kernel; in/out
+features and the one hidden width <= 128, >= 2 layers, fp16/bf16 with fp32 accumulation,
+every registry activation, optional biases) on compute capability 8.0 and later. Training
+(``fmlp_backward_sm90``, kernels/cuda/fused_mlp_backward_sm90.cu: one kernel that
+computes the forward again from x and sums every weight gradient on chip) is written and
+compiled for sm_90 but has NOT run on a GPU yet: training calls are refused
+(``train_support``) unless ``FUSEDMLP_CUDA_BACKWARD=1`` (for the runs that check it), and
+then only on sm_90 at hidden width 64 with in/out widths <= 64 and activations whose
+derivative is a function of their output. Its backward always recomputes: ``saves`` is
+False, so ``recompute=False`` raises.
 
 When it is chosen: for inference where it was measured faster than triton, device and
 host time (``MEASURED_WINS``: empty until the ctypes launch is timed on a GPU, below), or
@@ -34,6 +37,7 @@ import threading
 
 import torch
 
+from .. import envvars
 from . import Backend, cuda_build, device_guard, memory
 
 #: Measured inference wins over triton, by (compute capability, dtype, hidden width,
@@ -62,9 +66,15 @@ def win_key(capability: tuple[int, int], spec) -> tuple:
             spec.output_activation, spec.bias)
 
 
-_TRAINING = ("cuda backend: training is not implemented yet (the forward that saves the "
-             "pre-activations and the backward are later steps of issue #39); this backend "
-             "runs inference only: train with backend='triton' or leave the backend unforced")
+#: FUSEDMLP_CUDA_BACKWARD=1: training calls may run the sm_90 backward kernel (written and
+#: compiled, not yet run on a GPU: for the runs that check it)
+BACKWARD_ENV = "FUSEDMLP_CUDA_BACKWARD"
+
+_TRAINING = ("inference only (its backward kernel, sm_90, has not run on a GPU yet: off "
+             f"unless {BACKWARD_ENV}=1); train with backend='triton' or leave the backend "
+             "unforced")
+_SAVES = ("cuda backend: recompute=False is not supported: its backward computes the "
+          "forward again from x (leave recompute unset, or True)")
 
 
 def driver_module():
@@ -159,7 +169,7 @@ class _Contexts:
 
 
 _contexts = _Contexts()
-_kernels: dict[tuple[int, cuda_build.ForwardConfig], LoadedKernel] = {}
+_kernels: dict[tuple[int, object], LoadedKernel] = {}  # (device index, config)
 _kernels_lock = threading.Lock()
 
 
@@ -179,6 +189,15 @@ def _device_info(index: int) -> tuple[tuple[int, int], int, int]:
 def forward_kernel(device: torch.device, cfg: cuda_build.ForwardConfig) -> LoadedKernel:
     """The forward kernel of ``cfg`` loaded on ``device``: compiled (or read from the disk
     cache) and loaded on the first call, then kept for the process."""
+    return _loaded(device, cfg, cuda_build.compile_forward)
+
+
+def backward_kernel(device: torch.device, cfg: cuda_build.BackwardConfig) -> LoadedKernel:
+    """The backward kernel of ``cfg`` loaded on ``device``, as forward_kernel."""
+    return _loaded(device, cfg, cuda_build.compile_backward)
+
+
+def _loaded(device: torch.device, cfg, compile_fn) -> LoadedKernel:
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, cfg)
     k = _kernels.get(key)
@@ -187,7 +206,7 @@ def forward_kernel(device: torch.device, cfg: cuda_build.ForwardConfig) -> Loade
             k = _kernels.get(key)
             if k is None:
                 cap, sms, _ = device_info(torch.device("cuda", index))
-                built = cuda_build.compile_forward(cfg, cuda_build.arch_for(cap))
+                built = compile_fn(cfg, cuda_build.arch_for(cap))
                 _contexts.ensure(index)
                 k = _kernels[key] = LoadedKernel(driver_module(), built.cubin, cfg.kernel,
                                                  cfg, sms)
@@ -222,6 +241,11 @@ def pack_params(x, y, weights, biases) -> cuda_build.ForwardParams:
     p = cuda_build.ForwardParams()
     p.x, p.y = x.data_ptr(), y.data_ptr()
     p.n_rows, p.ld_x, p.ld_y = x.shape[0], x.stride(0), y.stride(0)
+    return _layers(p, weights, biases)
+
+
+def _layers(p, weights, biases):
+    """``p`` with every layer's weight and bias pointer filled in."""
     for i, w in enumerate(weights):
         p.w[i] = w.data_ptr()
     for i, b in enumerate(biases or ()):
@@ -236,7 +260,54 @@ def grid_size(n_rows: int, cfg: cuda_build.ForwardConfig, max_ctas: int) -> int:
     return max(1, min(max_ctas, -(-blocks // cfg.warps)))
 
 
-def launch(kernel: LoadedKernel, grid: int, params: cuda_build.ForwardParams,
+def pack_backward_params(x, grad_y, grad_x, partial, weights, biases) -> cuda_build.BackwardParams:
+    """The backward kernel's argument (grad_x and partial may be None: not written)."""
+    p = cuda_build.BackwardParams()
+    p.x, p.gy = x.data_ptr(), grad_y.data_ptr()
+    p.gx = 0 if grad_x is None else grad_x.data_ptr()
+    p.partial = 0 if partial is None else partial.data_ptr()
+    p.n_rows, p.ld_x, p.ld_gy = x.shape[0], x.stride(0), grad_y.stride(0)
+    p.ld_gx = 0 if grad_x is None else grad_x.stride(0)
+    return _layers(p, weights, biases)
+
+
+def backward_grid(n_rows: int, cfg: cuda_build.BackwardConfig, max_ctas: int) -> int:
+    """CTAs of the backward's persistent grid: one 64-row block a chain at least, at most
+    what is resident at once. Each CTA writes one partial of every weight gradient, so
+    fewer CTAs also means a smaller sum after."""
+    blocks = -(-n_rows // 64)
+    return max(1, min(max_ctas, -(-blocks // cfg.chains)))
+
+
+@functools.lru_cache(maxsize=64)
+def _partial_index(cfg: cuda_build.BackwardConfig, device: torch.device):
+    """(the partial's indices of every weight gradient, row major and layer after layer;
+    of every bias gradient, or None) as index tensors on ``device``."""
+    where = cfg.partial_index()
+    w = torch.tensor([i for wi, _ in where for i in wi], dtype=torch.long, device=device)
+    b = (torch.tensor([i for _, bi in where for i in bi], dtype=torch.long, device=device)
+         if cfg.bias else None)
+    return w, b
+
+
+def gradients_from_partials(partial: torch.Tensor, cfg: cuda_build.BackwardConfig,
+                            dtype: torch.dtype, need_w: bool, need_b: bool):
+    """The CTAs' fp32 partials [grid, partial_floats] -> (weight gradients, bias gradients)
+    in ``dtype``, lists empty where not needed: summed over the CTAs, gathered out of the
+    kernel's fragment layout, rounded once."""
+    total = partial.sum(0)
+    w_idx, b_idx = _partial_index(cfg, partial.device)
+    shapes = cfg.layer_shapes()
+    gws, gbs = [], []
+    if need_w:
+        flat = total[w_idx].to(dtype)
+        gws = [t.view(o, i) for t, (o, i) in zip(flat.split([o * i for o, i in shapes]), shapes)]
+    if need_b:
+        gbs = list(total[b_idx].to(dtype).split([o for o, _ in shapes]))
+    return gws, gbs
+
+
+def launch(kernel: LoadedKernel, grid: int, params,
            device: torch.device) -> None:
     """The kernel on torch's current stream of ``device``: asynchronous, nothing
     allocated, nothing synchronized (capturable in a CUDA graph). The driver copies the
@@ -253,8 +324,10 @@ def launch(kernel: LoadedKernel, grid: int, params: cuda_build.ForwardParams,
 class CudaBackend(Backend):
     name = "cuda"
     device_types = ("cuda",)
-    #: inference only for now: forward(save=True) and backward raise NotImplementedError
-    trains = False
+    #: training only where train_support says so (FUSEDMLP_CUDA_BACKWARD=1, sm_90, the
+    #: backward kernel's specs); the backward always recomputes
+    trains = True
+    saves = False
 
     def available(self):
         try:
@@ -263,7 +336,8 @@ class CudaBackend(Backend):
         except cuda_build.CudaToolchainError as e:
             return False, str(e)
         missing = [p.name for p in (cuda_build.FORWARD_SOURCE, cuda_build.FORWARD_SM90_SOURCE,
-                                    *cuda_build.HEADERS) if not p.exists()]
+                                    cuda_build.BACKWARD_SM90_SOURCE, *cuda_build.HEADERS)
+                   if not p.exists()]
         if missing:
             return False, (f"cuda backend: kernel sources {missing} not found under "
                            f"{cuda_build.KERNEL_DIR} (needs a source checkout or editable "
@@ -285,7 +359,24 @@ class CudaBackend(Backend):
         return True, (f"fully-fused {cfg.family} forward compiled by NVRTC for "
                       f"{cuda_build.arch_for(cap)} ({cfg.rows_per_warp} rows a warp, "
                       f"{cfg.warps} warps a CTA, {cfg.smem_bytes() // 1024} KB shared "
-                      "memory); inference only")
+                      "memory)")
+
+    def train_support(self, spec, device):
+        if envvars.get(BACKWARD_ENV) != "1":
+            return False, _TRAINING
+        cap, _, smem = device_info(device)
+        if tuple(cap) != (9, 0):
+            return False, (f"sm_{cap[0]}{cap[1]}: the backward kernel is sm_90 (wgmma) only; "
+                           "inference only here")
+        cfg, why = cuda_build.backward_config(spec, True, True, smem)
+        if cfg is None:
+            return False, f"the backward kernel cannot train this spec: {why}"
+        return True, (f"backward kernel {cfg.chains} chains + 1 summing warpgroup, "
+                      f"{cfg.smem_bytes() // 1024} KB shared memory ({BACKWARD_ENV}=1: not "
+                      "yet run on a GPU)")
+
+    def recomputes(self, spec, device):
+        return True
 
     def preferred(self, spec, device):
         cap = torch.cuda.get_device_capability(device)
@@ -295,12 +386,12 @@ class CudaBackend(Backend):
             return False, (f"compiled, not measured faster than triton on {arch} for this "
                            "spec (hidden width, dtype, activations, bias): used only when "
                            "forced (FUSEDMLP_BACKEND=cuda or backend='cuda')")
-        # training calls never get here: the dispatcher skips a backend that does not train
+        # a training call gets here only where train_support allowed it (FUSEDMLP_CUDA_BACKWARD)
         return True, f"measured faster than triton on {arch} for inference ({src})"
 
     def forward(self, x, weights, biases, spec, save):
         if save:
-            raise NotImplementedError(_TRAINING)
+            raise NotImplementedError(_SAVES)
         cap, _, smem = device_info(x.device)
         cfg, why = cuda_build.forward_config(spec, smem, cuda_build.family_for(cap))
         if cfg is None:  # the dispatcher asked supports() first; a direct call may not
@@ -320,4 +411,35 @@ class CudaBackend(Backend):
         return y, None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
-        raise NotImplementedError(_TRAINING)
+        ok, why = self.train_support(spec, x.device)
+        if not ok:  # the dispatcher asked first; a direct call may not
+            raise NotImplementedError(f"cuda backend: {why}")
+        if saved is not None:
+            raise ValueError(_SAVES)
+        need_x, need_w, need_b = needs
+        if not (need_x or need_w or need_b):
+            return None, [], []
+        cfg, why = cuda_build.backward_config(spec, need_x, need_w or need_b,
+                                              device_info(x.device)[2])
+        n = x.shape[0]
+        gx = memory.new_empty(n, spec.in_features, like=x) if need_x else None
+        if n == 0:  # no rows: zero gradients, nothing launched
+            shapes = cfg.layer_shapes()
+            return (gx, [x.new_zeros(o, i) for o, i in shapes] if need_w else [],
+                    [x.new_zeros(o) for o, _ in shapes] if need_b else [])
+        with device_guard(x):
+            kernel = backward_kernel(x.device, cfg)
+            x = kernel_input(x, spec.in_features)
+            grad_y = kernel_input(grad_y, spec.out_features)
+            weights = [_aligned(w) for w in weights]
+            biases = None if biases is None else [
+                b if b.stride(0) == 1 else b.contiguous() for b in biases]
+            grid = backward_grid(n, cfg, kernel.max_ctas)
+            # every CTA writes all of its partial (even one with no row block): no zero-fill
+            partial = (torch.empty(grid, cfg.partial_floats(), device=x.device,
+                                   dtype=torch.float32) if cfg.need_wb else None)
+            launch(kernel, grid, pack_backward_params(x, grad_y, gx, partial, weights, biases),
+                   x.device)
+        gws, gbs = ([], []) if partial is None else gradients_from_partials(
+            partial, cfg, x.dtype, need_w, need_b)
+        return gx, gws, gbs
