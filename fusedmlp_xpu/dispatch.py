@@ -155,7 +155,7 @@ def explain_choice(device: torch.device, spec: MLPSpec, forced: str | None = Non
             elif says:
                 why = f"{why}; trains: {says}"
         if ok and forced is None:  # unforced, a backend may decline what it supports
-            pref, says = be.preferred(spec, device)
+            pref, says = be.preferred(spec, device, train)
             ok, why = (True, f"{why}; {says}" if says else why) if pref else (False, says)
         taken = ok and ex.backend is None
         if taken:

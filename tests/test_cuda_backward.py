@@ -221,9 +221,13 @@ def test_training_only_when_switched_on(h200, monkeypatch):
     monkeypatch.setenv(ENV, "1")
     ex = dispatch.explain_choice(h200, spec, "cuda", train=True)
     assert ex.backend == "cuda" and "not yet run on a GPU" in ex.considered[0].reason
-    # unforced, it is not measured: training takes triton (or the next backend)
+    # unforced, its backward is not measured: training takes triton (or the next backend),
+    # even where an inference win is on record for the spec
+    monkeypatch.setitem(cuda_backend.MEASURED_WINS, cuda_backend.win_key((9, 0), spec), "x")
+    assert dispatch.explain_choice(h200, spec, None).backend == "cuda"
     ex = dispatch.explain_choice(h200, spec, None, train=True)
-    assert ex.backend != "cuda"
+    c = next(c for c in ex.considered if c.name == "cuda")
+    assert ex.backend != "cuda" and "trains only when forced" in c.reason
     for other, why in ((_spec((64, 128, 64)), "hidden width 128"),
                        (_spec((64, 64, 64), "gelu"), "activation ids [3]")):
         ex = dispatch.explain_choice(h200, other, "cuda", train=True)

@@ -48,10 +48,12 @@ class Backend:
         reason either way."""
         raise NotImplementedError
 
-    def preferred(self, spec: MLPSpec, device: torch.device) -> tuple[bool, str]:
+    def preferred(self, spec: MLPSpec, device: torch.device,
+                  train: bool = False) -> tuple[bool, str]:
         """Whether the dispatcher, choosing unforced, takes it for a ``spec`` it supports on
-        ``device``; (False, why) where it runs only when forced (such as a backend not yet
-        measured faster than the next one in the dispatcher's order)."""
+        ``device`` (``train``: for a training call); (False, why) where it runs only when
+        forced (such as a backend not yet measured faster than the next one in the
+        dispatcher's order)."""
         return True, ""
 
     def forward(

@@ -378,15 +378,17 @@ class CudaBackend(Backend):
     def recomputes(self, spec, device):
         return True
 
-    def preferred(self, spec, device):
+    def preferred(self, spec, device, train=False):
         cap = torch.cuda.get_device_capability(device)
         arch = f"sm_{cap[0]}{cap[1]}"
+        if train:  # MEASURED_WINS are inference wins; the backward has no measurement yet
+            return False, (f"its backward is not measured against triton's on {arch}: "
+                           "trains only when forced (with FUSEDMLP_CUDA_BACKWARD=1)")
         src = MEASURED_WINS.get(win_key(cap, spec))
         if src is None:
             return False, (f"compiled, not measured faster than triton on {arch} for this "
                            "spec (hidden width, dtype, activations, bias): used only when "
                            "forced (FUSEDMLP_BACKEND=cuda or backend='cuda')")
-        # a training call gets here only where train_support allowed it (FUSEDMLP_CUDA_BACKWARD)
         return True, f"measured faster than triton on {arch} for inference ({src})"
 
     def forward(self, x, weights, biases, spec, save):
