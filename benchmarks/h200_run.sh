@@ -73,14 +73,18 @@ for s in $steps; do
             timeout 60 python3 benchmarks/cuda_forward.py --config $c --dtype $dt --tunings wg4 wg3 --out "$OUT/cuda-fwd-$c-$dt.json" 2>&1 | grep -E "^triton|^cuda"; done; done
           timeout 150 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode inference --backends triton cuda --passes 2 --out "$OUT/bench-cuda-narrow-w64.json" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
     # the cuda backend's backward (FUSEDMLP_CUDA_BACKWARD=1, off by default until this
-    # passes): its GPU tests, memcheck and racecheck of one case, and the train step beside
-    # triton (CUDA_BWD_CONFIGS; benchmarks/cuda_backward.py checks against float64 first)
+    # passes): its GPU tests, then the backward and train step beside triton
+    # (CUDA_BWD_CONFIGS; benchmarks/cuda_backward.py checks against float64 first)
     cuda-bwd) FUSEDMLP_CUDA_BACKWARD=1 timeout ${CUDA_BWD_TESTS_S:-200} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_cuda_backward.py > "$OUT/cuda-bwd-tests.log" 2>&1
           echo "passed $(grep -c ' PASSED ' "$OUT/cuda-bwd-tests.log"), failed $(grep -c ' FAILED ' "$OUT/cuda-bwd-tests.log")"; grep -E "^FAILED|Timeout" "$OUT/cuda-bwd-tests.log" | head -10; tail -1 "$OUT/cuda-bwd-tests.log"
-          for tool in memcheck racecheck; do
-            PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool $tool python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "against_float64 and fp16 and widths0 and 1037" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|passed|failed" | sort | uniq -c | head -6; done
           for c in ${CUDA_BWD_CONFIGS:-narrow-w64}; do for dt in float16 bfloat16; do
             timeout 120 python3 benchmarks/cuda_backward.py --config $c --dtype $dt --out "$OUT/cuda-bwd-$c-$dt.json" 2>&1 | grep -E "floor|^triton|^cuda"; done; done ;;
+    # its memcheck and racecheck on one case each
+    cuda-bwd-san) for tool in memcheck racecheck; do
+            FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool $tool python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "against_float64 and fp16 and widths0 and 1037" > "$OUT/cuda-bwd-$tool.log" 2>&1
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6; done ;;
+    # train steps from Python and from a CUDA graph, triton and cuda forced side by side
+    cuda-bwd-bench) FUSEDMLP_CUDA_BACKWARD=1 timeout 200 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode train --backends triton cuda --out "$OUT/bench-cuda-train-narrow-w64.json" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -280,31 +280,30 @@ def backward_grid(n_rows: int, cfg: cuda_build.BackwardConfig, max_ctas: int) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _partial_index(cfg: cuda_build.BackwardConfig, device: torch.device):
-    """(the partial's indices of every weight gradient, row major and layer after layer;
-    of every bias gradient, or None) as index tensors on ``device``."""
+def _partial_index(cfg: cuda_build.BackwardConfig, device: torch.device, need_w: bool,
+                   need_b: bool) -> torch.Tensor:
+    """The partial's indices of the gradients asked for, as one index tensor on ``device``:
+    every weight gradient (row major, layer after layer), then every bias gradient."""
     where = cfg.partial_index()
-    w = torch.tensor([i for wi, _ in where for i in wi], dtype=torch.long, device=device)
-    b = (torch.tensor([i for _, bi in where for i in bi], dtype=torch.long, device=device)
-         if cfg.bias else None)
-    return w, b
+    idx = ([i for wi, _ in where for i in wi] if need_w else []) + (
+        [i for _, bi in where for i in bi] if need_b else [])
+    return torch.tensor(idx, dtype=torch.long, device=device)
 
 
 def gradients_from_partials(partial: torch.Tensor, cfg: cuda_build.BackwardConfig,
                             dtype: torch.dtype, need_w: bool, need_b: bool):
     """The CTAs' fp32 partials [grid, partial_floats] -> (weight gradients, bias gradients)
     in ``dtype``, lists empty where not needed: summed over the CTAs, gathered out of the
-    kernel's fragment layout, rounded once."""
-    total = partial.sum(0)
-    w_idx, b_idx = _partial_index(cfg, partial.device)
+    kernel's fragment layout and rounded once (three ops whatever the depth), then split
+    into views."""
     shapes = cfg.layer_shapes()
-    gws, gbs = [], []
-    if need_w:
-        flat = total[w_idx].to(dtype)
-        gws = [t.view(o, i) for t, (o, i) in zip(flat.split([o * i for o, i in shapes]), shapes)]
-    if need_b:
-        gbs = list(total[b_idx].to(dtype).split([o for o, _ in shapes]))
-    return gws, gbs
+    flat = partial.sum(0)[_partial_index(cfg, partial.device, need_w, need_b)].to(dtype)
+    sizes = ([o * i for o, i in shapes] if need_w else []) + (
+        [o for o, _ in shapes] if need_b else [])
+    parts = flat.split(sizes)
+    n = len(shapes) if need_w else 0
+    gws = [t.view(o, i) for t, (o, i) in zip(parts[:n], shapes)]
+    return gws, list(parts[n:])
 
 
 def launch(kernel: LoadedKernel, grid: int, params,
