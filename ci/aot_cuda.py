@@ -93,7 +93,7 @@ def compile_backward_one(spec, arch: str) -> int:
             continue
         s = cb.ptxas_stats(built.log)
         spill = s["spill_stores"] + s["spill_loads"]
-        over = "  OVER THE SPILL BUDGET" if spill > cb.BACKWARD_SPILL_BUDGET else ""
+        over = "  OVER THE SPILL BUDGET" if spill > cb.SPILL_BUDGET else ""
         serial = "  WGMMA SERIALIZED" if "serialized" in built.log else ""
         # ptxas drops setmaxnreg where the kernel makes a call: the sums then spill
         dropped = "  SETMAXNREG IGNORED" if "setmaxnreg' ignored" in built.log else ""
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         for family in families:
             failed += compile_one(spec, family, args.arch)
     if args.arch == "sm_90a":
-        print(f"backward (sm_90a), spill budget {cb.BACKWARD_SPILL_BUDGET} B")
+        print(f"backward (sm_90a), spill budget {cb.SPILL_BUDGET} B")
         for spec in backward_nets(args.quick):
             failed += compile_backward_one(spec, args.arch)
     return 1 if failed else 0

@@ -56,9 +56,14 @@ def test_configuration_counts():
     cfg, _ = cb.backward_config(_spec(W64), True, True)
     assert cfg.warps == 12 and cfg.threads == 384
     # the forward's weights but the last (no output activation: y is not needed), the 5
-    # transposed, the mbarriers, per chain x^T + 4 h^T + g^T (6 x 8 KB), 8 warps' 2 buffers
-    assert cfg.smem_bytes() == (4 + 5) * 8192 + 128 + 2 * 6 * 8192 + 2 * 8 * 16 * 72 * 2
+    # transposed, the mbarriers, per chain x^T + 4 h^T + 2 g^T (7 x 8 KB), 8 warps' 2 buffers
+    assert cfg.g_bufs == 2 and cfg.defines()["FMLP_G_BUFS"] == 2
+    assert cfg.smem_bytes() == (4 + 5) * 8192 + 128 + 2 * 7 * 8192 + 2 * 8 * 16 * 72 * 2
     assert cfg.smem_bytes() <= cb.SM90_SMEM
+    # where two g^T tiles a chain do not fit, one
+    big, _ = cb.backward_config(_spec(W64, "tanh", "sigmoid", True), True, True)
+    assert big.g_bufs == 1 and big.smem_bytes() <= cb.SM90_SMEM
+    assert dataclasses.replace(big, g_bufs=2).smem_bytes() > cb.SM90_SMEM
     assert cfg.partial_floats() == 5 * 128 * 32
     cfg, _ = cb.backward_config(_spec((32, 64, 64, 3), bias=True), False, True)
     # no W_0^T without grad_x; 4 bias accumulators a thread a layer

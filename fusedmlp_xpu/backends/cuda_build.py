@@ -25,6 +25,7 @@ import os
 import re
 import tempfile
 import threading
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +63,6 @@ SM90_SMEM = 227 * 1024
 #: compiles before it fails it: none (a spill in the layer chain costs local-memory
 #: round trips per row block)
 SPILL_BUDGET = 0
-#: the same for the backward kernel: 48 bytes (stores + loads). Its chain warpgroups run
-#: at 136 registers (setmaxnreg: the summing warpgroup holds every weight-gradient sum at
-#: 232). At in and out width 64 with three hidden-to-hidden layers, grad_x, and an output
-#: activation (or two smooth activations), ptxas keeps 4-5 loop-invariant values in local
-#: memory: stores before the row-block loop, one load each a 64-row block (cuobjdump of
-#: the sm_90a cubins of tanh/sigmoid and softplus/relu with biases).
-BACKWARD_SPILL_BUDGET = 48
 
 
 class CudaToolchainError(RuntimeError):
@@ -267,6 +261,9 @@ class BackwardConfig:
     need_x: bool
     need_wb: bool
     chains: int = 2
+    #: g^T tiles a chain: 2 lets a chain hand over the next g while the sums still read
+    #: the last; backward_config takes 2 where shared memory allows
+    g_bufs: int = 1
 
     source = BACKWARD_SM90_SOURCE
     kernel = BACKWARD_SM90_KERNEL
@@ -291,7 +288,7 @@ class BackwardConfig:
         biases = 4 * ((self.hidden_layers + 1) * h_p + out_p) if self.bias else 0
         ones = 2 * 8 * 64 if self.bias and self.need_wb else 0
         layers = self.hidden_layers + 1  # h tiles a chain keeps: every layer's but the last
-        tiles = self.chains * (2 * in_p * 64 + layers * 2 * h_p * 64 + 2 * 64 * 64)
+        tiles = self.chains * (2 * in_p * 64 + layers * 2 * h_p * 64 + self.g_bufs * 2 * 64 * 64)
         buffers = 2 * 2 * 4 * self.chains * 16 * (max(in_p, out_p) + 8)
         return (forward + transposed + (biases + 127) // 128 * 128 + ones + 128 + tiles
                 + buffers)
@@ -344,7 +341,7 @@ class BackwardConfig:
                 "FMLP_BIAS": int(self.bias), "FMLP_BF16": int(self.bf16), "FMLP_MT": 1,
                 "FMLP_WARPS": self.warps, "FMLP_MAX_LAYERS": MAX_LAYERS,
                 "FMLP_NEED_X": int(self.need_x), "FMLP_NEED_WB": int(self.need_wb),
-                "FMLP_PARTIAL_FLOATS": self.partial_floats(),
+                "FMLP_PARTIAL_FLOATS": self.partial_floats(), "FMLP_G_BUFS": self.g_bufs,
                 "FMLP_SMEM_BYTES": self.smem_bytes()}
 
     def describe(self) -> str:
@@ -352,7 +349,8 @@ class BackwardConfig:
         needs = "".join(n for n, on in (("x", self.need_x), ("w", self.need_wb)) if on)
         return (f"bwd {self.in_features}->{self.hidden}x{self.hidden_layers + 1}->"
                 f"{self.out_features} {dt} act {self.activation}/{self.output_activation}"
-                f"{' bias' if self.bias else ''} needs {needs} {self.chains} chains")
+                f"{' bias' if self.bias else ''} needs {needs} {self.chains} chains "
+                f"{self.g_bufs} g")
 
 
 @functools.lru_cache(maxsize=256)
@@ -382,7 +380,9 @@ def backward_config(spec, need_x: bool, need_wb: bool,
                       f"warpgroup's registers hold {most}")
     cfg = BackwardConfig(spec.in_features, spec.out_features, h, spec.n_layers - 2,
                          spec.activation_id, spec.output_activation_id, spec.bias,
-                         spec.dtype == torch.bfloat16, need_x, need_wb)
+                         spec.dtype == torch.bfloat16, need_x, need_wb, g_bufs=2)
+    if cfg.smem_bytes() > smem_limit:
+        cfg = dataclasses.replace(cfg, g_bufs=1)
     if cfg.smem_bytes() > smem_limit:
         return None, (f"the backward needs {cfg.smem_bytes() // 1024} KB of shared memory, "
                       f"over the device's {smem_limit // 1024} KB a block")

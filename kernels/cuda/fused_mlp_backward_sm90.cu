@@ -20,13 +20,15 @@
 //   a 64 x 64 layer) and db_l and adds g_l^T h_{l-1} (h_{-1} = x) for every hand-over:
 //   wgmma with both operands from shared memory (A = g^T, M = 64 outputs: an output
 //   width under 64 leaves rows of the sum nobody reads), and g_l^T ones for the biases.
-// - Hand-overs: per chain one g^T tile and two mbarriers, "full" (the chain's 128
-//   threads arrive after storing g^T and a proxy fence) and "empty" (the summing
-//   warpgroup's 128 threads arrive once its MMAs have read g^T and h^T). A chain waits
-//   for the release of its previous hand-over before each store of g^T, and at the start
-//   of a block (before its first h^T store): so h^T and x^T of a block stay until the
-//   sums have read them. The summing warpgroup serves the chains in a fixed order (layer
-//   by layer, chain by chain), so the chains run in step.
+// - Hand-overs: per chain FMLP_G_BUFS g^T tiles (1 or 2: two where shared memory allows),
+//   each with two mbarriers, "full" (the chain's 128 threads arrive after storing g^T and
+//   a proxy fence) and "empty" (the summing warpgroup's 128 threads arrive once its MMAs
+//   have read g^T and h^T). A chain waits for the release of a tile's previous use before
+//   storing into it, and at the start of a block for the release of its last hand-over
+//   (so h^T and x^T of a block stay until the sums have read them). The summing
+//   warpgroup takes the CTA's blocks in order, alternating chains, each block's hand-overs
+//   in turn: one chain's backward is summed while the other computes its forward (the
+//   Gluon kernel's order).
 // - setmaxnreg gives the summing warpgroup 232 registers and the chains 136 each.
 //
 // Status: compiled for sm_90a in CI (ci/aot_cuda.py: no spills, no serialized wgmma);
@@ -37,6 +39,7 @@
 //   FMLP_NEED_X          1: write gx
 //   FMLP_NEED_WB         1: sum the weight (and, with FMLP_BIAS, bias) gradients
 //   FMLP_PARTIAL_FLOATS  the host's count of one CTA's partial (checked here)
+//   FMLP_G_BUFS          g^T tiles a chain (1 or 2)
 #include "fmlp_forward_common.cuh"
 #include "fmlp_sm90.cuh"
 
@@ -64,10 +67,12 @@ constexpr int kChains = kWarps / 4 - 1;
 constexpr int kL = kLHid + 1;  // the last layer's index: layers 0 .. kL
 constexpr int kBM = 64;        // rows of a chain's block (a warpgroup's MMA)
 constexpr int kGP = 64;        // g^T's rows: the sums' M
+constexpr int kGBufs = FMLP_G_BUFS;  // g^T tiles a chain: hand-over u takes tile u % kGBufs
 // the last layer is computed again only where its derivative needs y
 constexpr bool kOutFwd = FMLP_OUT_ACT != NONE;
 static_assert(kMT == 1 && kWarps % 4 == 0 && kChains >= 1 && kChains <= 2,
               "16 rows a warp; 1 or 2 chain warpgroups and the summing one");
+static_assert(kGBufs == 1 || kGBufs == 2, "one or two g^T tiles a chain");
 static_assert(kHP == 64, "hidden width 64 (16 and 32: not yet)");
 static_assert(kInP <= 64 && kOutP <= 64, "in and out widths up to 64");
 static_assert(grad_from_output(FMLP_ACT) && grad_from_output(FMLP_OUT_ACT),
@@ -86,10 +91,12 @@ constexpr unsigned kOffBias = kOffTL + kWL;
 constexpr bool kBiasSums = kBias && kNeedWB;
 constexpr unsigned kOffOnes = kOffBias + (4u * kBiasFloats + 127u) / 128u * 128u;
 constexpr unsigned kOffBar = kOffOnes + (kBiasSums ? 2u * 8 * kBM : 0u);
-constexpr unsigned kOffTiles = kOffBar + 128u;  // 2 mbarriers a chain, 8 bytes each
-// a chain's tiles: x^T [IN_P][64], h_l^T [H_P][64] for l < kL, g^T [64][64]
+// mbarriers "full" and "empty" (8 bytes each) of each chain's g^T tiles
+constexpr unsigned kOffTiles = kOffBar + 128u;
+static_assert(16 * kChains * kGBufs <= 128, "mbarrier region");
+// a chain's tiles: x^T [IN_P][64], h_l^T [H_P][64] for l < kL, kGBufs g^T [64][64]
 constexpr unsigned kXT = 2u * kInP * kBM, kHT = 2u * kHP * kBM, kGT = 2u * kGP * kBM;
-constexpr unsigned kChainTiles = kXT + kL * kHT + kGT;
+constexpr unsigned kChainTiles = kXT + kL * kHT + kGBufs * kGT;
 constexpr unsigned kOffBufs = kOffTiles + kChains * kChainTiles;
 // two buffers of 16 rows a chain warp: x in; gy in, then gx out
 constexpr unsigned kSmemBytes = kOffBufs + 2u * 2 * (4 * kChains) * kBufElems;
@@ -182,50 +189,49 @@ __device__ __forceinline__ void sums(const FmlpBackwardParams& p, unsigned base,
 #pragma unroll
     for (int i = 0; i < 4; ++i) db[l][i] = 0.f;
 
-  long long n_c[kChains];
-  unsigned parity[kChains];
+  // the CTA's blocks in order (block j of chain c is its j * kChains + c-th), each block's
+  // hand-overs l = kL .. 0 in turn: one chain's backward is summed while the other
+  // computes its forward (the Gluon kernel's order)
+  long long total = 0;
 #pragma unroll
-  for (int c = 0; c < kChains; ++c) {
-    n_c[c] = blocks_of((long long)blockIdx.x * kChains + c, stride, n_blocks);
-    parity[c] = 0;
-  }
+  for (int c = 0; c < kChains; ++c)
+    total += blocks_of((long long)blockIdx.x * kChains + c, stride, n_blocks);
   const unsigned ones = base + kOffOnes;
-  for (long long k = 0; k < n_c[0]; ++k) {  // chain 0 has the most blocks
+  for (long long i = 0; i < total; ++i) {
+    const int c = (int)(i % kChains);
+    const long long j = i / kChains;
+    const unsigned tiles = base + kOffTiles + c * kChainTiles;
 #pragma unroll
     for (int l = kL; l >= 0; --l) {
+      const long long u = j * (kL + 1) + (kL - l);  // the chain's hand-over count
+      const int b = (int)(u % kGBufs);
+      const unsigned bar = base + kOffBar + 16u * (c * kGBufs + b);
+      mbar_wait(bar, (unsigned)((u / kGBufs) & 1));  // "full": g_l^T is in
+      const unsigned gt = tiles + kXT + kL * kHT + b * kGT;
+      const unsigned in_t = l == 0 ? tiles : tiles + kXT + (l - 1) * kHT;
+      wgmma_fence();
 #pragma unroll
-      for (int c = 0; c < kChains; ++c) {
-        if (k >= n_c[c]) continue;  // uniform across the warpgroup
-        const unsigned bar = base + kOffBar + 16u * c;
-        mbar_wait(bar, parity[c]);  // "full": g_l^T is in
-        parity[c] ^= 1u;
-        const unsigned tiles = base + kOffTiles + c * kChainTiles;
-        const unsigned gt = tiles + kXT + kL * kHT;
-        const unsigned in_t = l == 0 ? tiles : tiles + kXT + (l - 1) * kHT;
-        wgmma_fence();
-#pragma unroll
-        for (int kb = 0; kb < kBM / 16; ++kb) {
-          const unsigned long long a = wgmma_desc(gt + kb * kGP * 32u, kGP * 16u, 128u);
-          if (l == 0) {
-            WgmmaSS<kInP>::mma(d0, a, wgmma_desc(in_t + kb * kInP * 32u, kInP * 16u, 128u), 1);
-          } else if (l == kL) {
-            WgmmaSS<kHP>::mma(dl, a, wgmma_desc(in_t + kb * kHP * 32u, kHP * 16u, 128u), 1);
-          } else {
-            WgmmaSS<kHP>::mma(dh[l > 0 && l < kL ? l - 1 : 0], a,
-                              wgmma_desc(in_t + kb * kHP * 32u, kHP * 16u, 128u), 1);
-          }
-          if (kBiasSums) WgmmaSS<8>::mma(db[l], a, wgmma_desc(ones + kb * 256u, 128u, 128u), 1);
+      for (int kb = 0; kb < kBM / 16; ++kb) {
+        const unsigned long long a = wgmma_desc(gt + kb * kGP * 32u, kGP * 16u, 128u);
+        if (l == 0) {
+          WgmmaSS<kInP>::mma(d0, a, wgmma_desc(in_t + kb * kInP * 32u, kInP * 16u, 128u), 1);
+        } else if (l == kL) {
+          WgmmaSS<kHP>::mma(dl, a, wgmma_desc(in_t + kb * kHP * 32u, kHP * 16u, 128u), 1);
+        } else {
+          WgmmaSS<kHP>::mma(dh[l > 0 && l < kL ? l - 1 : 0], a,
+                            wgmma_desc(in_t + kb * kHP * 32u, kHP * 16u, 128u), 1);
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(d0);
-        pin(dl);
-#pragma unroll
-        for (int i = 0; i < (kLHid > 0 ? kLHid : 1); ++i) pin(dh[i]);
-#pragma unroll
-        for (int i = 0; i <= kL; ++i) pin(db[i]);
-        mbar_arrive(bar + 8);  // "empty": g^T and the layer's input tile are read
+        if (kBiasSums) WgmmaSS<8>::mma(db[l], a, wgmma_desc(ones + kb * 256u, 128u, 128u), 1);
       }
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(d0);
+      pin(dl);
+#pragma unroll
+      for (int q = 0; q < (kLHid > 0 ? kLHid : 1); ++q) pin(dh[q]);
+#pragma unroll
+      for (int q = 0; q <= kL; ++q) pin(db[q]);
+      mbar_arrive(bar + 8);  // "empty": g^T and the layer's input tile are read
     }
   }
 
@@ -269,7 +275,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
       reinterpret_cast<unsigned short*>(smem_bytes + kOffOnes)[i] = one;
   }
   const unsigned base = smem_addr(smem_bytes);
-  if (threadIdx.x < kChains) {
+  if (threadIdx.x < kChains * kGBufs) {  // per chain and g^T tile
     mbar_init(base + kOffBar + 16u * threadIdx.x, 128);      // full
     mbar_init(base + kOffBar + 16u * threadIdx.x + 8, 128);  // empty
   }
@@ -292,21 +298,26 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
 
   // --- a chain: row blocks of 64, 16 rows a warp ---
   const unsigned tiles = base + kOffTiles + wg * kChainTiles;
-  const unsigned xt = tiles, ht = tiles + kXT, gt = tiles + kXT + kL * kHT;
+  const unsigned xt = tiles, ht = tiles + kXT, gt0 = tiles + kXT + kL * kHT;
   const unsigned xbuf = base + kOffBufs + 2u * (2 * warp) * kBufElems, gbuf = xbuf + 2u * kBufElems;
-  const unsigned full = base + kOffBar + 16u * wg, empty = full + 8;
+  const unsigned bars = base + kOffBar + 16u * kGBufs * wg;  // this chain's, 16 bytes a tile
   // fp32, each layer's kHP (the last's kOutP)
   const float* bias = reinterpret_cast<const float*>(smem_bytes + kOffBias);
   const int r0 = 16 * wl;
   // lane's row address in the four 8x8 A matrices of a row-major buffer (as the forward)
   const unsigned a_lane = 2u * (((lane & 7) + ((lane >> 3) & 1) * 8) * kLdXY + (lane >> 4) * 8);
-  unsigned handed = 0;  // hand-overs so far; the release of hand-over j completes phase j
-  auto wait_release = [&]() { mbar_wait(empty, (handed + 1) & 1); };
-  auto hand_over = [&](auto const& g) {  // g^T into the tile, then "full"
+  // hand-over u goes into g^T tile u % kGBufs, its (u / kGBufs)-th use: the phase the
+  // tile's "full" and "empty" complete then
+  int handed = 0;  // hand-overs so far
+  auto wait_release = [&](int u) {  // the sums are done with hand-over u (none: u < 0)
+    if (u >= 0) mbar_wait(bars + 16u * (u % kGBufs) + 8, (unsigned)((u / kGBufs) & 1));
+  };
+  auto hand_over = [&](auto const& g) {  // g^T into its tile, then "full"
     constexpr int NCOL = 16 * (int)(sizeof(g) / sizeof(g[0]));
-    store_t<kGP, NCOL>(gt, g, r0, lane);
+    wait_release(handed - kGBufs);  // the tile's previous use is read
+    store_t<kGP, NCOL>(gt0 + (handed % kGBufs) * kGT, g, r0, lane);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    mbar_arrive(full);
+    mbar_arrive(bars + 16u * (handed % kGBufs));
     ++handed;
   };
 
@@ -314,7 +325,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
   if (blk < n_blocks) load_rows<kIn>(p.x, p.ld_x, p.n_rows, 4 * blk + wl, xbuf, lane);
   cp_async_commit();
   for (; blk < n_blocks; blk += stride) {  // uniform across the warpgroup
-    if (kNeedWB) wait_release();  // the sums are done with the last block's tiles
+    if (kNeedWB) wait_release(handed - 1);  // the sums are done with the last block's tiles
     cp_async_wait<0>();
     __syncwarp();
     unsigned xa[kInP / 16][4];
@@ -376,10 +387,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
         for (int i = 0; i < 4; ++i)
           gh[nb][i] = grad_pack2<FMLP_ACT>(d[8 * nb + 2 * i], d[8 * nb + 2 * i + 1], hv[i]);
       }
-      if (kNeedWB) {
-        wait_release();
-        hand_over(gh);
-      }
+      if (kNeedWB) hand_over(gh);
     }
 
     if (kNeedX) {  // gx = g_0 W_0
