@@ -28,7 +28,9 @@
 //   (so h^T and x^T of a block stay until the sums have read them). The summing
 //   warpgroup takes the CTA's blocks in order, alternating chains, each block's hand-overs
 //   in turn: one chain's backward is summed while the other computes its forward (the
-//   Gluon kernel's order).
+//   Gluon kernel's order). With two tiles a chain one group of its MMAs stays in flight
+//   (a tile goes back once the next hand-over's MMAs are issued), drained at each
+//   block's end.
 // - setmaxnreg gives the summing warpgroup 232 registers and the chains 136 each.
 //
 // Status: compiled for sm_90a in CI (ci/aot_cuda.py: no spills, no serialized wgmma);
@@ -197,6 +199,7 @@ __device__ __forceinline__ void sums(const FmlpBackwardParams& p, unsigned base,
   for (int c = 0; c < kChains; ++c)
     total += blocks_of((long long)blockIdx.x * kChains + c, stride, n_blocks);
   const unsigned ones = base + kOffOnes;
+  unsigned prev = 0;  // the barriers of the hand-over whose MMAs may still be in flight
   for (long long i = 0; i < total; ++i) {
     const int c = (int)(i % kChains);
     const long long j = i / kChains;
@@ -224,16 +227,32 @@ __device__ __forceinline__ void sums(const FmlpBackwardParams& p, unsigned base,
         if (kBiasSums) WgmmaSS<8>::mma(db[l], a, wgmma_desc(ones + kb * 256u, 128u, 128u), 1);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      pin(d0);
-      pin(dl);
-#pragma unroll
-      for (int q = 0; q < (kLHid > 0 ? kLHid : 1); ++q) pin(dh[q]);
-#pragma unroll
-      for (int q = 0; q <= kL; ++q) pin(db[q]);
-      mbar_arrive(bar + 8);  // "empty": g^T and the layer's input tile are read
+      if (kGBufs == 2) {
+        // one group in flight: the previous hand-over's MMAs are done once this one's are
+        // issued, and its tile goes back then (the chain already stores into the other);
+        // at the block's end every group is waited for, so a chain starting its next
+        // block never waits on a release that needs that block's own hand-overs
+        if (l < kL) {
+          wgmma_wait<1>();
+          mbar_arrive(prev + 8);
+        }
+        if (l == 0) {
+          wgmma_wait<0>();
+          mbar_arrive(bar + 8);
+        }
+        prev = bar;
+      } else {
+        wgmma_wait<0>();
+        mbar_arrive(bar + 8);  // "empty": g^T and the layer's input tile are read
+      }
     }
   }
+  pin(d0);
+  pin(dl);
+#pragma unroll
+  for (int q = 0; q < (kLHid > 0 ? kLHid : 1); ++q) pin(dh[q]);
+#pragma unroll
+  for (int q = 0; q <= kL; ++q) pin(db[q]);
 
   float* out = p.partial + (long long)blockIdx.x * kPartialFloats;
   const int thread = threadIdx.x & 127;
