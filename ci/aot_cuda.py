@@ -55,9 +55,9 @@ def nets(quick: bool) -> list[MLPSpec]:
 
 
 def backward_nets(quick: bool) -> list[MLPSpec]:
-    """The backward kernel's specs (hidden width 64, sm_90a): the bench's narrow-w64 and the
+    """The backward kernel's specs (sm_90a): the bench's narrow-w64 and narrow-w32 and the
     steps' nets, every activation it takes as hidden and output activation, biases or not,
-    in/out widths from 1 to 64, depth 2 to 5 layers."""
+    hidden widths 16/32/64, in/out widths from 1 to 64, depth 2 to 5 layers."""
     out = []
     for dt in HALF[:1] if quick else HALF:
         out += [MLPSpec((64,) * 6, "relu", "none", False, dt),  # narrow-w64
@@ -69,7 +69,9 @@ def backward_nets(quick: bool) -> list[MLPSpec]:
         names = {activations.get(n).id: n for n in activations.ACTIVATIONS}
         for i, a in enumerate(acts):
             out.append(MLPSpec((64,) * 6, names[a], names[acts[(i + 2) % len(acts)]], True, dt))
-        out += [MLPSpec((1, 64, 1), "tanh", "none", True, dt),
+        out += [MLPSpec((64,) + (32,) * 4 + (64,), "relu", "none", False, dt),  # narrow-w32
+                MLPSpec((3, 16, 16, 5), "tanh", "sigmoid", True, dt),
+                MLPSpec((1, 64, 1), "tanh", "none", True, dt),
                 MLPSpec((17, 64, 64, 9), "leaky_relu", "relu", True, dt),
                 MLPSpec((48, 64, 64, 64, 40), "sigmoid", "none", False, dt)]
     return out

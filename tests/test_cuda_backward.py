@@ -35,12 +35,15 @@ NETS = [  # (widths, activation, output activation, bias)
     (W64, "tanh", "sigmoid", True),
     ((17, 64, 64, 9), "leaky_relu", "relu", True),
     ((64, 64, 48), "none", "tanh", False),
+    ((64,) + (32,) * 4 + (64,), "relu", "none", False),  # narrow-w32
+    ((3, 16, 16, 5), "tanh", "sigmoid", True),
 ]
 
 
 # --- configuration -----------------------------------------------------------------------
 @pytest.mark.parametrize("spec, why", [
     (_spec((64, 128, 64)), "hidden width 128"),
+    (_spec((64, 48, 64)), "hidden width 48: the CUDA backward takes 16, 32, 64"),
     (_spec((96, 64, 64)), "in/out widths 96/64"),
     (_spec((64, 64, 64), "gelu"), "activation ids [3]"),
     (_spec((64, 64, 64), "relu", "silu"), "activation ids [5]"),
@@ -73,12 +76,13 @@ def test_configuration_counts():
     assert d["FMLP_NEED_X"] == 0 and d["FMLP_NEED_WB"] == 1 and d["FMLP_WARPS"] == 12
 
 
-def test_partial_index_reads_the_accumulator_layout():
+@pytest.mark.parametrize("widths", [(24, 64, 64, 40), (5, 16, 16, 16, 64)])
+def test_partial_index_reads_the_accumulator_layout(widths):
     """Lay dense gradients out as the summing warpgroup's registers hold them (PTX's wgmma
     m64nN accumulator: thread 32 w + 4 g + t has, for each 8-column tile i, d[4 i .. 4 i +
     3] = (row 16 w + g, columns 8 i + 2 t, + 1), (row 16 w + g + 8, the same)), written
     thread-major as the kernel writes them; partial_index must read them back."""
-    cfg, _ = cb.backward_config(_spec((24, 64, 64, 40), bias=True), True, True)
+    cfg, _ = cb.backward_config(_spec(widths, bias=True), True, True)
     dense = [torch.randn(o, i, dtype=torch.float64) for o, i in cfg.layer_shapes()]
     bias = [torch.randn(o, dtype=torch.float64) for o, _ in cfg.layer_shapes()]
     partial = torch.full((cfg.partial_floats(),), float("nan"), dtype=torch.float64)

@@ -14,7 +14,7 @@ every registry activation, optional biases) on compute capability 8.0 and later.
 computes the forward again from x and sums every weight gradient on chip) is written and
 compiled for sm_90 but has NOT run on a GPU yet: training calls are refused
 (``train_support``) unless ``FUSEDMLP_CUDA_BACKWARD=1`` (for the runs that check it), and
-then only on sm_90 at hidden width 64 with in/out widths <= 64 and activations whose
+then only on sm_90 at hidden width 16, 32 or 64 with in/out widths <= 64 and activations whose
 derivative is a function of their output. Its backward always recomputes: ``saves`` is
 False, so ``recompute=False`` raises.
 

@@ -237,8 +237,9 @@ def forward_config(spec, smem_limit: int = SM90_SMEM,
 #: (fmlp::grad_from_output: identity, relu, leaky relu, sigmoid, tanh, softplus)
 GRAD_FROM_OUTPUT_IDS = frozenset(activations.get(n).id for n in (
     "none", "relu", "leaky_relu", "sigmoid", "tanh", "softplus"))
-#: the backward's hidden width, and its largest in/out width
-BACKWARD_HIDDEN = 64
+#: the backward's hidden widths (padded to 16 inside: a width the kernel takes is one of
+#: these exactly), and its largest in/out width
+BACKWARD_HIDDEN = (16, 32, 64)
 BACKWARD_MAX_IO = 64
 #: hidden-to-hidden weights the summing warpgroup's registers hold (fp32 sums of 64 x 64:
 #: 32 registers a thread each, beside the first and last layers'), without / with biases
@@ -364,8 +365,9 @@ def backward_config(spec, need_x: bool, need_wb: bool,
     if not (need_x or need_wb):
         return None, "no gradient asked for"
     h = spec.widths[1]
-    if h != BACKWARD_HIDDEN:
-        return None, f"hidden width {h}: the CUDA backward takes {BACKWARD_HIDDEN} only"
+    if h not in BACKWARD_HIDDEN:
+        return None, (f"hidden width {h}: the CUDA backward takes "
+                      f"{', '.join(map(str, BACKWARD_HIDDEN))}")
     if max(spec.in_features, spec.out_features) > BACKWARD_MAX_IO:
         return None, (f"in/out widths {spec.in_features}/{spec.out_features}: the CUDA "
                       f"backward takes up to {BACKWARD_MAX_IO}")

@@ -34,7 +34,9 @@
 // - setmaxnreg gives the summing warpgroup 232 registers and the chains 136 each.
 //
 // Status: compiled for sm_90a in CI (ci/aot_cuda.py: no spills, no serialized wgmma);
-// NOT yet run on a GPU. Hidden width 64 only; in and out widths up to 64.
+// NOT yet run on a GPU. Hidden width 16, 32 or 64; in and out widths up to 64. Every g^T
+// tile is 64 wide (the sums' M): a narrower layer's g fills its first columns, and the
+// sums' rows past the layer's outputs are never read.
 //
 // Configuration: the -D options of fmlp_forward_common.cuh (FMLP_MT 1, FMLP_WARPS 4 x
 // (chains + 1)), and
@@ -75,7 +77,7 @@ constexpr bool kOutFwd = FMLP_OUT_ACT != NONE;
 static_assert(kMT == 1 && kWarps % 4 == 0 && kChains >= 1 && kChains <= 2,
               "16 rows a warp; 1 or 2 chain warpgroups and the summing one");
 static_assert(kGBufs == 1 || kGBufs == 2, "one or two g^T tiles a chain");
-static_assert(kHP == 64, "hidden width 64 (16 and 32: not yet)");
+static_assert(kHP == 16 || kHP == 32 || kHP == 64, "hidden width 16, 32 or 64");
 static_assert(kInP <= 64 && kOutP <= 64, "in and out widths up to 64");
 static_assert(grad_from_output(FMLP_ACT) && grad_from_output(FMLP_OUT_ACT),
               "activations whose derivative is a function of their output");
