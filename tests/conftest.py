@@ -97,8 +97,8 @@ def devices() -> list[torch.device]:
 def usable(trains: bool = True) -> list[tuple[str, torch.device]]:
     """Every (backend, device) pair that can run here, the reference on every device;
     ``trains=False``: inference-only backends too (those whose train_support refuses the
-    probes: the cuda backend, whose backward takes hidden width 64 only and is off by
-    default; tests/test_cuda_backward.py trains it)."""
+    probes: the cuda backend, whose backward is off unless FUSEDMLP_CUDA_BACKWARD=1;
+    tests/test_cuda_backward.py trains it)."""
     probes = [MLPSpec((16, 16, 16), "relu", "none", True, dt)
               for dt in (torch.float32, torch.float16)]
     pairs = []
