@@ -73,9 +73,10 @@ for s in $steps; do
             timeout 60 python3 benchmarks/cuda_forward.py --config $c --dtype $dt --tunings wg4 wg3 --out "$OUT/cuda-fwd-$c-$dt.json" 2>&1 | grep -E "^triton|^cuda"; done; done
           timeout 150 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode inference --backends triton cuda --passes 2 --out "$OUT/bench-cuda-narrow-w64.json" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
     # the cuda backend's backward (FUSEDMLP_CUDA_BACKWARD=1, off by default until this
-    # passes): its GPU tests, then the backward and train step beside triton
+    # passes): its GPU tests and the shared suite's cases with cuda forced (their training
+    # cases train it where it can), then the backward and train step beside triton
     # (CUDA_BWD_CONFIGS; benchmarks/cuda_backward.py checks against float64 first)
-    cuda-bwd) FUSEDMLP_CUDA_BACKWARD=1 timeout ${CUDA_BWD_TESTS_S:-200} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_cuda_backward.py > "$OUT/cuda-bwd-tests.log" 2>&1
+    cuda-bwd) FUSEDMLP_CUDA_BACKWARD=1 timeout ${CUDA_BWD_TESTS_S:-240} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_cuda_backward.py tests/test_correctness.py -k "test_cuda_backward or cuda-cuda" > "$OUT/cuda-bwd-tests.log" 2>&1
           echo "passed $(grep -c ' PASSED ' "$OUT/cuda-bwd-tests.log"), failed $(grep -c ' FAILED ' "$OUT/cuda-bwd-tests.log")"; grep -E "^FAILED|Timeout" "$OUT/cuda-bwd-tests.log" | head -10; tail -1 "$OUT/cuda-bwd-tests.log"
           for c in ${CUDA_BWD_CONFIGS:-narrow-w64}; do for dt in float16 bfloat16; do
             timeout 120 python3 benchmarks/cuda_backward.py --config $c --dtype $dt --out "$OUT/cuda-bwd-$c-$dt.json" 2>&1 | grep -E "floor|^triton|^cuda"; done; done ;;

@@ -96,16 +96,19 @@ def devices() -> list[torch.device]:
 
 def usable(trains: bool = True) -> list[tuple[str, torch.device]]:
     """Every (backend, device) pair that can run here, the reference on every device;
-    ``trains=False``: inference-only backends too (those whose train_support refuses the
-    probes: the cuda backend, whose backward is off unless FUSEDMLP_CUDA_BACKWARD=1;
-    tests/test_cuda_backward.py trains it)."""
+    ``trains=False``: inference-only backends too (those whose train_support refuses a
+    probe: the cuda backend, which has no fp32 kernels and whose backward is off unless
+    FUSEDMLP_CUDA_BACKWARD=1; the shared suite's run() trains it where it can, and
+    tests/test_cuda_backward.py does)."""
     probes = [MLPSpec((16, 16, 16), "relu", "none", True, dt)
               for dt in (torch.float32, torch.float16)]
     pairs = []
     for dev in devices():
         for name, be in dispatch.REGISTRY.items():
             ok, _ = dispatch.availability(name)
-            if ok and dev.type in be.device_types and any(
+            # a training backend trains every probe (the shared training tests take fp32
+            # and half nets alike); an inference one runs one of them at least
+            if ok and dev.type in be.device_types and (all if trains else any)(
                     be.supports(p, dev)[0] and (not trains or be.train_support(p, dev)[0])
                     for p in probes):
                 pairs.append((name, dev))
