@@ -109,6 +109,72 @@ def test_partial_index_reads_the_accumulator_layout(widths):
         assert torch.equal(partial[wi].view_as(w), w) and torch.equal(partial[bi], b)
 
 
+# --- the kernel's shared-memory layouts, emulated from PTX's definitions ------------------
+def cm_offset(np_, n, k):
+    """fmlp_sm90.cuh cm_offset: the core-matrix layout with np_ rows (n), K-major."""
+    return ((k >> 3) * (np_ >> 3) + (n >> 3)) * 128 + (n & 7) * 16 + (k & 7) * 2
+
+
+def t_addr(np_, c0, r0, lane):
+    """fused_mlp_backward_sm90.cu t_addr."""
+    j = lane >> 3
+    return cm_offset(np_, c0 + (j >> 1) * 8 + (lane & 7), r0 + (j & 1) * 8)
+
+
+def fragments(m, r0, c0):
+    """A warp's A fragments of the 16 x 16 block of m at (r0, c0), as PTX lays them out:
+    lane 4 g + t holds in register j the pair (row r0 + g + 8 (j & 1), columns c0 + 8
+    (j >> 1) + 2 t, + 1)."""
+    return [[(m[r0 + g + 8 * (j & 1)][c0 + 8 * (j >> 1) + 2 * t],
+              m[r0 + g + 8 * (j & 1)][c0 + 8 * (j >> 1) + 2 * t + 1]) for j in range(4)]
+            for g in range(8) for t in range(4)]
+
+
+def stmatrix_x4_trans(mem, addr_of_lane, regs):
+    """stmatrix.sync.aligned.m8n8.x4.trans: matrix j's row i at the address lane 8 j + i
+    gives; transposed, lane (g, t)'s pair of matrix j lands in stored rows 2t and 2t + 1,
+    position g."""
+    for j in range(4):
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            for e in range(2):
+                mem[addr_of_lane(8 * j + 2 * t + e) + 2 * g] = regs[lane][j][e]
+
+
+def ldmatrix_x4_trans(mem, addr_of_lane):
+    """ldmatrix.sync.aligned.m8n8.x4.trans: lane (g, t) receives stored[2t][g],
+    stored[2t + 1][g] of each matrix j."""
+    return [[tuple(mem[addr_of_lane(8 * j + 2 * t + e) + 2 * g] for e in range(2))
+             for j in range(4)] for g in range(8) for t in range(4)]
+
+
+def wgmma_k_major(mem, start, lbo, sbo, rows, k=16):
+    """A K-major operand of a wgmma (no swizzle) as PTX's canonical layout reads it: element
+    (m, kk) at start + (kk / 8) LBO + (m / 8) SBO + (m % 8) 16 + (kk % 8) 2 bytes."""
+    return [[mem[start + (kk >> 3) * lbo + (m >> 3) * sbo + (m & 7) * 16 + (kk & 7) * 2]
+             for kk in range(k)] for m in range(rows)]
+
+
+@pytest.mark.parametrize("np_", [16, 32, 64])
+def test_transposed_tiles_are_the_sums_operands(np_):
+    """A chain's 64 rows x np_ columns (4 warps, 16 rows each) stored by store_t
+    (stmatrix .trans at t_addr) are read by the sums' descriptors (start + kb * np_ * 32,
+    LBO np_ * 16, SBO 128) as the transposed tile, k-slice by k-slice, and come back by
+    ldmatrix .trans as the fragments they were (the chain's act' reads)."""
+    m = [[(r, c) for c in range(np_)] for r in range(64)]  # each element names itself
+    mem = {}
+    for warp in range(4):
+        for nb in range(np_ // 16):
+            regs = fragments(m, 16 * warp, 16 * nb)
+            stmatrix_x4_trans(mem, lambda lane: t_addr(np_, 16 * nb, 16 * warp, lane), regs)
+            back = ldmatrix_x4_trans(mem, lambda lane: t_addr(np_, 16 * nb, 16 * warp, lane))
+            assert back == regs
+    assert len(mem) == 64 * np_  # every element once, none on another
+    for kb in range(4):
+        a = wgmma_k_major(mem, kb * np_ * 32, np_ * 16, 128, np_)
+        assert a == [[m[16 * kb + kk][n] for kk in range(16)] for n in range(np_)]
+
+
 # The kernel compiled for sm_90a (no GPU): ci/aot_cuda.py compiles every configuration of
 # its table (test_cuda_backend.py::test_aot_compiles_every_configuration_without_spills).
 
