@@ -87,6 +87,24 @@ def test_compile_reports_registers_and_uses_the_disk_cache(nvrtc, monkeypatch):
     assert again.cached and again.cubin == first.cubin and again.key == first.key
 
 
+def test_a_first_build_says_what_it_compiled(nvrtc, monkeypatch, capsys):
+    """A kernel NVRTC compiles (not read from the disk cache) is named on stderr once a
+    process, as Triton's first launches are (notes.note_compile)."""
+    from fusedmlp_xpu.backends import notes
+
+    monkeypatch.setattr(notes, "_told", [])
+    monkeypatch.setattr(notes.LOG, "hasHandlers", lambda: False)  # pytest adds handlers
+    monkeypatch.delenv(notes.QUIET_ENV, raising=False)
+    cfg, _ = cb.forward_config(_spec((16, 16, 8)), family="wgmma")
+    assert not cuda_backend.build(cfg, cb.compile_forward, "sm_90a").cached
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiled fmlp_forward_sm90 (16->16x1->8" in err
+    monkeypatch.setattr(cb, "_memo", {})
+    monkeypatch.setattr(notes, "_told", [])
+    assert cuda_backend.build(cfg, cb.compile_forward, "sm_90a").cached  # the disk cache
+    assert capsys.readouterr().err == ""
+
+
 def test_cache_key_changes_with_source_options_and_version():
     base = cb.cache_key(b"src", {"h": b"x"}, ["-DA=1"], (13, 0))
     assert base == cb.cache_key(b"src", {"h": b"x"}, ["-DA=1"], (13, 0))

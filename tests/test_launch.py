@@ -784,7 +784,9 @@ def test_a_slow_first_launch_says_once_what_it_compiled(monkeypatch, capsys, cap
     import logging
     import time
 
-    monkeypatch.setattr(launch, "_told", [])
+    from fusedmlp_xpu.backends import notes
+
+    monkeypatch.setattr(notes, "_told", [])
     monkeypatch.setattr(launch, "COMPILE_NOTE_S", 0.05)
     monkeypatch.setattr(launch.LOG, "hasHandlers", lambda: False)  # pytest adds handlers
     monkeypatch.delenv(launch.QUIET_ENV, raising=False)
@@ -800,7 +802,7 @@ def test_a_slow_first_launch_says_once_what_it_compiled(monkeypatch, capsys, cap
     assert capsys.readouterr().err == ""  # once a process
     assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
         "fusedmlp_xpu: compiled _fwd_kernel", "fusedmlp_xpu: compiled _bwd_kernel"]
-    monkeypatch.setattr(launch, "_told", [])
+    monkeypatch.setattr(notes, "_told", [])
     monkeypatch.setenv(launch.QUIET_ENV, "1")
     launch._through_triton("_fwd_kernel", slow)
     assert capsys.readouterr().err == ""

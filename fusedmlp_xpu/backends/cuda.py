@@ -34,11 +34,12 @@ import ctypes
 import functools
 import sys
 import threading
+import time
 
 import torch
 
 from .. import envvars
-from . import Backend, cuda_build, device_guard, memory
+from . import Backend, cuda_build, device_guard, memory, notes
 
 #: Measured inference wins over triton, by (compute capability, dtype, hidden width,
 #: activation, output activation, bias): the benchmark result file that showed it. A spec
@@ -197,6 +198,17 @@ def backward_kernel(device: torch.device, cfg: cuda_build.BackwardConfig) -> Loa
     return _loaded(device, cfg, cuda_build.compile_backward)
 
 
+def build(cfg, compile_fn, arch: str) -> cuda_build.Compiled:
+    """``compile_fn(cfg, arch)``, saying so (notes.note_compile: one stderr line a
+    process) where NVRTC compiled rather than the disk cache answering."""
+    t = time.perf_counter()
+    built = compile_fn(cfg, arch)
+    if not built.cached:
+        notes.note_compile(f"{cfg.kernel} ({cfg.describe()}) with NVRTC",
+                           time.perf_counter() - t)
+    return built
+
+
 def _loaded(device: torch.device, cfg, compile_fn) -> LoadedKernel:
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, cfg)
@@ -206,7 +218,7 @@ def _loaded(device: torch.device, cfg, compile_fn) -> LoadedKernel:
             k = _kernels.get(key)
             if k is None:
                 cap, sms, _ = device_info(torch.device("cuda", index))
-                built = compile_fn(cfg, cuda_build.arch_for(cap))
+                built = build(cfg, compile_fn, cuda_build.arch_for(cap))
                 _contexts.ensure(index)
                 k = _kernels[key] = LoadedKernel(driver_module(), built.cubin, cfg.kernel,
                                                  cfg, sms)

@@ -18,14 +18,13 @@ XPU launcher is not verified here), under the interpreter, or with
 from __future__ import annotations
 
 import contextlib
-import logging
-import sys
 import threading
 import time
 
 import torch
 
 from ... import envvars
+from ..notes import LOG, QUIET_ENV, note_compile  # noqa: F401  (QUIET_ENV, LOG: re-exported)
 
 FAST_ENV = "FUSEDMLP_FAST_LAUNCH"
 _I32 = 1 << 31
@@ -41,27 +40,8 @@ def _interpreted(device: torch.device):
     return _INTERPRETER if device.type == "cpu" else contextlib.nullcontext()
 
 
-#: FUSEDMLP_QUIET=1: no line on stderr when a first call compiles kernels (the logger
-#: "fusedmlp_xpu" still gets it at INFO)
-QUIET_ENV = "FUSEDMLP_QUIET"
 #: a launch through Triton's own path that takes this long compiled (or autotuned)
 COMPILE_NOTE_S = 0.5
-LOG = logging.getLogger("fusedmlp_xpu")
-_told = []  # whether stderr has had its one line this process
-
-
-def note_compile(name: str, seconds: float) -> None:
-    """Say that a first call compiled ``name``: once a process on stderr (unless
-    FUSEDMLP_QUIET=1 or logging is configured, then only to the logger), every time to the
-    "fusedmlp_xpu" logger at INFO."""
-    msg = (f"fusedmlp_xpu: compiled {name} in {seconds:.1f} s: the first call of a new shape "
-           f"compiles its kernels, later calls reuse them (fusedmlp_xpu.warmup compiles "
-           f"ahead; {QUIET_ENV}=1 silences this line)")
-    LOG.info(msg)
-    if _told or envvars.get(QUIET_ENV) == "1" or LOG.hasHandlers():
-        return
-    _told.append(True)
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _through_triton(name: str, run):
