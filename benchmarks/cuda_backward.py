@@ -13,6 +13,8 @@ outputs are poisoned (NaN-filled grad_x) so a value the kernel never wrote fails
 backend is reported WRONG and not timed. Times: device events, back-to-back calls, the
 median of --repeats runs after warm-up; the floor is fusedmlp bench's (the train step's
 FLOPs at the 8192^3 matmul rate, or its minimal bytes at the copy rate, measured here).
+Then the host time of one backward call from Python at 2^14 rows, the backends' rounds
+interleaved (fusedmlp_xpu.bench.interleaved_us).
 """
 from __future__ import annotations
 
@@ -131,6 +133,18 @@ def main(argv=None) -> int:
             f"backward {rec['backward_ms']:.4f} ms, step {rec['step_ms']:.4f} ms "
             f"({rec['step_floor_multiple']:.2f}x floor)" if rec["ok"] else "WRONG"))
         write_json(args.out, result)
+    # host time of one backward call from Python, both backends in turn, at rows the GPU
+    # keeps up with (the #39 target: no more than triton's)
+    ready = [n for n in ("triton", "cuda") if result["backends"][n].get("ok")]
+    if ready:
+        rows = 2 ** 14
+        xs, gys = x[:rows], gy[:rows]
+        fns = {n: (lambda be=dispatch.REGISTRY[n]: be.backward(gys, xs, weights, biases, None,
+                                                              spec, needs)) for n in ready}
+        result["host_rows"] = rows
+        result["host_us"] = bench.interleaved_us(fns, device, n=1400)
+        print("host us a backward call at 2^14 rows: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in result["host_us"].items()))
     write_json(args.out, result)
     return 0
 

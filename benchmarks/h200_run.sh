@@ -79,7 +79,7 @@ for s in $steps; do
     cuda-bwd) FUSEDMLP_CUDA_BACKWARD=1 timeout ${CUDA_BWD_TESTS_S:-240} python3 -m pytest -v -n 8 -rf --tb=short -p no:cacheprovider tests/test_cuda_backward.py tests/test_correctness.py -k "test_cuda_backward or cuda-cuda" > "$OUT/cuda-bwd-tests.log" 2>&1
           echo "passed $(grep -c ' PASSED ' "$OUT/cuda-bwd-tests.log"), failed $(grep -c ' FAILED ' "$OUT/cuda-bwd-tests.log")"; grep -E "^FAILED|Timeout" "$OUT/cuda-bwd-tests.log" | head -10; tail -1 "$OUT/cuda-bwd-tests.log"
           for c in ${CUDA_BWD_CONFIGS:-narrow-w64}; do for dt in float16 bfloat16; do
-            timeout 120 python3 benchmarks/cuda_backward.py --config $c --dtype $dt --out "$OUT/cuda-bwd-$c-$dt.json" 2>&1 | grep -E "floor|^triton|^cuda"; done; done ;;
+            timeout 120 python3 benchmarks/cuda_backward.py --config $c --dtype $dt --out "$OUT/cuda-bwd-$c-$dt.json" 2>&1 | grep -E "floor|^triton|^cuda|^host"; done; done ;;
     # its memcheck and racecheck on one case each
     cuda-bwd-san) for tool in memcheck racecheck; do
             FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool $tool python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "against_float64 and fp16 and widths0 and 1037" > "$OUT/cuda-bwd-$tool.log" 2>&1
