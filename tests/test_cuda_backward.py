@@ -63,6 +63,10 @@ def test_configuration_counts():
     assert cfg.g_bufs == 2 and cfg.defines()["FMLP_G_BUFS"] == 2
     assert cfg.smem_bytes() == (4 + 5) * 8192 + 128 + 2 * 7 * 8192 + 2 * 8 * 16 * 72 * 2
     assert cfg.smem_bytes() <= cb.SM90_SMEM
+    # three chains at hidden widths up to 32 (the Gluon kernel's count there)
+    w32, _ = cb.backward_config(_spec((64,) + (32,) * 4 + (64,)), True, True)
+    assert (w32.chains, w32.g_bufs, w32.threads) == (3, 2, 512)
+    assert w32.defines()["FMLP_WARPS"] == 16
     # where two g^T tiles a chain do not fit, one
     big, _ = cb.backward_config(_spec(W64, "tanh", "sigmoid", True), True, True)
     assert big.g_bufs == 1 and big.smem_bytes() <= cb.SM90_SMEM

@@ -249,7 +249,8 @@ BACKWARD_MAX_HIDDEN_LAYERS = (3, 3)
 @dataclass(frozen=True)
 class BackwardConfig:
     """One specialization of the sm_90a backward (kernels/cuda/fused_mlp_backward_sm90.cu):
-    ``chains`` chain warpgroups and the summing one a CTA."""
+    ``chains`` chain warpgroups (2; 3 at hidden widths up to 32) and the summing one a
+    CTA."""
 
     in_features: int
     out_features: int
@@ -380,11 +381,15 @@ def backward_config(spec, need_x: bool, need_wb: bool,
     if spec.n_layers - 2 > most:
         return None, (f"{spec.n_layers - 2} hidden-to-hidden layers: the summing "
                       f"warpgroup's registers hold {most}")
-    cfg = BackwardConfig(spec.in_features, spec.out_features, h, spec.n_layers - 2,
-                         spec.activation_id, spec.output_activation_id, spec.bias,
-                         spec.dtype == torch.bfloat16, need_x, need_wb, g_bufs=2)
-    if cfg.smem_bytes() > smem_limit:
-        cfg = dataclasses.replace(cfg, g_bufs=1)
+    # the most chains (three at hidden <= 32, as the Gluon kernel runs), then two g^T
+    # tiles a chain, that fit
+    base = BackwardConfig(spec.in_features, spec.out_features, h, spec.n_layers - 2,
+                          spec.activation_id, spec.output_activation_id, spec.bias,
+                          spec.dtype == torch.bfloat16, need_x, need_wb)
+    shapes = [(c, g) for c in ((3, 2) if h <= 32 else (2,)) for g in (2, 1)]
+    cfg = next((dataclasses.replace(base, chains=c, g_bufs=g) for c, g in shapes
+                if dataclasses.replace(base, chains=c, g_bufs=g).smem_bytes() <= smem_limit),
+               dataclasses.replace(base, chains=2, g_bufs=1))
     if cfg.smem_bytes() > smem_limit:
         return None, (f"the backward needs {cfg.smem_bytes() // 1024} KB of shared memory, "
                       f"over the device's {smem_limit // 1024} KB a block")

@@ -8,7 +8,7 @@
 // The design of the Triton backend's Gluon kernel (narrow/hopper_backward.py), in CUDA
 // C++: warp specialization by warpgroup, every weight in shared memory, the weight-
 // gradient sums in registers of one warpgroup that does nothing else.
-// - kChains "chain" warpgroups, each over its share of the CTA's 64-row blocks (16 rows a
+// - kChains "chain" warpgroups (2; 3 at hidden widths up to 32), each over its share of the CTA's 64-row blocks (16 rows a
 //   warp, as in the forward): the forward again (fused_mlp_forward_sm90.cu's layers),
 //   each layer's activation h_l also stored transposed (h_l^T: [width][64 rows], the
 //   layout the sums read as B); then g_L = gy * out_act'(y), and for l = L .. 1:
@@ -74,8 +74,9 @@ constexpr int kGP = 64;        // g^T's rows: the sums' M
 constexpr int kGBufs = FMLP_G_BUFS;  // g^T tiles a chain: hand-over u takes tile u % kGBufs
 // the last layer is computed again only where its derivative needs y
 constexpr bool kOutFwd = FMLP_OUT_ACT != NONE;
-static_assert(kMT == 1 && kWarps % 4 == 0 && kChains >= 1 && kChains <= 2,
-              "16 rows a warp; 1 or 2 chain warpgroups and the summing one");
+static_assert(kMT == 1 && kWarps % 4 == 0 && kChains >= 1 && kChains <= 3,
+              "16 rows a warp; 1 to 3 chain warpgroups and the summing one");
+static_assert(kChains < 3 || kHP <= 32, "three chains at hidden widths up to 32");
 static_assert(kGBufs == 1 || kGBufs == 2, "one or two g^T tiles a chain");
 static_assert(kHP == 16 || kHP == 32 || kHP == 64, "hidden width 16, 32 or 64");
 static_assert(kInP <= 64 && kOutP <= 64, "in and out widths up to 64");
@@ -123,7 +124,10 @@ __host__ __device__ __forceinline__ constexpr int partial_offset(int l) {
 constexpr int kPartialFloats = partial_offset(kL + 1);
 static_assert(kPartialFloats == FMLP_PARTIAL_FLOATS, "host and kernel disagree on the partial");
 
-constexpr unsigned kSumRegs = 232, kChainRegs = 136;
+// registers a thread: two chains 136 beside the sums' 232 (up to 5 sums of 64 x 64: 160
+// accumulators, 20 of the biases'); three (hidden <= 32: sums of 32 columns) 120 beside 152
+constexpr unsigned kSumRegs = kChains == 3 ? 152 : 232;
+constexpr unsigned kChainRegs = kChains == 3 ? 120 : 136;
 static_assert(kSumRegs * 128 + kChainRegs * 128 * kChains <= 65536, "register file");
 
 // Lane's address for ldmatrix/stmatrix .trans of the 16 x 16 fragment block (this warp's
