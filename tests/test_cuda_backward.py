@@ -251,7 +251,7 @@ def emulated(monkeypatch):
     return recorded
 
 
-@pytest.mark.parametrize("widths, act, out_act, bias", NETS[:4])
+@pytest.mark.parametrize("widths, act, out_act, bias", NETS[:4] + NETS[6:])  # 2 and 3 chains
 @pytest.mark.parametrize("needs", [(True, True, True), (False, True, False), (True, False, True),
                                    (True, False, False)])
 def test_host_path_sums_and_reads_the_partials(emulated, widths, act, out_act, bias, needs):
