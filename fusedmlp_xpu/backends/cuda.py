@@ -331,6 +331,21 @@ def launch(kernel: LoadedKernel, grid: int, params,
                                            kernel.smem, stream, args, None), "cuLaunchKernel")
 
 
+def _backward_config(spec, device: torch.device, need_x: bool, need_wb: bool):
+    """The backward kernel's configuration for ``spec`` on ``device`` and these
+    gradients, or (None, why it does not train here): off unless FUSEDMLP_CUDA_BACKWARD=1,
+    sm_90 only, the kernel's specs (cuda_build.backward_config)."""
+    if envvars.get(BACKWARD_ENV) != "1":
+        return None, _TRAINING
+    cap, _, smem = device_info(device)
+    if tuple(cap) != (9, 0):
+        return None, (f"sm_{cap[0]}{cap[1]}: the backward kernel is sm_90 (wgmma) only; "
+                      "inference only here")
+    cfg, why = cuda_build.backward_config(spec, need_x, need_wb, smem)
+    return (cfg, "") if cfg is not None else (
+        None, f"the backward kernel cannot train this spec: {why}")
+
+
 # --- the backend -----------------------------------------------------------------------
 class CudaBackend(Backend):
     name = "cuda"
@@ -373,15 +388,9 @@ class CudaBackend(Backend):
                       "memory)")
 
     def train_support(self, spec, device):
-        if envvars.get(BACKWARD_ENV) != "1":
-            return False, _TRAINING
-        cap, _, smem = device_info(device)
-        if tuple(cap) != (9, 0):
-            return False, (f"sm_{cap[0]}{cap[1]}: the backward kernel is sm_90 (wgmma) only; "
-                           "inference only here")
-        cfg, why = cuda_build.backward_config(spec, True, True, smem)
+        cfg, why = _backward_config(spec, device, True, True)
         if cfg is None:
-            return False, f"the backward kernel cannot train this spec: {why}"
+            return False, why
         return True, (f"backward kernel {cfg.chains} chains + 1 summing warpgroup, "
                       f"{cfg.smem_bytes() // 1024} KB shared memory ({BACKWARD_ENV}=1: not "
                       "yet run on a GPU)")
@@ -424,16 +433,15 @@ class CudaBackend(Backend):
         return y, None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
-        ok, why = self.train_support(spec, x.device)
-        if not ok:  # the dispatcher asked first; a direct call may not
-            raise NotImplementedError(f"cuda backend: {why}")
         if saved is not None:
             raise ValueError(_SAVES)
         need_x, need_w, need_b = needs
         if not (need_x or need_w or need_b):
             return None, [], []
-        cfg, why = cuda_build.backward_config(spec, need_x, need_w or need_b,
-                                              device_info(x.device)[2])
+        # the dispatcher asked train_support first; a direct call may not (one lookup)
+        cfg, why = _backward_config(spec, x.device, need_x, need_w or need_b)
+        if cfg is None:
+            raise NotImplementedError(f"cuda backend: {why}")
         n = x.shape[0]
         gx = memory.new_empty(n, spec.in_features, like=x) if need_x else None
         if n == 0:  # no rows: zero gradients, nothing launched

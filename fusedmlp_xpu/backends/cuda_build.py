@@ -25,7 +25,6 @@ import os
 import re
 import tempfile
 import threading
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -382,18 +381,16 @@ def backward_config(spec, need_x: bool, need_wb: bool,
         return None, (f"{spec.n_layers - 2} hidden-to-hidden layers: the summing "
                       f"warpgroup's registers hold {most}")
     # the most chains (three at hidden <= 32, as the Gluon kernel runs), then two g^T
-    # tiles a chain, that fit
-    base = BackwardConfig(spec.in_features, spec.out_features, h, spec.n_layers - 2,
-                          spec.activation_id, spec.output_activation_id, spec.bias,
-                          spec.dtype == torch.bfloat16, need_x, need_wb)
-    shapes = [(c, g) for c in ((3, 2) if h <= 32 else (2,)) for g in (2, 1)]
-    cfg = next((dataclasses.replace(base, chains=c, g_bufs=g) for c, g in shapes
-                if dataclasses.replace(base, chains=c, g_bufs=g).smem_bytes() <= smem_limit),
-               dataclasses.replace(base, chains=2, g_bufs=1))
-    if cfg.smem_bytes() > smem_limit:
-        return None, (f"the backward needs {cfg.smem_bytes() // 1024} KB of shared memory, "
-                      f"over the device's {smem_limit // 1024} KB a block")
-    return cfg, ""
+    # tiles a chain, that fit; the last tried (2 chains, 1 tile) is the smallest
+    for chains in (3, 2) if h <= 32 else (2,):
+        for g_bufs in (2, 1):
+            cfg = BackwardConfig(spec.in_features, spec.out_features, h, spec.n_layers - 2,
+                                 spec.activation_id, spec.output_activation_id, spec.bias,
+                                 spec.dtype == torch.bfloat16, need_x, need_wb, chains, g_bufs)
+            if cfg.smem_bytes() <= smem_limit:
+                return cfg, ""
+    return None, (f"the backward needs {cfg.smem_bytes() // 1024} KB of shared memory, "
+                  f"over the device's {smem_limit // 1024} KB a block")
 
 
 class BackwardParams(ctypes.Structure):

@@ -64,13 +64,15 @@ __device__ __forceinline__ void mma_group(float (&d)[N_P / 2], const unsigned (&
   pin(d);
 }
 
-// One layer's accumulators for the warpgroup's 64 rows: d = in W^T + bias over N_P
-// outputs, K_P inputs; W at shared byte address w, ``bias`` fp32 (unread without bias).
-template <int K_P, int N_P>
-__device__ __forceinline__ void layer_acc(float (&d)[N_P / 2], const unsigned (&in)[K_P / 16][4],
-                                          unsigned w, const float* bias, int lane) {
+// One layer for the warpgroup's 64 rows: out (A fragments of the next layer, this warp's
+// 16 rows) = act(in W^T + bias) over N_P outputs, K_P inputs; W at shared byte address w.
+template <int K_P, int N_P, int ACT>
+__device__ __forceinline__ void layer(const unsigned (&in)[K_P / 16][4],
+                                      unsigned (&out)[N_P / 16][4], unsigned w,
+                                      const float* bias, int lane) {
   const int t2 = (lane & 3) * 2;
-  if (kBias) {  // without bias d is never initialized: the first MMA does not read it
+  float d[N_P / 2];  // without bias: never initialized, the first MMA does not read it
+  if (kBias) {
 #pragma unroll
     for (int i = 0; i < N_P / 8; ++i) {
       const float2 bb = *reinterpret_cast<const float2*>(bias + i * 8 + t2);
@@ -79,16 +81,6 @@ __device__ __forceinline__ void layer_acc(float (&d)[N_P / 2], const unsigned (&
     pin(d);
   }
   mma_group<K_P, N_P>(d, in, w, kBias);
-}
-
-// One layer for the warpgroup's 64 rows: out (A fragments of the next layer, this warp's
-// 16 rows) = act(in W^T + bias) over N_P outputs, K_P inputs; W at shared byte address w.
-template <int K_P, int N_P, int ACT>
-__device__ __forceinline__ void layer(const unsigned (&in)[K_P / 16][4],
-                                      unsigned (&out)[N_P / 16][4], unsigned w,
-                                      const float* bias, int lane) {
-  float d[N_P / 2];
-  layer_acc<K_P, N_P>(d, in, w, bias, lane);
 #pragma unroll
   for (int nb = 0; nb < N_P / 16; ++nb) {
     out[nb][0] = act_pack2<ACT, kBF16>(d[8 * nb], d[8 * nb + 1]);

@@ -148,15 +148,6 @@ __device__ __forceinline__ void store_t(unsigned tile, const unsigned (&f)[NCOL 
   for (int nb = 0; nb < NCOL / 16; ++nb) stmatrix_x4_trans(t_addr<NP>(tile, 16 * nb, r0, lane), f[nb]);
 }
 
-// g * act'(.) for two packed gradients and the two packed outputs h they belong to.
-template <int ACT>
-__device__ __forceinline__ unsigned times_grad2(unsigned g, unsigned h) {
-  float g0, g1, h0, h1;
-  unpack2<kBF16>(g, g0, g1);
-  unpack2<kBF16>(h, h0, h1);
-  return pack2<kBF16>(times_grad_from_output<ACT>(g0, h0), times_grad_from_output<ACT>(g1, h1));
-}
-
 // Two fp32 gradients times act'(.) of their packed outputs h, packed to 16 bits (one
 // rounding: the product is formed in fp32).
 template <int ACT>
@@ -164,6 +155,14 @@ __device__ __forceinline__ unsigned grad_pack2(float g0, float g1, unsigned h) {
   float h0, h1;
   unpack2<kBF16>(h, h0, h1);
   return pack2<kBF16>(times_grad_from_output<ACT>(g0, h0), times_grad_from_output<ACT>(g1, h1));
+}
+
+// The same for two packed gradients.
+template <int ACT>
+__device__ __forceinline__ unsigned times_grad2(unsigned g, unsigned h) {
+  float g0, g1;
+  unpack2<kBF16>(g, g0, g1);
+  return grad_pack2<ACT>(g0, g1, h);
 }
 
 // this chain's count of row blocks (blocks c0, c0 + stride, ...)
