@@ -55,7 +55,7 @@ def _header_define(name: str, default: int) -> int:
 MAX_WIDTH = _header_define("FMLP_MAX_WIDTH", 128)
 MAX_LAYERS = _header_define("FMLP_MAX_LAYERS", 16)
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ABI_VERSION = 2  # fmlp_sycl_abi_version() of kernels/sycl/fmlp_sycl_shim.cpp
+ABI_VERSION = 3  # fmlp_sycl_abi_version() of kernels/sycl/fmlp_sycl_shim.cpp
 
 CPU_DEVICE = "opencl:cpu"
 #: opt-in for the never-run XMX forward (see kernels/sycl/README.md)
@@ -177,6 +177,10 @@ class _Shim:
             _P, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
         lib.fmlp_sycl_weight_grads.argtypes = [
             _P, _I32, _I64, _I32, _I32, _P, _P, _I64, _I64, _I32, _P, _P]
+        lib.fmlp_sycl_build.argtypes = [
+            _P, _I32, ctypes.c_char_p, _I64, _I32, _P, _P, ctypes.c_char_p, ctypes.c_char_p,
+            ctypes.POINTER(_I64)]
+        lib.fmlp_sycl_launch.argtypes = [_P, _I64, ctypes.c_char_p, _I64, _I64, _I32, _P, _P]
         # (an ahead-of-time build ignores the sources: its kernels are inside it)
         self.source = KERNEL_SOURCE.read_bytes() if KERNEL_SOURCE.exists() else b""
         self.header = PARAMS_HEADER.read_bytes() if PARAMS_HEADER.exists() else b""
@@ -187,10 +191,44 @@ class _Shim:
         if getattr(self.lib, fn)(*args) != 0:
             raise RuntimeError(f"sycl backend: {fn}: {self.lib.fmlp_sycl_last_error().decode()}")
 
+    def build(self, queue: int, source: bytes, names: list[str], *, spirv: bool = False,
+              includes: dict[str, bytes] | None = None, options: list[str] = ()) -> "Bundle":
+        """Build SYCL source (or SPIR-V bytes with ``spirv=True``) for the queue's device;
+        the bundle holds the free-function kernels ``names``. Every call builds: cache it."""
+        inc = list((includes or {}).items())
+        inc_names = (ctypes.c_char_p * max(len(inc), 1))(*[k.encode() for k, _ in inc])
+        inc_srcs = (ctypes.c_char_p * max(len(inc), 1))(*[v for _, v in inc])
+        handle = _I64(-1)
+        self.call("fmlp_sycl_build", queue, int(spirv), source, len(source), len(inc),
+                  ctypes.cast(inc_names, _P), ctypes.cast(inc_srcs, _P),
+                  "\n".join(options).encode(), "\n".join(names).encode(), ctypes.byref(handle))
+        return Bundle(self, handle.value, tuple(names))
+
     def compile(self, queue: int, options: str = "") -> None:
         """Kernels for the queue's device; the shim caches them per process (once per device)."""
         self.call("fmlp_sycl_compile", queue, self.source, self.header, self.xmx,
                   options.encode())
+
+
+class Bundle:
+    """Kernels built by ``_Shim.build`` for one device; ``launch`` passes each argument
+    by its bytes (a ctypes scalar or structure) or as a USM pointer (``ctypes.c_void_p``
+    or a plain int)."""
+
+    def __init__(self, sh: _Shim, handle: int, names: tuple[str, ...]):
+        self.shim, self.handle, self.names = sh, handle, names
+
+    def launch(self, queue: int, name: str, global_size: int, local_size: int, *args) -> None:
+        if global_size % max(local_size, 1):
+            raise ValueError(f"global_size {global_size} is not a multiple of local_size "
+                             f"{local_size}")
+        vals = [a if isinstance(a, (ctypes._SimpleCData, ctypes.Structure)) else _P(a)
+                for a in args]
+        ptrs = (_P * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
+        sizes = (_I64 * max(len(vals), 1))(
+            *[-1 if isinstance(v, _P) else ctypes.sizeof(v) for v in vals])
+        self.shim.call("fmlp_sycl_launch", queue, self.handle, name.encode(), global_size,
+                       local_size, len(vals), ctypes.cast(ptrs, _P), ctypes.cast(sizes, _P))
 
 
 _shim: _Shim | None = None

@@ -18,7 +18,9 @@
 #define SYCL_DISABLE_FSYCL_SYCLHPP_WARNING 1 // g++ builds host code only, by design
 #endif
 #include <sycl/sycl.hpp>
+#include <sycl/ext/oneapi/experimental/raw_kernel_arg.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -145,7 +147,7 @@ extern "C" {
 
 const char *fmlp_sycl_last_error(void) { return g_error.c_str(); }
 
-int fmlp_sycl_abi_version(void) { return 2; }
+int fmlp_sycl_abi_version(void) { return 3; }
 
 // Compile `source` (with `header` available as "fused_mlp_params.h") for the queue's
 // device, once per process; later calls for the same device return at once.
@@ -262,6 +264,113 @@ int fmlp_sycl_weight_grads(void *queue, int dtype, int64_t n, int out, int in, c
     finish(q, q.submit([&](sycl::handler &h) {
       h.set_args(dz, n, out32, src, src_rs, src_cs, act32, in32, gw, gb);
       h.parallel_for(range, k);
+    }));
+  });
+}
+
+} // extern "C"
+
+// ---- generic bundles: any kernel source (or SPIR-V), any free-function kernel ----------
+// The ESIMD kernels (fused_mlp_esimd.cpp, one bundle per kernel configuration) and the
+// tests use these; the portable kernels keep the entry points below.
+namespace {
+struct Bundle {
+  sycl::context ctx;
+  sycl::device dev;
+  std::map<std::string, sycl::kernel> kernels;
+};
+auto &g_bundles = *new std::vector<std::unique_ptr<Bundle>>(); // never destroyed, as g_compiled
+} // namespace
+
+extern "C" {
+
+// Build `source` for the queue's device and return a handle to its kernels `names`
+// (newline-separated). language 0: SYCL source (`n_inc` include files by name and text,
+// `options` the compiler's flags, newline-separated); 1: SPIR-V bytes (source_len of
+// them; options passed to the device compiler). Every call builds: the caller caches.
+int fmlp_sycl_build(void *queue, int language, const char *source, int64_t source_len, int n_inc,
+                    const char *const *inc_names, const char *const *inc_srcs, const char *options,
+                    const char *names, int64_t *handle) {
+  return guarded([&] {
+    sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    auto split = [](const char *s) {
+      std::vector<std::string> out;
+      std::string cur;
+      for (const char *p = s ? s : ""; *p; ++p) {
+        if (*p == '\n') {
+          if (!cur.empty()) out.push_back(cur);
+          cur.clear();
+        } else {
+          cur += *p;
+        }
+      }
+      if (!cur.empty()) out.push_back(cur);
+      return out;
+    };
+    std::vector<std::string> opts = split(options), kernel_names = split(names);
+    std::string log;
+    sycl::kernel_bundle<sycl::bundle_state::executable> exe = [&] {
+      try {
+        if (language == 1) {
+          const auto *b = reinterpret_cast<const std::byte *>(source);
+          std::vector<std::byte> bytes(b, b + source_len);
+          auto src = syclexp::create_kernel_bundle_from_source(q.get_context(), syclexp::source_language::spirv, bytes);
+          return syclexp::build(src, syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+        }
+        if (!q.get_device().ext_oneapi_can_compile(syclexp::source_language::sycl))
+          throw std::runtime_error("device '" + q.get_device().get_info<sycl::info::device::name>() +
+                                   "' cannot compile SYCL source at run time (kernel_compiler)");
+        syclexp::include_files includes;
+        for (int i = 0; i < n_inc; ++i)
+          includes.add(inc_names[i], inc_srcs[i]);
+        auto src = syclexp::create_kernel_bundle_from_source(
+            q.get_context(), syclexp::source_language::sycl, std::string(source), syclexp::properties{includes});
+        return syclexp::build(src, syclexp::properties{syclexp::build_options{opts}, syclexp::save_log{&log}});
+      } catch (const sycl::exception &e) {
+        throw std::runtime_error(std::string("build failed: ") + e.what() + "\n" + log);
+      }
+    }();
+    auto bundle = std::make_unique<Bundle>(Bundle{q.get_context(), q.get_device(), {}});
+    for (const auto &n : kernel_names) {
+      if (!exe.ext_oneapi_has_kernel(n))
+        throw std::runtime_error("kernel " + n + " not in the built bundle");
+      bundle->kernels.emplace(n, exe.ext_oneapi_get_kernel(n));
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_bundles.push_back(std::move(bundle));
+    *handle = static_cast<int64_t>(g_bundles.size() - 1);
+  });
+}
+
+// Launch kernel `name` of bundle `handle` over nd_range(global, local) with n_args
+// arguments in the kernel's order, each given as its bytes (arg_ptrs[i], arg_sizes[i]);
+// arg_sizes[i] == -1: arg_ptrs[i] points at a USM pointer.
+int fmlp_sycl_launch(void *queue, int64_t handle, const char *name, int64_t global, int64_t local,
+                     int n_args, const void *const *arg_ptrs, const int64_t *arg_sizes) {
+  return guarded([&] {
+    sycl::queue &q = *static_cast<sycl::queue *>(queue);
+    sycl::kernel k = [&] {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      if (handle < 0 || handle >= static_cast<int64_t>(g_bundles.size()))
+        throw std::runtime_error("bundle handle " + std::to_string(handle) + " unknown");
+      Bundle &b = *g_bundles[handle];
+      if (b.ctx != q.get_context() || b.dev != q.get_device())
+        throw std::runtime_error("bundle was built for another device or context than the queue's");
+      auto it = b.kernels.find(name);
+      if (it == b.kernels.end())
+        throw std::runtime_error(std::string("kernel ") + name + " not in bundle");
+      return it->second;
+    }();
+    if (global <= 0)
+      return;
+    finish(q, q.submit([&](sycl::handler &h) {
+      for (int i = 0; i < n_args; ++i) {
+        if (arg_sizes[i] < 0) // a USM pointer: the backend must know it is one (OpenCL does)
+          h.set_arg(i, *static_cast<void *const *>(arg_ptrs[i]));
+        else
+          h.set_arg(i, syclexp::raw_kernel_arg(arg_ptrs[i], static_cast<size_t>(arg_sizes[i])));
+      }
+      h.parallel_for(sycl::nd_range<1>(sycl::range<1>(global), sycl::range<1>(local)), k);
     }));
   });
 }
