@@ -6,6 +6,7 @@ import torch
 from . import activations, dispatch, tcnn
 from .dispatch import BackendUnavailableError, backends
 from .convert import FusionReport, fuse_gated_mlps, fuse_mlps
+from .export import export_decompositions
 from .gated import GatedMLP, GatedMLPView, fused_gated_mlp
 from .module import FusedMLP
 from .op import fused_mlp
@@ -32,7 +33,8 @@ def _register_optional_backends() -> None:
 _register_optional_backends()
 __all__ = ["FusedMLP", "fused_mlp", "fuse_mlps", "GatedMLP", "fused_gated_mlp",
            "fuse_gated_mlps", "GatedMLPView", "FusionReport", "explain", "backends", "MLPSpec",
-           "BackendUnavailableError", "activations", "tcnn", "warmup", "__version__"]
+           "BackendUnavailableError", "activations", "tcnn", "warmup", "export_decompositions",
+           "__version__"]
 
 
 def explain(mlp_or_spec, x: torch.Tensor, backend: str | None = None, *,

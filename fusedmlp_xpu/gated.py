@@ -529,10 +529,11 @@ class GatedMLP(nn.Module):
 def _module_call(m, x, w_gate, w_up, w_down, biases):
     """A gated module's call: ``call`` when the inputs are ``lean``, else the functional
     entry's full validation, with an error about x's width naming x."""
+    recompute = op.module_recompute(m)  # an eval module under export: the inference op
     if lean(x, w_gate, w_up, w_down, biases):
-        return call(x, w_gate, w_up, w_down, biases, m.activation, m.backend, m.recompute)
+        return call(x, w_gate, w_up, w_down, biases, m.activation, m.backend, recompute)
     try:
-        return fused_gated_mlp(x, w_gate, w_up, w_down, m.activation, m.backend, m.recompute,
+        return fused_gated_mlp(x, w_gate, w_up, w_down, m.activation, m.backend, recompute,
                                biases=biases)
     except ValueError as e:
         op.raise_module_error(e, x, w_gate.shape[1])

@@ -144,8 +144,8 @@ class FusedMLP(nn.Module):
         if self.softplus_beta != 1.0:  # rescaled parameters every call: the op's full path
             try:
                 return op.fused_mlp(x, *self._params(), self.activation,
-                                    self.output_activation, self.backend, self.recompute,
-                                    softplus_beta=self.softplus_beta)
+                                    self.output_activation, self.backend,
+                                    op.module_recompute(self), softplus_beta=self.softplus_beta)
             except ValueError as e:
                 op.raise_module_error(e, x, self.widths[0])
         bound = None
@@ -172,7 +172,8 @@ class FusedMLP(nn.Module):
         if not lean:  # full validation (clear errors) and autocast handling
             try:
                 return op.fused_mlp(x, weights, biases, self.activation,
-                                    self.output_activation, self.backend, self.recompute)
+                                    self.output_activation, self.backend,
+                                    op.module_recompute(self))
             except ValueError as e:
                 op.raise_module_error(e, x, self.widths[0])
         spec = self.spec(x.dtype)
@@ -184,7 +185,7 @@ class FusedMLP(nn.Module):
             y = None if bound is None else bound.run(x)
             if y is not None:
                 return y
-        return op.call(x, weights, biases, spec, self.backend, self.recompute)
+        return op.call(x, weights, biases, spec, self.backend, op.module_recompute(self))
 
     def _bind(self, x, spec, weights, biases) -> "_BoundForward | None":
         """Bind no-grad calls on x's device and dtype to the backend's forward for these

@@ -290,6 +290,16 @@ class _EagerMLP(torch.autograd.Function):
         return (None, None, None, gx, *gw, *gb)
 
 
+def module_recompute(module: torch.nn.Module) -> bool | None:
+    """``recompute`` for a call of ``module`` (FusedMLP, GatedMLP): its own, but True for
+    a module in eval mode under torch.export, so that the program records the inference
+    op (``fusedmlp::mlp``, not ``mlp_train`` with pre-activations nobody reads) even where
+    the export traces in grad mode. That op stays differentiable (its backward recomputes)."""
+    if not module.training and torch.compiler.is_exporting():
+        return True
+    return module.recompute
+
+
 def linear_params(owner: torch.nn.Module, name: str):
     """(weight, bias) of ``owner``'s nn.Linear child ``name``, read from its _parameters
     (nn.Module.__getattr__ costs ~1 us a lookup on the hot path). TypeError naming the
