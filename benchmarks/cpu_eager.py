@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu.bench import interleaved_us
-from fusedmlp_xpu.benchtools import environment, write_json
+from fusedmlp_xpu.bench.narrow import interleaved_us
+from fusedmlp_xpu.bench.tools import environment, write_json
 
 MODES = ("inference", "train", "eikonal")
 # name -> (FusedMLP arguments, row counts); the eikonal step on the sdf net only

@@ -14,7 +14,7 @@ backend is reported WRONG and not timed. Times: device events, back-to-back call
 median of --repeats runs after warm-up; the floor is fusedmlp bench's (the train step's
 FLOPs at the 8192^3 matmul rate, or its minimal bytes at the copy rate, measured here).
 Then the host time of one backward call from Python at 2^14 rows, the backends' rounds
-interleaved (fusedmlp_xpu.bench.interleaved_us).
+interleaved (fusedmlp_xpu.bench.narrow.interleaved_us).
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ import os
 
 import torch
 
-from fusedmlp_xpu import bench, configs, dispatch
+from fusedmlp_xpu import dispatch
+from fusedmlp_xpu.bench import configs
+from fusedmlp_xpu.bench import narrow as bench
 from fusedmlp_xpu.backends import cuda as cuda_backend, cuda_build, memory
-from fusedmlp_xpu.benchtools import environment, write_json
+from fusedmlp_xpu.bench.tools import environment, write_json
 from fusedmlp_xpu.spec import MLPSpec
 
 from cuda_forward import TOLERANCE, median_ms

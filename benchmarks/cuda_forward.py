@@ -23,9 +23,10 @@ import statistics
 
 import torch
 
-from fusedmlp_xpu import configs, dispatch
+from fusedmlp_xpu import dispatch
+from fusedmlp_xpu.bench import configs
 from fusedmlp_xpu.backends import cuda as cuda_backend, cuda_build
-from fusedmlp_xpu.benchtools import calls_ms, environment, write_json
+from fusedmlp_xpu.bench.tools import calls_ms, environment, write_json
 from fusedmlp_xpu.spec import MLPSpec
 
 SCHEMA = "fusedmlp-bench-cuda-forward/1"

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import torch
 
-from fusedmlp_xpu import bench_steps
-from fusedmlp_xpu.benchtools import calls_ms, environment
+from fusedmlp_xpu.bench import steps as bench_steps
+from fusedmlp_xpu.bench.tools import calls_ms, environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

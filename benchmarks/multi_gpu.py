@@ -46,7 +46,7 @@ from torch import nn
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import gated
-from fusedmlp_xpu.benchtools import calls_ms, environment, sync
+from fusedmlp_xpu.bench.tools import calls_ms, environment, sync
 
 SCHEMA = "fusedmlp-multi-gpu/1"
 CONFIGS = {"narrow-w64": 64, "narrow-w128": 128}  # the benchmark configs' names: hidden width W

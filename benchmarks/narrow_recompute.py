@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import fusedmlp_xpu as fm  # noqa: E402
-from fusedmlp_xpu.benchtools import calls_ms, environment, write_json  # noqa: E402
+from fusedmlp_xpu.bench.tools import calls_ms, environment, write_json  # noqa: E402
 
 SCHEMA = "fusedmlp-bench-narrow-recompute/1"
 # name: (in, hidden, hidden layers, out, activation, bias)

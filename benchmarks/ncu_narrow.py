@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from fusedmlp_xpu import configs
+from fusedmlp_xpu.bench import configs
 
 
 def main():

@@ -16,7 +16,7 @@ import torch
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch, op
 from fusedmlp_xpu.backends import memory
-from fusedmlp_xpu.bench import interleaved_us
+from fusedmlp_xpu.bench.narrow import interleaved_us
 
 
 def per_call_us(fn, n=3500, rounds=7):
@@ -27,7 +27,7 @@ def per_call_us(fn, n=3500, rounds=7):
 def interleaved(fns: dict, n=3500, rounds=7) -> dict:
     """Like per_call_us for several functions, their rounds taken in turn: the H200 host's
     single-call times drift by tens of us over seconds, which would otherwise land on
-    whichever function was timed then (fusedmlp_xpu.bench.interleaved_us)."""
+    whichever function was timed then (fusedmlp_xpu.bench.narrow.interleaved_us)."""
     return interleaved_us(fns, torch.device("cuda"), n, rounds, warm=200)
 
 
@@ -156,7 +156,7 @@ def main():
             pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     if args.out:
-        from fusedmlp_xpu.benchtools import environment
+        from fusedmlp_xpu.bench.tools import environment
 
         out = {"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device("cuda")),
                "unit": "us per call (host, perf_counter; median of 7 rounds of 500 calls after 200 warm-up)",
@@ -244,7 +244,7 @@ def wide(args):
             print(f"--- torch.profiler, 20 x train step at 16 rows, {what}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
     if args.out:
-        from fusedmlp_xpu.benchtools import environment
+        from fusedmlp_xpu.bench.tools import environment
 
         json.dump({"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device(dev)),
                    "unit": "us per call (host, perf_counter; median of 7 interleaved rounds)",
@@ -302,7 +302,7 @@ def train(args):
     wall time a step at 2^18 (max of host and device) and the device time from a CUDA
     graph of the same step."""
     from fusedmlp_xpu.backends.triton import launch
-    from fusedmlp_xpu.benchtools import calls_ms
+    from fusedmlp_xpu.bench.tools import calls_ms
 
     dt, dev = torch.float16, torch.device("cuda")
     res = {}
@@ -412,7 +412,7 @@ def train(args):
         res["cprofile_tottime"] = buf.getvalue()
         print(buf.getvalue())
     if args.out:
-        from fusedmlp_xpu.benchtools import environment
+        from fusedmlp_xpu.bench.tools import environment
         with open(args.out, "w") as f:
             json.dump({"env": environment(dev), "train_host_us": res}, f, indent=1)
 

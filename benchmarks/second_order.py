@@ -29,9 +29,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from fusedmlp_xpu import bench_steps, dispatch, second_order as so  # noqa: E402
+from fusedmlp_xpu import dispatch, second_order as so  # noqa: E402
+from fusedmlp_xpu.bench import steps as bench_steps  # noqa: E402
 from fusedmlp_xpu.backends.triton.narrow import second_order as kernel  # noqa: E402
-from fusedmlp_xpu.benchtools import calls_ms, environment, write_json  # noqa: E402
+from fusedmlp_xpu.bench.tools import calls_ms, environment, write_json  # noqa: E402
 
 SCHEMA = "fusedmlp-bench-second-order/1"
 DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "64x4x1",

@@ -339,7 +339,7 @@ def _keep(rows, best, W, hidden, label, ms):
 
 def _write(args, rows):
     if args.out:
-        from fusedmlp_xpu.bench import environment
+        from fusedmlp_xpu.bench.tools import environment
 
         json.dump({"schema": "fusedmlp-sweep/1", "env": environment(torch.device("cuda")),
                    "args": vars(args), "rows": rows}, open(args.out, "w"), indent=1)

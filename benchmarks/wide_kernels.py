@@ -22,8 +22,8 @@ import json
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fusedmlp_xpu import bench_wide
-from fusedmlp_xpu.bench import calls_ms, environment
+from fusedmlp_xpu.bench import wide as bench_wide
+from fusedmlp_xpu.bench.tools import calls_ms, environment
 
 STEPS = 5
 

@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 def check_device(name: str) -> None:
     """--device: cuda or xpu only where torch sees one."""
-    from .profiling import resolve_device
+    from .bench.profiling import resolve_device
 
     try:
         resolve_device(name)
@@ -135,20 +135,20 @@ def cmd_info(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import cmd_bench
+    from .bench.narrow import cmd_bench
 
     check_device(args.device)
     check_writable(args.out, "--out")
-    if args.suite == "steps":  # whole training steps: their own harness (bench_steps.py)
-        from .bench_steps import cmd_steps
+    if args.suite == "steps":  # whole training steps: their own harness (bench/steps.py)
+        from .bench.steps import cmd_steps
 
         return cmd_steps(args)
     return cmd_bench(args)
 
 
 def _bench_arguments(p):
-    from . import bench_steps
-    from .bench import cmd_bench
+    from .bench import steps as bench_steps
+    from .bench.narrow import cmd_bench
 
     cmd_bench.add_arguments(p)
     bench_steps.add_arguments(p)
@@ -159,7 +159,7 @@ _bench.add_arguments = _bench_arguments
 def cmd_profile(args) -> int:
     import json
 
-    from . import profiling
+    from .bench import profiling
 
     check_device(args.device)
     check_writable(args.json, "--json")
@@ -179,7 +179,7 @@ def cmd_profile(args) -> int:
 
 
 def _profile_arguments(parser) -> None:
-    from . import profiling
+    from .bench import profiling
 
     profiling.add_arguments(parser)
 
@@ -188,7 +188,7 @@ cmd_profile.add_arguments = _profile_arguments
 
 
 def cmd_report(args) -> int:
-    from . import report
+    from .bench import report
 
     try:
         report.load(args.results)

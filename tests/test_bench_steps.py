@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from fusedmlp_xpu import bench_steps, cli
+from fusedmlp_xpu import cli
+from fusedmlp_xpu.bench import steps as bench_steps
 
 VARIANTS = ["eager", "compile", "fused", "fused-captured", "eager-captured"]
 

@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from fusedmlp_xpu import cli, profiling
+from fusedmlp_xpu import cli
+from fusedmlp_xpu.bench import profiling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "data", "synthetic_bench_cpu.json")

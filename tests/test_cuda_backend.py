@@ -570,7 +570,7 @@ def test_dispatched_unforced_only_where_measured():
 def test_bench_times_named_backends_side_by_side():
     """fusedmlp bench --backends triton cuda: each named backend forced on a copy of the
     same module; one that cannot run the config is left out, saying why."""
-    from fusedmlp_xpu import bench
+    from fusedmlp_xpu.bench import narrow as bench
 
     fused = bench.CONFIGS["narrow-w64"].module(torch.device("cpu"), torch.float32)
     logged = []

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from fusedmlp_xpu import cli, configs, profiling, report
+from fusedmlp_xpu import cli
+from fusedmlp_xpu.bench import configs, profiling, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -258,7 +259,7 @@ def test_bench_repeats_are_back_to_back_calls_filling_the_target(monkeypatch):
     call would also time the host's latency to its first kernel."""
     import time
 
-    from fusedmlp_xpu import bench
+    from fusedmlp_xpu.bench import narrow as bench
 
     calls = []
 
@@ -295,7 +296,7 @@ def test_wide_bench_times_backends_in_turn():
     """bench_wide.time_interleaved: after warm-up and an estimate, each name's batches
     take turns with the others', the order reversed every other round, so that the i-th
     batches of bare, eager and ours are timed close together."""
-    from fusedmlp_xpu import bench_wide
+    from fusedmlp_xpu.bench import wide as bench_wide
 
     order = []
 
@@ -322,7 +323,7 @@ def test_wide_bench_notes_the_backward_gemms(monkeypatch, gluon):
     built for a CUDA device name, nothing runs)."""
     from torch import nn
 
-    from fusedmlp_xpu import bench_wide
+    from fusedmlp_xpu.bench import wide as bench_wide
 
     gw = pytest.importorskip("fusedmlp_xpu.backends.triton.wide.hopper_gemm")
     monkeypatch.setattr(gw, "available", lambda device, dtype: gluon)
@@ -336,7 +337,7 @@ def test_wide_bench_notes_the_backward_gemms(monkeypatch, gluon):
 def test_bench_json_keeps_the_cases_timed_before_a_run_is_cut(monkeypatch, tmp_path):
     """cmd_bench writes its JSON after every case: a run stopped by a time limit (here an
     exception in the third case) leaves the first two cases' records, marked partial."""
-    from fusedmlp_xpu import bench
+    from fusedmlp_xpu.bench import narrow as bench
 
     class Cut(Exception):
         pass
@@ -370,7 +371,7 @@ def test_bench_json_keeps_the_cases_timed_before_a_run_is_cut(monkeypatch, tmp_p
 def test_targets_are_checked_over_every_case_and_pass():
     """targets.check: a range over every dtype, batch and pass a target covers; met only
     when all of it is on the target's side; graph replays as the device time."""
-    from fusedmlp_xpu import targets
+    from fusedmlp_xpu.bench import targets
 
     def rec(config, N, mode, backend, timing, ms, x_floor=None, p=1, dtype="float16", **kw):
         return dict(config=config, N=N, dtype=dtype, mode=mode, backend=backend, timing=timing,
@@ -478,7 +479,7 @@ def test_wide_bench_dims_and_sweep_arguments():
     config:DxH, and refuses what is not a pair of positive sizes, naming the option."""
     import argparse
 
-    from fusedmlp_xpu import bench_wide
+    from fusedmlp_xpu.bench import wide as bench_wide
 
     p = argparse.ArgumentParser()
     assert bench_wide._parse_dims(p, None) is None
@@ -497,7 +498,8 @@ def test_wide_bench_dims_and_sweep_arguments():
 def test_cli_wide_sweep_passes_its_options(monkeypatch, tmp_path):
     """`fusedmlp bench --suite wide --sweep --dtype float16` hands bench_wide its sweep,
     the Llama prefill and the dtypes."""
-    from fusedmlp_xpu import bench_wide, cli
+    from fusedmlp_xpu import cli
+    from fusedmlp_xpu.bench import wide as bench_wide
 
     got = []
     monkeypatch.setattr(bench_wide, "main", lambda argv: got.append(argv) or 0)

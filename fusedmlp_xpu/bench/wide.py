@@ -1,8 +1,8 @@
 """The wide-MLP benchmark: wide-gelu and wide-swiglu (configs: benchmarks/README.md), one command.
 
     fusedmlp bench --suite wide --out wide.json    # on a CUDA GPU, ~3-4 min on an H200
-    python -m fusedmlp_xpu.bench_wide --out wide.json [--rows 16 8192] [--configs ...]
-    TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench_wide --tiny --out w.json  # CPU smoke run
+    python -m fusedmlp_xpu.bench.wide --out wide.json [--rows 16 8192] [--configs ...]
+    TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench.wide --tiny --out w.json  # CPU smoke run
 
 Per config, row count M (16, 8192), mode (inference, train = forward + backward for x
 and every weight and bias) and backend (eager, compile, triton = ours, bare = the same
@@ -31,8 +31,8 @@ from torch import nn
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
-from fusedmlp_xpu.benchtools import calls_ms, environment, lean_launches_note
-from fusedmlp_xpu.benchtools import sync as _sync
+from .tools import calls_ms, environment, lean_launches_note
+from .tools import sync as _sync
 
 SCHEMA = "fusedmlp-bench/1"
 L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
@@ -82,26 +82,26 @@ class _WideShim(Backend):
     device_types = ("cuda", "xpu", "cpu")
 
     def available(self):
-        from .backends.triton import wide
+        from ..backends.triton import wide
         return wide.available()
 
     def supports(self, spec, device):
-        from .backends.triton import wide
+        from ..backends.triton import wide
         return wide.supports_device(device), "wide kernels"
 
     def forward(self, x, weights, biases, spec, save):
-        from .backends.triton import wide
+        from ..backends.triton import wide
         return wide.forward(x, weights, biases, spec, save)
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
-        from .backends.triton import wide
+        from ..backends.triton import wide
         return wide.backward(grad_y, x, weights, biases, saved, spec, needs)
 
 
 def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module, str]:
     """Our fused module sharing the eager model's parameters."""
     if device.type == "cpu":
-        from .backends.triton import wide
+        from ..backends.triton import wide
         if not wide.interpreting():
             _note(notes, "cpu without TRITON_INTERPRET=1: 'triton' rows ran the reference")
             name = "reference"
@@ -114,11 +114,11 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
     call_name = name
     if device.type != "cpu":
         call_name = None
-        from .backends.triton import routes_note
+        from ..backends.triton import routes_note
         _note(notes, "'triton' rows on the GPU: the package's automatic choice, i.e. the "
                      "wide Triton kernels" + (routes_note(device, gated) or "") +
                      "; each row's 'route' says which path it took")
-        from .backends.triton.wide import hopper_gemm
+        from ..backends.triton.wide import hopper_gemm
         _note(notes, "train steps' activation input gradient and gated dh GEMM: " + (
             "the warp-specialized Gluon kernel (wide/hopper_gemm.py)"
             if hopper_gemm.available(device, torch.bfloat16) else "the wide Triton kernels"))
@@ -185,7 +185,7 @@ def bare_fns(eager: nn.Module, gated: bool):
 
 # --- measuring ----------------------------------------------------------------------
 class _Clock:
-    """Times fn(i) on one device (benchtools.calls_ms: events where there are some)."""
+    """Times fn(i) on one device (tools.calls_ms: events where there are some)."""
 
     def __init__(self, device):
         self.device = device
@@ -260,7 +260,7 @@ def rel(a, b):
 @contextlib.contextmanager
 def poisoned():
     """Outputs our kernels allocate start as NaN (an unwritten element cannot pass)."""
-    from .backends import memory
+    from ..backends import memory
     real = memory.new_empty
 
     def nan_empty(*shape, like, dtype=None):

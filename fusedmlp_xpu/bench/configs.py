@@ -44,7 +44,7 @@ class MLPConfig:
 
     def make(self, device=None, dtype=None, **kwargs):
         """A FusedMLP of this shape (``kwargs`` go to FusedMLP, e.g. backend=)."""
-        from .module import FusedMLP  # keeps this table importable without the op library
+        from ..module import FusedMLP  # keeps this table importable without the op library
 
         return FusedMLP(self.in_features, self.out_features, self.hidden_features,
                         self.hidden_layers, self.activation, self.output_activation,

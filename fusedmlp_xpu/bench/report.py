@@ -440,7 +440,7 @@ def render(machines: list[Machine], out_dir: str) -> str:
     md += _largest_batch_table(machines, speed)
     md += ["", "## Targets", "",
            "The targets of the benchmark protocol, checked against every record and pass of "
-           "each file (`fusedmlp_xpu/targets.py`): the range over every case a target covers "
+           "each file (`fusedmlp_xpu/bench/targets.py`): the range over every case a target covers "
            "(dtypes, batches, passes), as called from Python and as device time (the "
            "CUDA-graph replay where the case has one). `met` needs the whole range on the "
            "target's side; `met on device time` holds for the graph replays but not from "

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu.benchtools import calls_ms, environment, sync, write_json
+from .tools import calls_ms, environment, sync, write_json
 
 SCHEMA = "fusedmlp-bench-steps/1"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

@@ -1,4 +1,4 @@
-"""What the benchmark harnesses share (bench.py's narrow suite, bench_wide.py's FFN
+"""What the benchmark harnesses share (narrow.py's suite, wide.py's FFN
 blocks, and the scripts in benchmarks/): the environment a record is tagged with,
 back-to-back call timing with device events, and the lean-launch counts."""
 from __future__ import annotations
@@ -85,7 +85,7 @@ def calls_ms(device, fn, n: int, start: int = 0, lead: bool = False) -> float:
 def lean_launches_note() -> str:
     """How many Triton launches took the lean path (backends/triton/launch.py), per kernel."""
     try:
-        from .backends.triton import launch
+        from ..backends.triton import launch
     except Exception as e:  # noqa: BLE001 -- no Triton: nothing launched
         return f"lean launches: none (Triton backend not importable: {type(e).__name__})"
     counts = launch.stats()

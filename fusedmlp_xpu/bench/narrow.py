@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 import fusedmlp_xpu as fm
-from fusedmlp_xpu import configs
-from fusedmlp_xpu.benchtools import calls_ms, environment, lean_launches_note, write_json
-from fusedmlp_xpu.benchtools import sync as _sync
+from . import configs
+from .tools import calls_ms, environment, lean_launches_note, write_json
+from .tools import sync as _sync
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -417,8 +417,8 @@ def summary(result) -> str:
 
 
 def cmd_bench(args) -> int:
-    if args.suite == "wide":  # transformer FFN blocks: their own harness (bench_wide.py)
-        from .bench_wide import main as wide_main
+    if args.suite == "wide":  # transformer FFN blocks: their own harness (bench/wide.py)
+        from .wide import main as wide_main
 
         out = args.out or os.path.join("benchmarks", "results", "bench-wide.json")
         argv = ["--out", out] + ([] if args.device == "auto" else ["--device", args.device])
@@ -449,8 +449,8 @@ def cmd_bench(args) -> int:
 
 def _add_arguments(p):
     p.add_argument("--suite", default="narrow", choices=sorted(SUITES) + ["steps", "wide"],
-                   help="narrow configs (this harness), wide (bench_wide.py) or whole "
-                        "training steps (bench_steps.py)")
+                   help="narrow configs (this harness), wide (bench/wide.py) or whole "
+                        "training steps (bench/steps.py)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS))
     p.add_argument("--batch", action="append", type=configs.positive_int)
     p.add_argument("--dtype", action="append", choices=sorted(DTYPES))
@@ -469,7 +469,7 @@ def _add_arguments(p):
     p.add_argument("--out", help="JSON path (default benchmarks/results/bench-...json)")
     p.add_argument("--sweep", action="store_true",
                    help="--suite wide: M 1-16384 on the d/hidden of six released models "
-                        "and a HF Llama prefill (bench_wide.py --sweep --llama)")
+                        "and a HF Llama prefill (bench/wide.py --sweep --llama)")
 
 
 cmd_bench.add_arguments = _add_arguments

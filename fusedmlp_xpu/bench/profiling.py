@@ -611,7 +611,7 @@ def format_table(r: ProfileResult) -> str:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--config", default=configs.DEFAULT_CONFIG, choices=list(configs.CONFIGS),
-                        help="a standard config (fusedmlp_xpu/configs.py; default %(default)s)")
+                        help="a standard config (fusedmlp_xpu/bench/configs.py; default %(default)s)")
     parser.add_argument("--batch", type=configs.positive_int, default=None,
                         help=f"rows (default {CPU_BATCH} on CPU, {GPU_BATCH} on a GPU; "
                              "wide configs 16 on CPU, 8192 on a GPU)")
