@@ -366,8 +366,8 @@ class CudaBackend(Backend):
                    if not p.exists()]
         if missing:
             return False, (f"cuda backend: kernel sources {missing} not found under "
-                           f"{cuda_build.KERNEL_DIR} (needs a source checkout or editable "
-                           "install)")
+                           f"{cuda_build.KERNEL_DIR} (the package data of fusedmlp_xpu.kernels: "
+                           "reinstall fusedmlp-xpu)")
         return True, f"CUDA C++ kernels compiled at run time by NVRTC {major}.{minor}"
 
     def supports(self, spec, device):

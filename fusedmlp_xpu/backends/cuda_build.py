@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 
 from .. import activations
+from .kernel_files import kernel_dir
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
+KERNEL_DIR = kernel_dir("cuda")
 FORWARD_SOURCE = KERNEL_DIR / "fused_mlp_forward.cu"
 #: the wgmma forward (Hopper, sm_90a)
 FORWARD_SM90_SOURCE = KERNEL_DIR / "fused_mlp_forward_sm90.cu"

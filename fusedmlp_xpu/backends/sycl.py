@@ -34,8 +34,9 @@ import torch
 
 from .. import activations
 from . import Backend, memory, saved_widths
+from .kernel_files import kernel_dir
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "sycl"
+KERNEL_DIR = kernel_dir("sycl")
 KERNEL_SOURCE = KERNEL_DIR / "fused_mlp.cpp"
 PARAMS_HEADER = KERNEL_DIR / "fused_mlp_params.h"
 SHIM_SOURCE = KERNEL_DIR / "fmlp_sycl_shim.cpp"
