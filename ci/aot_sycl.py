@@ -1,0 +1,457 @@
+"""Compile the ESIMD kernels for the Max 1550 (PVC) ahead of time and check their ISA, no GPU.
+
+    python ci/aot_sycl.py [--out table.json] [--portable] [--keep DIR]
+
+No Intel GPU is reachable here, so the ESIMD kernels are judged by the PVC ISA that
+Intel's own compilers make of them, in two steps:
+
+1. SYCL source -> SPIR-V. The SYCL runtime's kernel compiler (the
+   ``sycl_ext_oneapi_kernel_compiler`` path the sycl backend uses) builds the source
+   for the OpenCL CPU device through the backend's host shim (``_Shim.build``), with
+   ``SYCL_DUMP_IMAGES=1``: the runtime then writes every device image it makes,
+   ``sycl_spir64*.spv``, into its working directory. That happens in a child process
+   with a private working directory. The runtime splits one source into several images
+   (ESIMD kernels apart from SIMT kernels, fp16 kernels apart from the rest, and one of
+   its own fill kernels); an image is ESIMD when it declares ``SPV_INTEL_vector_compute``.
+2. SPIR-V -> PVC ISA. ``ocloc compile -spirv_input -device pvc`` (Debian's
+   ``intel-opencl-icd``), ESIMD images with ``-options -vc-codegen``, with
+   ``IGC_ShaderDumpEnable=1 IGC_DumpToCustomDir=DIR``; ``DIR/*.asm`` holds one listing per
+   kernel, read by ``parse_asm``.
+
+Many kernels in ONE source make one SPIR-V module and one ocloc call: the kernels are
+grouped by what must differ between builds (their source defines, their GRF mode), so a
+table of configurations costs a few compiles, not one each.
+
+The GRF mode is a build option, not part of the SPIR-V: the kernel property
+``grf_size<256>`` does not reach the module, the runtime passes it to IGC as an option.
+So each configuration says its GRF mode, and this compiles it with the option the
+runtime will use: 256 -> ``-ze-opt-large-register-file``.
+
+What the listing says (IGC 1.0.12504, the Debian package), and how this reads it:
+
+- The header: ``//.kernel __sycl_kernel_<name>``, ``//.thread_config numGRF=128`` (or 256),
+  ``//.instCount N`` and, only when the register allocator spilled, ``//.spill size B``;
+  spill and fill messages say ``scratch space spill``/``fill`` (legacy messages) or
+  ``spill to``/``fill from`` (LSC) in their comment.
+- ``dpas.SxR`` (systolic depth x repeat count), e.g. ``dpas.8x8`` for
+  ``xmx::dpas<8, 8, float>``.
+- Memory messages come in two spellings. LSC: ``load.ugm.d32x16t.a64``,
+  ``store.slm...``, ``load_block2d.ugm.d16v.a64`` (the VNNI-transformed 2-D block load of
+  ``lsc_load_2d``), ``store_block2d.ugm...``; ``ugm`` is global memory, ``slm`` shared local
+  memory, a ``t`` data size (``d32x16t``) a block message, any other a per-lane gather or
+  scatter. Legacy dataport: ``send.dc1``/``send.dc0`` whose comment names the operation
+  (``a64 dword gathering read``, ``a64 unaligned oword block read``, ``byte scattering
+  write``); the descriptor's low byte 0xFE is SLM, ``a64``/0xFF global memory. The two
+  loads of the kernel arguments in the thread prologs, the end-of-thread message, barriers
+  and fences are not memory traffic and are counted apart (``sync``) or not at all.
+- ESIMD's plain ``block_load``/``slm_block_load`` without an alignment property compile to
+  legacy gathers (bf16 through SLM: byte gathers, one 32-bit lane per element pair);
+  with ``overaligned_tag<16>`` to block reads; ``lsc_load_2d``/``lsc_store_2d`` to
+  ``load_block2d``/``store_block2d``. The ``gathers`` column shows which a kernel got.
+
+The dpas count is STATIC: the ``dpas`` instructions in the listing. A loop the compiler
+keeps (a runtime loop over layers) holds its body's ``dpas`` once, however many times
+it runs; an unrolled loop holds them once per iteration. So the expected count a
+configuration states is the static count of its source as written (for a kernel that
+loops over equal layers: the ``dpas`` of one layer body, plus the first and last layers
+when they are peeled), not the dynamic count per row block; for a fully unrolled kernel
+the two are the same. The check fails on a kernel whose static count differs from the
+expected one, which catches both redundant matrix work and a layer left without ``dpas``.
+
+Fails (exit 1, one line saying why) on: a missing ocloc or runtime, a compile error, a
+configuration whose kernel is not in the listing, any spill, a kernel without ``dpas``,
+a ``dpas`` count other than expected. ``--portable`` adds the portable SIMT kernels
+(kernels/sycl/fused_mlp.cpp, compiled without ``-vc-codegen``) to the table as
+information only: they never fail the check.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+GRF_OPTIONS = {128: (), 256: ("-ze-opt-large-register-file",)}
+DEVICE = "pvc"
+SEND_KINDS = ("global_load", "global_store", "slm_load", "slm_store", "atomic", "spill_fill",
+              "sync", "other")
+
+
+class AotError(RuntimeError):
+    """A tool is missing or a compile failed; the message says which and how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One kernel to compile and check.
+
+    name: the free function's ``extern "C"`` name (the listing says ``__sycl_kernel_<name>``).
+    dpas_expected: the static ``dpas`` count its listing must show (see the module's doc);
+        None for an informational row that is not checked.
+    instantiation: C++ appended to the common source to define the kernel (e.g. an
+        ``extern "C"`` wrapper around a template instance); "" when the source has it.
+    defines: ``-D`` options of the SYCL compile; kernels with other defines build apart.
+    grf: 128 or 256, the GRF mode the runtime will build it in.
+    esimd: whether it is an ESIMD kernel (``-vc-codegen``).
+    """
+    name: str
+    dpas_expected: int | None
+    instantiation: str = ""
+    defines: tuple[str, ...] = ()
+    grf: int = 128
+    esimd: bool = True
+
+    def __post_init__(self):
+        if self.grf not in GRF_OPTIONS:
+            raise ValueError(f"KernelConfig {self.name}: grf={self.grf}, expected one of "
+                             f"{sorted(GRF_OPTIONS)}")
+
+    @classmethod
+    def of(cls, cfg) -> "KernelConfig":
+        """A KernelConfig from a backend configuration object: ``kernel_name``,
+        ``dpas_per_block`` and, where it has them, ``instantiation``, ``source_defines``,
+        ``grf``."""
+        if isinstance(cfg, cls):
+            return cfg
+        return cls(name=cfg.kernel_name, dpas_expected=cfg.dpas_per_block,
+                   instantiation=getattr(cfg, "instantiation", "") or "",
+                   defines=tuple(getattr(cfg, "source_defines", ()) or ()),
+                   grf=int(getattr(cfg, "grf", 128) or 128))
+
+
+@dataclasses.dataclass
+class IsaStats:
+    """What one kernel's PVC listing shows."""
+    kernel: str
+    grf: int
+    spill_bytes: int
+    spill_messages: int
+    inst_count: int
+    dpas: int
+    dpas_shapes: dict[str, int]
+    sends: dict[str, int]
+    gathers: int  # memory messages with per-lane addresses (not block messages)
+    block2d: int  # 2-D block loads/stores
+
+
+# --- the listing -----------------------------------------------------------------------
+_MNEMONIC = re.compile(r"^\s*(?:\([^)]*\)\s*)?([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*)")
+_LSC = re.compile(r"^(load|store|load_block2d|store_block2d|load_cmask|store_cmask|prefetch"
+                  r"|atomic_[a-z0-9]+|fence)\.(ugm|ugml|slm|tgm|scratch)\b")
+_DESC = re.compile(r"\s0x[0-9A-Fa-f]+\s+0x([0-9A-Fa-f]+)\s")
+
+
+def _header_int(text: str, pattern: str, default: int = 0) -> int:
+    m = re.search(pattern, text, re.M)
+    return int(m.group(1)) if m else default
+
+
+def _send_kind(mnemonic: str, line: str) -> tuple[str, bool, bool]:
+    """(kind, is a gather/scatter, is a 2-D block message) of a message instruction."""
+    comment = line.split("//", 1)[1] if "//" in line else ""
+    if "spill" in comment or "fill" in comment or "scratch" in comment:
+        return "spill_fill", False, False
+    m = _LSC.match(mnemonic)
+    if m:
+        op, sfid = m.groups()
+        if op == "fence":
+            return "sync", False, False
+        space = "slm" if sfid == "slm" else "global"
+        if op.startswith("atomic"):
+            return "atomic", True, False
+        block2d = "block2d" in op
+        gather = not block2d and not re.search(r"\.d\d+x\d+t\b|\.d\d+t\b", mnemonic)
+        return f"{space}_{'load' if op.startswith(('load', 'prefetch')) else 'store'}", \
+            gather, block2d
+    # legacy dataport / gateway: the comment after "rd:N;" names the operation
+    if ".gtwy" in mnemonic or "barrier" in comment or "fence" in comment:
+        return "sync", False, False
+    what = comment.split(";", 1)[1] if ";" in comment else comment
+    d = _DESC.search(line)
+    slm = (d is not None and d.group(1).lower().endswith("fe")) or ".slm" in mnemonic
+    space = "slm" if slm else "global"
+    gather = "gathering" in what or "scattering" in what
+    if "atomic" in what:
+        return "atomic", True, False
+    if "read" in what:
+        return f"{space}_load", gather, False
+    if "write" in what:
+        return f"{space}_store", gather, False
+    return "other", False, False
+
+
+def parse_asm(text: str) -> IsaStats:
+    """Read one kernel's IGC listing (``DIR/*.asm``) into IsaStats."""
+    name = re.search(r"^//\.kernel\s+(\S+)", text, re.M)
+    kernel = name.group(1) if name else "?"
+    kernel = kernel[len("__sycl_kernel_"):] if kernel.startswith("__sycl_kernel_") else kernel
+    sends: Counter = Counter({k: 0 for k in SEND_KINDS})
+    shapes: Counter = Counter()
+    gathers = block2d = spill_msgs = 0
+    prolog = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("//"):
+            if "_prolog" in s:  # the payload loads of the kernel arguments
+                prolog = True
+            elif re.match(r"//\s*B\d+", s) or s.startswith("// __sycl_kernel"):
+                prolog = False
+            continue
+        if s.endswith(":") and "prolog" in s:
+            prolog = True
+            continue
+        m = _MNEMONIC.match(line)
+        if not m:
+            continue
+        mn = m.group(1)
+        if mn.startswith("dpas"):
+            shapes[mn.split(".", 1)[1] if "." in mn else mn] += 1
+            continue
+        is_send = mn.split(".")[0] in ("send", "sendc", "sends", "sendsc") or _LSC.match(mn)
+        if not is_send or prolog or "EOT" in line:
+            continue
+        kind, gather, b2d = _send_kind(mn, line)
+        sends[kind] += 1
+        spill_msgs += kind == "spill_fill"
+        gathers += gather
+        block2d += b2d
+    return IsaStats(
+        kernel=kernel, grf=_header_int(text, r"numGRF=(\d+)"),
+        spill_bytes=_header_int(text, r"^//\.spill size (\d+)"), spill_messages=spill_msgs,
+        inst_count=_header_int(text, r"^//\.instCount (\d+)"), dpas=sum(shapes.values()),
+        dpas_shapes=dict(sorted(shapes.items())), sends=dict(sends), gathers=gathers,
+        block2d=block2d)
+
+
+# --- the tools -------------------------------------------------------------------------
+def find_ocloc() -> str:
+    """ocloc's path ($OCLOC or PATH); AotError naming the package when it is missing."""
+    path = shutil.which(os.environ.get("OCLOC", "ocloc"))
+    if path is None:
+        raise AotError("ocloc not found (install Debian's intel-opencl-icd: "
+                       "apt-get install intel-opencl-icd; or set OCLOC)")
+    return path
+
+
+_WORKER = """
+import sys
+from pathlib import Path
+from fusedmlp_xpu.backends import sycl
+src = Path(sys.argv[1]).read_bytes()
+inc = {Path(p).name: Path(p).read_bytes() for p in sys.argv[3:]}
+opts = [o for o in Path(sys.argv[2]).read_text().split("\\n") if o]
+sycl.shim().build(sycl.cpu_queue().addressof_ref(), src, [], includes=inc, options=opts)
+"""
+
+
+def build_spirv(source: str, includes: dict[str, str | bytes], options: list[str],
+                workdir: Path) -> list[Path]:
+    """SYCL source -> its SPIR-V images (``workdir/sycl_spir64*.spv``), built by the sycl
+    backend's runtime compiler on opencl:cpu in a child process (SYCL_DUMP_IMAGES)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    inc_dir = workdir / "include"
+    inc_dir.mkdir(exist_ok=True)
+    for n, text in includes.items():
+        (inc_dir / n).write_bytes(text.encode() if isinstance(text, str) else text)
+    (workdir / "kernels.cpp").write_text(source)
+    (workdir / "options.txt").write_text("\n".join(options))
+    env = dict(os.environ, SYCL_DUMP_IMAGES="1",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1])]
+                                          + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    # only the OpenCL CPU runtime: Debian's intel-opencl-icd also registers its GPU
+    # runtime in /etc/OpenCL/vendors, which has no device here
+    vendors = workdir / "no_vendors"
+    vendors.mkdir(exist_ok=True)
+    env["OCL_ICD_VENDORS"] = str(vendors)
+    if "OCL_ICD_FILENAMES" not in env:
+        from fusedmlp_xpu.backends import sycl
+        icd = sycl._dist_file("intel-opencl-rt", "lib/libintelocl.so")
+        if icd is not None:
+            env["OCL_ICD_FILENAMES"] = str(icd)
+    r = subprocess.run([sys.executable, "-c", _WORKER, "kernels.cpp", "options.txt"]
+                       + [str(inc_dir / n) for n in includes], cwd=workdir, env=env,
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise AotError(f"SYCL -> SPIR-V failed (options {options}):\n{r.stderr[-6000:]}")
+    images = sorted(workdir.glob("sycl_spir64*.spv"))
+    if not images:
+        raise AotError("SYCL -> SPIR-V: the runtime wrote no sycl_spir64*.spv "
+                       "(SYCL_DUMP_IMAGES unsupported by this intel-sycl-rt?)")
+    return images
+
+
+def compile_pvc(spirv: Path, esimd: bool, grf: int, dump_dir: Path) -> dict[str, str]:
+    """SPIR-V -> PVC ISA with ocloc; {kernel name: its listing}."""
+    ocloc = find_ocloc()
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    opts = list(GRF_OPTIONS[grf])
+    if esimd:
+        opts.insert(0, "-vc-codegen")
+    cmd = [ocloc, "compile", "-spirv_input", "-file", str(spirv), "-device", DEVICE,
+           "-output_no_suffix", "-output", "bin", "-out_dir", str(dump_dir)]
+    if opts:
+        cmd += ["-options", " ".join(opts)]
+    env = dict(os.environ, IGC_ShaderDumpEnable="1", IGC_DumpToCustomDir=str(dump_dir))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0 or "Build succeeded" not in r.stdout + r.stderr:
+        raise AotError(f"ocloc failed on {spirv.name} ({' '.join(cmd[1:])}):\n"
+                       f"{(r.stdout + r.stderr)[-6000:]}")
+    out = {}
+    for asm in sorted(dump_dir.glob("*.asm")):
+        text = asm.read_text(errors="replace")
+        out[parse_asm(text).kernel] = text
+    return out
+
+
+# --- the table -------------------------------------------------------------------------
+def _groups(configs):
+    """Configurations that can share one SPIR-V build and one ocloc call."""
+    out: dict[tuple, list[KernelConfig]] = {}
+    for c in configs:
+        out.setdefault((c.defines, c.grf, c.esimd), []).append(c)
+    return out
+
+
+def isa_table(configs, source: str, includes: dict[str, str | bytes], workdir: Path,
+              options: list[str] = ()) -> list[dict]:
+    """Compile ``configs`` (KernelConfig, or backend objects KernelConfig.of reads) for PVC:
+    one row per configuration, the IsaStats fields plus ``dpas_expected`` and ``options``;
+    a configuration missing from the listing raises AotError."""
+    configs = [KernelConfig.of(c) for c in configs]
+    seen = [c.name for c in configs]
+    dup = {n for n in seen if seen.count(n) > 1}
+    if dup:
+        raise ValueError(f"configs: kernel names repeated: {sorted(dup)}")
+    rows = []
+    for i, ((defines, grf, esimd), group) in enumerate(_groups(configs).items()):
+        text = source + "".join("\n" + c.instantiation for c in group if c.instantiation)
+        d = workdir / f"build{i}"
+        images = build_spirv(text, includes, list(options) + [f"-D{x}" for x in defines], d)
+        listings: dict[str, str] = {}
+        for j, img in enumerate(images):
+            data = img.read_bytes()
+            if not any(f"__sycl_kernel_{c.name}\0".encode() in data for c in group):
+                continue  # the runtime's own kernels, or kernels of another group
+            is_esimd = b"SPV_INTEL_vector_compute" in data
+            listings.update(compile_pvc(img, is_esimd, grf, d / f"isa{j}"))
+        for c in group:
+            if c.name not in listings:
+                raise AotError(f"kernel {c.name}: not in the PVC listings of its build "
+                               f"(found {sorted(listings)})")
+            st = parse_asm(listings[c.name])
+            row = dataclasses.asdict(st)
+            row["kernel"] = c.name
+            row["dpas_expected"] = c.dpas_expected
+            row["esimd"] = esimd
+            row["options"] = " ".join((["-vc-codegen"] if esimd else []) + list(GRF_OPTIONS[grf])
+                                      + [f"-D{x}" for x in defines])
+            rows.append(row)
+    return rows
+
+
+def failures(rows) -> list[str]:
+    """Why the checked rows fail (dpas_expected not None): spills, no dpas, a dpas count
+    other than expected, a GRF mode other than asked; empty when all pass."""
+    out = []
+    for r in rows:
+        if r["dpas_expected"] is None:
+            continue
+        k = r["kernel"]
+        if r["spill_bytes"] or r["spill_messages"]:
+            out.append(f"{k}: spills {r['spill_bytes']} B ({r['spill_messages']} spill/fill "
+                       f"messages) at {r['grf']} GRF")
+        if r["dpas"] == 0:
+            out.append(f"{k}: no dpas instruction in its PVC listing")
+        elif r["dpas"] != r["dpas_expected"]:
+            out.append(f"{k}: {r['dpas']} dpas in its PVC listing, expected "
+                       f"{r['dpas_expected']} (static count, see ci/aot_sycl.py)")
+        want = 256 if "-ze-opt-large-register-file" in r["options"] else 128
+        if r["grf"] != want:
+            out.append(f"{k}: compiled at {r['grf']} GRF, asked for {want}")
+    return out
+
+
+def format_row(r: dict) -> str:
+    s = r["sends"]
+    shapes = ",".join(f"{k}:{v}" for k, v in r["dpas_shapes"].items()) or "-"
+    exp = "" if r["dpas_expected"] is None else f"/{r['dpas_expected']}"
+    return (f"{r['kernel']:<40} {r['grf']:>3} GRF {r['spill_bytes']:>6} B spill "
+            f"dpas {r['dpas']:>3}{exp:<4} ({shapes}) "
+            f"ld/st global {s['global_load']}/{s['global_store']} "
+            f"slm {s['slm_load']}/{s['slm_store']} gathers {r['gathers']} "
+            f"2d {r['block2d']} {r['inst_count']:>5} inst")
+
+
+# --- the configurations ----------------------------------------------------------------
+def esimd_configs():
+    """(configs, source, includes) of the sycl backend's ESIMD kernels, from
+    fusedmlp_xpu.backends.sycl_esimd: ``aot_configs()`` and ``aot_source()`` (the kernel
+    source text and its include files by name)."""
+    from fusedmlp_xpu.backends import sycl_esimd  # noqa: PLC0415 (its own failure below)
+
+    source, includes = sycl_esimd.aot_source()
+    return list(sycl_esimd.aot_configs()), source, includes
+
+
+def portable_configs():
+    """The portable SIMT kernels (kernels/sycl/fused_mlp.cpp), unchecked rows."""
+    from fusedmlp_xpu.backends import sycl
+
+    names = [f"fmlp_{k}_{t}" for k in ("fwd", "bwd_rows", "wgrad") for t in ("f32", "f16", "bf16")]
+    configs = [KernelConfig(n, None, esimd=False) for n in names]
+    return configs, sycl.KERNEL_SOURCE.read_text(), {
+        sycl.PARAMS_HEADER.name: sycl.PARAMS_HEADER.read_bytes()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, help="write the table as JSON here")
+    p.add_argument("--portable", action="store_true",
+                   help="add the portable SIMT kernels (information, not checked)")
+    p.add_argument("--keep", type=Path, help="keep SPIR-V and listings in this directory")
+    args = p.parse_args(argv)
+    try:
+        ocloc = find_ocloc()
+    except AotError as e:
+        print(e)
+        return 1
+    work = args.keep or Path(tempfile.mkdtemp(prefix="aot_sycl-"))
+    try:
+        try:
+            configs, source, includes = esimd_configs()
+        except (ImportError, AttributeError) as e:
+            print(f"the ESIMD kernel configurations: {e}")
+            return 1
+        print(f"{ocloc}, -device {DEVICE}: {len(configs)} ESIMD configurations")
+        rows = isa_table(configs, source, includes, work / "esimd")
+        if args.portable:
+            pc, psrc, pinc = portable_configs()
+            rows += isa_table(pc, psrc, pinc, work / "portable")
+    except AotError as e:
+        print(f"FAILED: {e}")
+        return 1
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    for r in rows:
+        print(format_row(r))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"device": DEVICE, "kernels": rows}, indent=1) + "\n")
+    bad = failures(rows)
+    for b in bad:
+        print(f"FAILED: {b}")
+    return 1 if bad or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
