@@ -327,10 +327,11 @@ def isa_table(configs, source: str, includes: dict[str, str | bytes], workdir: P
     one row per configuration, the IsaStats fields plus ``dpas_expected`` and ``options``;
     a configuration missing from the listing raises AotError."""
     configs = [KernelConfig.of(c) for c in configs]
-    seen = [c.name for c in configs]
-    dup = {n for n in seen if seen.count(n) > 1}
+    seen = [(c.name, c.defines, c.grf) for c in configs]
+    dup = {k[0] for k in seen if seen.count(k) > 1}
     if dup:
-        raise ValueError(f"configs: kernel names repeated: {sorted(dup)}")
+        raise ValueError(f"configs: kernels repeated with the same defines and GRF mode: "
+                         f"{sorted(dup)}")
     rows = []
     for i, ((defines, grf, esimd), group) in enumerate(_groups(configs).items()):
         text = source + "".join("\n" + c.instantiation for c in group if c.instantiation)
