@@ -135,10 +135,21 @@ def cmd_info(args) -> int:
 
 
 def _bench(args) -> int:
+    from .bench import results
     from .bench.narrow import cmd_bench
 
     check_device(args.device)
     check_writable(args.out, "--out")
+    try:  # the table and the run id, before minutes of timing
+        if args.out:
+            results.check_table_path(args.out, "argument --out")
+        if args.run:
+            results.check_run_id(args.run, "argument --run")
+            if args.out and args.run in results.run_ids(args.out):
+                raise ValueError(f"argument --run: {args.run!r} is already in {args.out} "
+                                 "(run ids are unique)")
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
     if args.suite == "steps":  # whole training steps: their own harness (bench/steps.py)
         from .bench.steps import cmd_steps
 
@@ -191,18 +202,23 @@ def cmd_report(args) -> int:
     from .bench import report
 
     try:
-        report.load(args.results)
+        report.load(args.results, args.run)
     except (OSError, ValueError) as e:
         what = f"{e.strerror}: {e.filename!r}" if isinstance(e, OSError) and e.strerror else e
         raise UsageError(f"argument results: {what}") from None
     check_writable(args.out, "--out", folder=True)
-    path = report.write_report(args.results, args.out)
+    path = report.write_report(args.results, args.out, args.run)
     print(f"wrote {path}")
     return 0
 
 
 def _report_arguments(parser) -> None:
-    parser.add_argument("results", nargs="+", help="bench JSON files (fusedmlp-bench/1)")
+    parser.add_argument("results", nargs="+",
+                        help="results tables (benchmarks/results/<machine>.jsonl) or bench "
+                             "JSON files (fusedmlp-bench/1)")
+    parser.add_argument("--run", action="append", default=None, metavar="ID",
+                        help="only these runs, in this order (repeat; default every "
+                             "fusedmlp bench run in the tables)")
     parser.add_argument("--out", required=True, help="folder for report.md and its PNG plots")
 
 
@@ -212,8 +228,8 @@ cmd_report.add_arguments = _report_arguments
 COMMANDS = {
     "info": (cmd_info, "devices, versions and the backends table with reasons"),
     "profile": (cmd_profile, "eager vs torch.compile vs FusedMLP under torch.profiler"),
-    "bench": (_bench, "benchmark sweeps (protocol: README.md) -> JSON with the environment"),
-    "report": (cmd_report, "bench JSON from one or more machines -> report.md with plots"),
+    "bench": (_bench, "benchmark sweeps (protocol: README.md) -> the machine's results table"),
+    "report": (cmd_report, "bench runs from one or more machines' tables -> report.md with plots"),
 }
 
 

@@ -3,23 +3,22 @@ per variant, the fused step checked against float64, the variants' losses in agr
 and every variant that did not run saying why."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from fusedmlp_xpu import cli
-from fusedmlp_xpu.bench import steps as bench_steps
+from fusedmlp_xpu.bench import results, steps as bench_steps
 
 VARIANTS = ["eager", "compile", "fused", "fused-captured", "eager-captured"]
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("steps") / "steps.json"
+    out = tmp_path_factory.mktemp("steps") / "steps.jsonl"
     rc = cli.main(["bench", "--suite", "steps", "--tiny", "--device", "cpu",
-                   "--configs", "loop-image", "sdf-eikonal", "--out", str(out)])
+                   "--configs", "loop-image", "sdf-eikonal", "--out", str(out), "--run", "tiny"])
     assert rc == 0
-    return json.loads(out.read_text())
+    return results.documents(results.read(str(out)))["tiny"]
 
 
 def _records(result, config):

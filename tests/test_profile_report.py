@@ -154,7 +154,7 @@ def test_report_renders_fixtures(tmp_path):
     path = report.write_report(FIXTURES, str(tmp_path))
     md = open(path).read()
     for section in ("## Machines", "## Results at the largest batch", "## Targets", "## Plots",
-                    "## Pass disagreement", "## Notes from the files", "## All records",
+                    "## Pass disagreement", "## Notes from the runs", "## All records",
                     "## Published, not measured here"):
         assert section in md
     # both machines, side by side, and the fixtures say what they are
@@ -355,17 +355,19 @@ def test_bench_json_keeps_the_cases_timed_before_a_run_is_cut(monkeypatch, tmp_p
     monkeypatch.setattr(bench, "ceilings", lambda device, dtypes: {"copy_GBps": 1.0})
     p = argparse.ArgumentParser()
     bench._add_arguments(p)
-    out = tmp_path / "b.json"
+    out = tmp_path / "b.jsonl"
     args = p.parse_args(["--device", "cpu", "--config", "narrow-w32", "--config", "narrow-w64",
-                         "--out", str(out)])
+                         "--out", str(out), "--run", "cut"])
     with pytest.raises(Cut):
         bench.cmd_bench(args)
-    kept = json.loads(out.read_text())
+    from fusedmlp_xpu.bench import results
+
+    kept = results.documents(results.read(str(out)))["cut"]
     assert [r["case"] for r in kept["records"]] == [1, 2]
     assert [(r["config"], r["mode"]) for r in kept["records"]] == [
         ("narrow-w32", "inference"), ("narrow-w32", "train")]
-    assert kept["notes"] == ["partial: 2 of 4 cases timed; the run stopped before the rest"]
-    assert kept["env"]["date"] and kept["ceilings"] == {"copy_GBps": 1.0}
+    assert kept["notes"] == ["partial: the run wrote no run record (cut short before its end)"]
+    assert kept["env"]["date"] and kept["env"]["vendor"] == "cpu"
 
 
 def test_targets_are_checked_over_every_case_and_pass():
@@ -503,7 +505,7 @@ def test_cli_wide_sweep_passes_its_options(monkeypatch, tmp_path):
 
     got = []
     monkeypatch.setattr(bench_wide, "main", lambda argv: got.append(argv) or 0)
-    out = str(tmp_path / "w.json")
+    out = str(tmp_path / "w.jsonl")
     assert cli.main(["bench", "--suite", "wide", "--sweep", "--dtype", "float16",
                      "--dtype", "bfloat16", "--device", "cpu", "--out", out]) == 0
     argv = got[0]

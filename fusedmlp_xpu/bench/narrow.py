@@ -1,5 +1,5 @@
-"""`fusedmlp bench`: the benchmark harness (protocol: benchmarks/README.md), writing JSON
-with the environment.
+"""`fusedmlp bench`: the benchmark harness (protocol: benchmarks/README.md), appending its
+records, tagged with the environment, to the machine's results table (results.py).
 
 Per config x batch x dtype x mode it times eager nn.Sequential, torch.compile and the fused
 op (the backend the dispatcher picks, named; or each of ``--backends`` forced, side by
@@ -13,7 +13,6 @@ roofline floor. Small batches are also timed replayed from a CUDA graph.
 from __future__ import annotations
 
 import copy
-import datetime
 import gc
 import importlib
 import math
@@ -26,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 import fusedmlp_xpu as fm
-from . import configs
-from .tools import calls_ms, environment, lean_launches_note, write_json
+from . import configs, results
+from .tools import calls_ms, environment, lean_launches_note
 from .tools import sync as _sync
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -420,8 +419,8 @@ def cmd_bench(args) -> int:
     if args.suite == "wide":  # transformer FFN blocks: their own harness (bench/wide.py)
         from .wide import main as wide_main
 
-        out = args.out or os.path.join("benchmarks", "results", "bench-wide.json")
-        argv = ["--out", out] + ([] if args.device == "auto" else ["--device", args.device])
+        argv = ([] if args.device == "auto" else ["--device", args.device])
+        argv += (["--out", args.out] if args.out else []) + (["--run", args.run] if args.run else [])
         if args.compile == "none":
             argv += ["--compile", "none"]
         if getattr(args, "sweep", False):
@@ -430,20 +429,17 @@ def cmd_bench(args) -> int:
         if wide_dtypes:
             argv += ["--dtype", *wide_dtypes]
         return wide_main(argv)
-    stamp = datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
-    out = args.out
-
-    def write(result):  # after each case too: a run cut short keeps what it timed
-        nonlocal out
-        if out is None:
-            vendor = result["env"].get("vendor", "x")
-            out = os.path.join("benchmarks", "results", f"bench-{vendor}-{args.suite}-{stamp}.json")
-        write_json(out, result)
+    what = f"fusedmlp bench --suite {args.suite}" + "".join(
+        f" --{k} {' '.join(map(str, v))}" for k, v in
+        (("config", args.config), ("batch", args.batch), ("dtype", args.dtype),
+         ("mode", args.mode), ("backends", getattr(args, "backends", None))) if v)
+    writer = results.RunWriter(args.out, args.run, what, args.suite)
+    write = writer.write  # after each case too: a run cut short keeps what it timed
 
     result = run_bench(args, checkpoint=write)
-    write(result)
+    write(result, final=True)
     print(summary(result))
-    print(f"wrote {out}")
+    print(f"appended run {writer.run} to {writer.path}")
     return 0
 
 
@@ -466,7 +462,10 @@ def _add_arguments(p):
                    help="time these backends forced, side by side, instead of the "
                         "dispatcher's choice (e.g. --backends triton cuda); each record "
                         "names its backend")
-    p.add_argument("--out", help="JSON path (default benchmarks/results/bench-...json)")
+    p.add_argument("--out", help="the results table to append to (.jsonl; default "
+                                 "benchmarks/results/<machine>.jsonl)")
+    p.add_argument("--run", default=None, metavar="ID",
+                   help="the run's id in the table (default <machine>-<suite>-<date>-<time>)")
     p.add_argument("--sweep", action="store_true",
                    help="--suite wide: M 1-16384 on the d/hidden of six released models "
                         "and a HF Llama prefill (bench/wide.py --sweep --llama)")

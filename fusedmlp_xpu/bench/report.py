@@ -1,6 +1,8 @@
-"""``fusedmlp report``: bench JSON from one or more machines -> DIR/report.md + PNG plots.
+"""``fusedmlp report``: bench runs from one or more machines -> DIR/report.md + PNG plots.
 
-Everything in the report is computed from the files given (STYLE.md: results are data,
+The runs come from the results tables (``benchmarks/results/<machine>.jsonl``, see
+results.py; ``--run`` picks runs by id) or from a harness's own JSON file. Everything in
+the report is computed from those runs (STYLE.md: results are data,
 reports are made from data). Published figures from other people's hardware live in
 one separate, labelled table and never enter a plot or a computed ratio.
 
@@ -13,12 +15,11 @@ axis per row so vendors compare at a glance), one row per mode:
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from . import targets
+from . import results, targets
 
 SCHEMA = "fusedmlp-bench/1"
 BASELINES = ("eager", "compile")
@@ -53,10 +54,10 @@ _DTYPE_MARKERS = {"float16": "o", "bfloat16": "s", "float32": "^"}
 
 @dataclass
 class Machine:
-    """One bench file: its environment, ceilings, notes and records."""
+    """One bench run: its environment, ceilings, notes and records."""
 
     label: str
-    path: str
+    run: str
     env: dict
     ceilings: dict
     notes: list[str]
@@ -66,32 +67,42 @@ class Machine:
     raw: list[dict] = field(default_factory=list)  # every record, every pass (targets)
 
 
-def _load_one(path: str) -> dict:
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{path}: expected schema {SCHEMA!r}, got {got!r}")
+def _check_run(run: str, data: dict) -> dict:
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"run {run}: expected schema {SCHEMA!r}, got {data.get('schema')!r}")
     for i, r in enumerate(data.get("records", [])):
         missing = [k for k in RECORD_KEYS if k not in r]
         if missing:
-            raise ValueError(f"{path}: record {i} lacks {', '.join(missing)}")
+            raise ValueError(f"run {run}: record {i} lacks {', '.join(missing)}")
     return data
 
 
-def load(paths: list[str]) -> list[Machine]:
-    """Read and check bench files; one Machine per file, labelled by its device name
-    (plus the file name where two files name the same device)."""
+def load(paths: list[str], runs: list[str] | None = None) -> list[Machine]:
+    """Read and check bench runs: every ``fusedmlp bench`` run in the tables (``.jsonl``)
+    and files (``.json``) at ``paths``, or only the ``runs`` named; one Machine per run,
+    labelled by its device name (plus the run id where two runs name the same device)."""
     if not paths:
-        raise ValueError("results: give at least one bench JSON file")
-    raw = [(p, _load_one(p)) for p in paths]
-    names = [d.get("env", {}).get("device") or os.path.basename(p) for p, d in raw]
+        raise ValueError("results: give at least one results table or bench JSON file")
+    raw = []
+    for path in paths:
+        found = results.load_documents([path])
+        if str(path).endswith(results.SUFFIX) and not runs:
+            # a table holds every harness's runs: the bench runs are the report's
+            found = [(r, d) for r, d in found if d.get("schema") == SCHEMA]
+        raw += found
+    if runs:
+        have = dict(raw)
+        missing = [r for r in runs if r not in have]
+        if missing:
+            raise ValueError(f"--run: not in the results given: {', '.join(missing)}")
+        raw = [(r, have[r]) for r in runs]
+    raw = [(r, _check_run(r, d)) for r, d in raw]
+    if not raw:
+        raise ValueError(f"results: no run of schema {SCHEMA!r} in {', '.join(paths)}")
+    names = [d.get("env", {}).get("device") or p for p, d in raw]
     machines = []
     for (p, d), name in zip(raw, names):
-        label = name if names.count(name) == 1 else f"{name} ({os.path.basename(p)})"
+        label = name if names.count(name) == 1 else f"{name} ({p})"
         recs = list(d.get("records", []))
         m = Machine(label, p, d.get("env", {}), d.get("ceilings", {}), list(d.get("notes", [])),
                     [r for r in recs if r["timing"] != "host"],
@@ -259,7 +270,7 @@ def _sweep_plot(m: "Machine", out_dir: str) -> str | None:
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 legend.setdefault(lab, h)
     return _finish(plt, fig, f"{m.label}: fused against eager by M (paired batches)", legend,
-                   out_dir, f"sweep_{_slug(os.path.splitext(os.path.basename(m.path))[0])}.png")
+                   out_dir, f"sweep_{_slug(m.run)}.png")
 
 
 def _finish(plt, fig, title: str, legend: dict, out_dir: str, name: str) -> str:
@@ -352,13 +363,13 @@ def _draw(ax, kind: str, rs: list[dict], speed: dict) -> bool:
 
 # --- the markdown --------------------------------------------------------------------
 def _machines_table(machines: list[Machine]) -> list[str]:
-    head = ["machine", "file", "vendor", "capability", "driver", "torch", "triton", "python",
+    head = ["machine", "run", "vendor", "capability", "driver", "torch", "triton", "python",
             "date", "clocks", "copy GB/s", "fp16 TFLOP/s", "bf16 TFLOP/s"]
     rows = []
     for m in machines:
         e, c = m.env, m.ceilings
         mm = c.get("matmul_TFLOPs") or {}
-        rows.append([m.label, os.path.basename(m.path)] +
+        rows.append([m.label, m.run] +
                     [e.get(k) or "—" for k in ("vendor", "capability", "driver", "torch",
                                               "triton", "python", "date", "clocks")] +
                     [_g(c.get("copy_GBps"), 4), _g(mm.get("float16"), 4), _g(mm.get("bfloat16"), 4)])
@@ -396,7 +407,7 @@ def _targets_table(machines: list[Machine]) -> list[str]:
              f"**{v.status}**" if v.status == "missed" else v.status]
             for m in machines if m.env.get("vendor") != "cpu" for v in targets.check(m.raw)]
     if not rows:
-        return ["No target applies to these files."]
+        return ["No target applies to these runs."]
     return _table(["target", "machine", "config", "from Python", "device time", "unit",
                    "values", "status"], rows)
 
@@ -427,10 +438,10 @@ def render(machines: list[Machine], out_dir: str) -> str:
     configs = sorted({r["config"] for m in machines for r in m.records})
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = ["# fusedmlp benchmark report", "",
-          f"Made by `fusedmlp report` on {now} from {len(machines)} file(s): "
-          + ", ".join(f"`{os.path.basename(m.path)}`" for m in machines) + ". "
+          f"Made by `fusedmlp report` on {now} from {len(machines)} run(s): "
+          + ", ".join(f"`run {m.run}`" for m in machines) + ". "
           "Every number in the sections below, except the last one, is computed from those "
-          "files. Where a measurement was taken twice, the faster pass is shown.", "",
+          "runs' records in the results tables. Where a measurement was taken twice, the faster pass is shown.", "",
           "## Machines", ""]
     md += _machines_table(machines)
     md += ["", "## Results at the largest batch", "",
@@ -440,7 +451,7 @@ def render(machines: list[Machine], out_dir: str) -> str:
     md += _largest_batch_table(machines, speed)
     md += ["", "## Targets", "",
            "The targets of the benchmark protocol, checked against every record and pass of "
-           "each file (`fusedmlp_xpu/bench/targets.py`): the range over every case a target covers "
+           "each run (`fusedmlp_xpu/bench/targets.py`): the range over every case a target covers "
            "(dtypes, batches, passes), as called from Python and as device time (the "
            "CUDA-graph replay where the case has one). `met` needs the whole range on the "
            "target's side; `met on device time` holds for the graph replays but not from "
@@ -493,7 +504,7 @@ def render(machines: list[Machine], out_dir: str) -> str:
                       for m, a, b, s in spread])
     else:
         md += [f"None above {PASS_SPREAD:.0%}."]
-    md += ["", "## Notes from the files", ""]
+    md += ["", "## Notes from the runs", ""]
     notes = [f"- {m.label}: {n}" for m in machines for n in m.notes]
     md += notes or ["None."]
     md += ["", "## All records", "", "<details><summary>every record (faster pass)</summary>", ""]
@@ -507,9 +518,9 @@ def render(machines: list[Machine], out_dir: str) -> str:
     return "\n".join(md) + "\n"
 
 
-def write_report(paths: list[str], out_dir: str) -> str:
-    """Merge bench files into out_dir/report.md (+ PNGs); returns the report's path."""
-    machines = load(list(paths))
+def write_report(paths: list[str], out_dir: str, runs: list[str] | None = None) -> str:
+    """Merge bench runs into out_dir/report.md (+ PNGs); returns the report's path."""
+    machines = load(list(paths), runs)
     os.makedirs(out_dir, exist_ok=True)
     text = render(machines, out_dir)
     path = os.path.join(out_dir, "report.md")

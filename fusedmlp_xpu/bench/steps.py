@@ -31,7 +31,6 @@ import contextlib
 import copy
 import functools
 import math
-import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
-from .tools import calls_ms, environment, sync, write_json
+from . import results
+from .tools import calls_ms, environment, sync
 
 SCHEMA = "fusedmlp-bench-steps/1"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -484,15 +484,17 @@ def cmd_steps(args) -> int:
         args.repeats, args.passes, args.target_ms = min(args.repeats, 3), 1, 5.0
     args.steps = args.steps or 500
     args.warmup = 2 if args.tiny else 10
-    out = args.out or os.path.join("benchmarks", "results", "bench-steps.json")
-
-    def write(result):  # after every case: a run cut short keeps what it timed
-        write_json(out, result)
+    what = "fusedmlp bench --suite steps" + "".join(
+        f" --{k} {' '.join(map(str, v))}" for k, v in
+        (("configs", args.configs), ("batch", args.batch), ("dtype", args.dtype)) if v) \
+        + (" --tiny" if args.tiny else "")
+    writer = results.RunWriter(args.out, args.run, what, "steps")
+    write = writer.write  # after every case: a run cut short keeps what it timed
 
     result = run_steps(args, checkpoint=write)
-    write(result)
+    write(result, final=True)
     print(summary(result))
-    print(f"wrote {out}")
+    print(f"appended run {writer.run} to {writer.path}")
     return 0
 
 

@@ -1,12 +1,12 @@
-"""What the benchmark harnesses share (narrow.py's suite, wide.py's FFN
-blocks, and the scripts in benchmarks/): the environment a record is tagged with,
-back-to-back call timing with device events, and the lean-launch counts."""
+"""What the benchmark harnesses share (narrow.py's suite, wide.py's FFN blocks, steps.py,
+and the scripts in benchmarks/): the environment a record is tagged with, a script's run
+appended to the results table, back-to-back call timing with device events, and the
+lean-launch counts."""
 from __future__ import annotations
 
 import contextlib
 import datetime
 import importlib
-import json
 import os
 import platform
 import time
@@ -15,11 +15,15 @@ import torch
 
 import fusedmlp_xpu as fm
 
+from . import results
+
 
 def environment(device: torch.device) -> dict:
+    """What a run's records are tagged with: versions, date, commit, the device."""
     env = {"torch": torch.__version__, "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.machine(), "fusedmlp_xpu": fm.__version__}
+           "host": platform.machine(), "fusedmlp_xpu": fm.__version__,
+           "commit": results.commit_here()}
     with contextlib.suppress(Exception):
         env["triton"] = importlib.import_module("triton").__version__
     # the package's switches set for the run (a forced tuning, a backend off, ...)
@@ -42,12 +46,15 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def write_json(path: str, result: dict) -> None:
-    """``result`` as indented JSON at ``path`` (its folder made); the harnesses call it after
-    every case, so a run cut short keeps what it timed."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+def save_run(out: str | None, result: dict, run: str | None, what: str,
+             prefix: str = "run") -> str:
+    """Append a script's whole ``result`` to the results table ``out`` (default: the
+    machine's) as run ``run`` (default ``<machine>-<prefix>-<date>-<time>``); returns the
+    run id. Scripts that write as they go use ``results.RunWriter`` itself."""
+    writer = results.RunWriter(out, run, what, prefix)
+    writer.write(result, final=True)
+    print(f"appended run {writer.run} to {writer.path}")
+    return writer.run
 
 
 def sync(device):

@@ -1,8 +1,11 @@
 """The wide-MLP benchmark: wide-gelu and wide-swiglu (configs: benchmarks/README.md), one command.
 
-    fusedmlp bench --suite wide --out wide.json    # on a CUDA GPU, ~3-4 min on an H200
-    python -m fusedmlp_xpu.bench.wide --out wide.json [--rows 16 8192] [--configs ...]
-    TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench.wide --tiny --out w.json  # CPU smoke run
+    fusedmlp bench --suite wide            # on a CUDA GPU, ~3-4 min on an H200
+    python -m fusedmlp_xpu.bench.wide [--rows 16 8192] [--configs ...] [--out T.jsonl]
+    TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench.wide --tiny --out w.jsonl  # CPU smoke run
+
+Each run is appended to the machine's results table (benchmarks/results/<machine>.jsonl,
+or --out) under its run id (--run).
 
 Per config, row count M (16, 8192), mode (inference, train = forward + backward for x
 and every weight and bias) and backend (eager, compile, triton = ours, bare = the same
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import statistics
 import sys
@@ -31,6 +33,7 @@ from torch import nn
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
+from . import results
 from .tools import calls_ms, environment, lean_launches_note
 from .tools import sync as _sync
 
@@ -124,7 +127,7 @@ def ours_model(eager: nn.Module, gated: bool, device, notes) -> tuple[nn.Module,
             if hopper_gemm.available(device, torch.bfloat16) else "the wide Triton kernels"))
     _note(notes, "ours: the package's modules sharing the eager model's parameters, "
                  "fm.FusedMLP (wide-gelu) and fm.GatedMLP (wide-swiglu); wide-gelu results "
-                 "before h200-wide-small-20261201f.json called fm.fused_mlp instead")
+                 "before run h200-wide-small-20261201f called fm.fused_mlp instead")
     if gated:
         return fm.GatedMLP.from_module(eager, backend=call_name), name
     mlp_name = call_name
@@ -522,7 +525,10 @@ def _shapes(config, dims_list, tiny):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--out", default=None, help="the results table to append to (.jsonl; "
+                   "default benchmarks/results/<machine>.jsonl)")
+    p.add_argument("--run", default=None, metavar="ID",
+                   help="the run's id in the table (default <machine>-wide-<date>-<time>)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--rows", nargs="+", type=int, default=None, help="M values (default 16 8192)")
@@ -554,6 +560,13 @@ def main(argv=None) -> int:
     p.add_argument("--llama-shape", nargs=4, type=int, default=[2048, 5632, 4, 512],
                    metavar=("D", "H", "LAYERS", "TOKENS"), help="4 sequences of TOKENS")
     args = p.parse_args(argv)
+    try:
+        if args.out:
+            results.check_table_path(args.out)
+        if args.run:
+            results.check_run_id(args.run, "--run")
+    except ValueError as e:
+        p.error(str(e))
     if args.sweep:
         args.rows = args.rows or list(SWEEP_M)
         args.dims = args.dims or ["real"]
@@ -615,13 +628,16 @@ def main(argv=None) -> int:
     out = {"schema": SCHEMA, "env": environment(device),
            "ceilings": {"copy_GBps": copy, "matmul_TFLOPs": {"bfloat16": mm}},
            "records": records, "notes": notes}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    what = ("fusedmlp bench --suite wide" + (" --sweep" if args.sweep else "")
+            + f" --configs {' '.join(args.configs)} --dtype {' '.join(args.dtype)}"
+            + (" --tiny" if args.tiny else ""))
+    writer = results.RunWriter(args.out, args.run, what, "wide-sweep" if args.sweep else "wide")
+    writer.write(out, final=True)
     print(table(records))
     print(f"ceilings: copy {copy:.0f} GB/s, bf16 matmul {mm:.1f} TFLOP/s")
     for n in notes:
         print("note:", n)
-    print(f"wrote {args.out} in {time.perf_counter() - t_start:.0f} s")
+    print(f"appended run {writer.run} to {writer.path} in {time.perf_counter() - t_start:.0f} s")
     return 0
 
 
