@@ -40,7 +40,11 @@ def run(cmd: list, **kw) -> subprocess.CompletedProcess:
 def build_and_install(work: Path) -> Path:
     """Build, check and install the wheel into ``work/venv``; return the venv's python."""
     dist = work / "dist"
-    run([sys.executable, "-m", "build", "--outdir", dist, REPO], stdout=subprocess.DEVNULL)
+    try:  # quiet unless it fails
+        run([sys.executable, "-m", "build", "--outdir", dist, REPO], capture_output=True,
+            text=True)
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"python -m build failed:\n{e.stdout[-4000:]}\n{e.stderr[-4000:]}")
     wheels, sdists = sorted(dist.glob("*.whl")), sorted(dist.glob("*.tar.gz"))
     if len(wheels) != 1 or len(sdists) != 1:
         raise SystemExit(f"expected one wheel and one sdist in {dist}, got "
@@ -67,14 +71,20 @@ def check_installed() -> int:
         print(f"fusedmlp_xpu imported from {pkg}, not from the venv {sys.prefix}")
         return 1
     kernel_files = importlib.import_module("fusedmlp_xpu.backends.kernel_files")
-    root = kernel_files.kernel_root()
-    expected = sorted(p.relative_to(REPO / "kernels") for family in kernel_files.FAMILIES
-                      for p in (REPO / "kernels" / family).rglob("*")
-                      if p.is_file() and "__pycache__" not in p.parts)
-    missing = [str(p) for p in expected if not (root / p).is_file()]
-    print(f"fusedmlp_xpu {fm.__version__} from {pkg}; kernel sources under {root}: "
-          f"{len(expected) - len(missing)} of {len(expected)}")
-    if not root.is_relative_to(pkg) or missing:
+    sources, missing = [], []
+    for family in kernel_files.FAMILIES:
+        installed, checkout = kernel_files.kernel_dir(family), REPO / "kernels" / family
+        if not installed.is_relative_to(pkg):
+            print(f"{family} kernel sources found at {installed}, outside the installed package")
+            return 1
+        for p in sorted(checkout.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                sources.append(p)
+                if not (installed / p.relative_to(checkout)).is_file():
+                    missing.append(str(p.relative_to(REPO)))
+    print(f"fusedmlp_xpu {fm.__version__} from {pkg}: "
+          f"{len(sources) - len(missing)} of the checkout's {len(sources)} kernel files installed")
+    if missing:
         print(f"  missing from the installed package: {missing}")
         return 1
 
