@@ -4,10 +4,10 @@ the same weights), a GatedMLP and the eager Llama MLP of the same Linears, no-gr
 grad_y to x and every parameter) and, for the sdf net, an eikonal step (g = dy/dx with
 create_graph=True, a loss on y and g, backward: a double backward), at several row counts. Each case is checked against
 float64 first; the two are then timed interleaved (their rounds in turn, median:
-`bench.interleaved_us`), so the host's drift lands on both alike. Writes JSON with the
-environment.
+`bench.interleaved_us`), so the host's drift lands on both alike. Appends the run, with
+the environment, to the machine's results table.
 
-    PYTHONPATH=. python3 benchmarks/cpu_eager.py --out benchmarks/results/cpu-eager-DATE.json
+    PYTHONPATH=. python3 benchmarks/cpu_eager.py [--out benchmarks/results/cpu.jsonl]
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu.bench.narrow import interleaved_us
-from fusedmlp_xpu.bench.tools import environment, write_json
+from fusedmlp_xpu.bench.results import RunWriter
+from fusedmlp_xpu.bench.tools import add_output_arguments, environment
 
 MODES = ("inference", "train", "eikonal")
 # name -> (FusedMLP arguments, row counts); the eikonal step on the sdf net only
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
                    choices=["float32", "bfloat16", "float16"])
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--calls", type=int, default=4, help="calls per round (5 rounds)")
-    p.add_argument("--out", required=True)
+    add_output_arguments(p)
     args = p.parse_args(argv)
     res = {"schema": "fusedmlp-cpu-eager/1", "env": environment(torch.device("cpu")),
            "notes": ["ms per call, interleaved rounds, median; eager_over_fused > 1: the "
@@ -130,6 +131,8 @@ def main(argv=None) -> int:
                      "with create_graph=True, loss |y0| + (|g| - 1)^2, backward to x and "
                      "every parameter"],
            "records": []}
+    writer = RunWriter(args.out, args.run, "benchmarks/cpu_eager.py --nets " + " ".join(args.nets)
+                       + " --dtypes " + " ".join(args.dtypes), "cpu-eager")
     for name in args.nets:
         for dt in args.dtypes:
             for rows in NETS[name][1]:
@@ -141,7 +144,9 @@ def main(argv=None) -> int:
                     print(f"{name:<12} {dt:<9} {rows:>6} {mode:<9} fused {r['fused_ms']:9.3f} "
                           f"eager {r['eager_ms']:9.3f} ms  {r['eager_over_fused']:.2f}x  "
                           f"err {r['max_rel_error']:.1e}", file=sys.stderr, flush=True)
-                    write_json(args.out, res)
+                    writer.write(res)  # as it goes: a run cut short keeps its cases
+    writer.write(res, final=True)
+    print(f"appended run {writer.run} to {writer.path}")
     return 0
 
 

@@ -1,9 +1,10 @@
 """The cuda backend's backward kernel (kernels/cuda/fused_mlp_backward_sm90.cu) beside the
 triton backend's (the Gluon backward on sm_90), in one process on one input: each checked
 against float64 autograd first, then timed; and the train step (forward without saving,
-then the backward of x and every weight) of each. Writes JSON.
+then the backward of x and every weight) of each. Appends the run to the machine's
+results table.
 
-    PYTHONPATH=. python benchmarks/cuda_backward.py --out cuda-bwd.json
+    PYTHONPATH=. python benchmarks/cuda_backward.py [--out T.jsonl]
         [--config narrow-w64] [--rows 4194304] [--dtype float16]
 
 Sets FUSEDMLP_CUDA_BACKWARD=1 for itself (the kernel is off by default until its GPU
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 
@@ -27,7 +29,8 @@ from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.bench import configs
 from fusedmlp_xpu.bench import narrow as bench
 from fusedmlp_xpu.backends import cuda as cuda_backend, cuda_build, memory
-from fusedmlp_xpu.bench.tools import environment, write_json
+from fusedmlp_xpu.bench.results import RunWriter
+from fusedmlp_xpu.bench.tools import add_output_arguments, environment
 from fusedmlp_xpu.spec import MLPSpec
 
 from cuda_forward import TOLERANCE, median_ms
@@ -62,12 +65,14 @@ def errors(got, want) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
+    add_output_arguments(p)
     p.add_argument("--config", default="narrow-w64", choices=sorted(configs.CONFIGS))
     p.add_argument("--rows", type=int, default=2**22)
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
+    writer = RunWriter(args.out, args.run, "benchmarks/cuda_backward.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]), "cuda-backward")
     if not torch.cuda.is_available():
         p.error("needs an NVIDIA GPU")
     os.environ[cuda_backend.BACKWARD_ENV] = "1"
@@ -134,7 +139,7 @@ def main(argv=None) -> int:
         print(f"{name}: worst error {rec['errors'][worst]:.2e} ({worst})  " + (
             f"backward {rec['backward_ms']:.4f} ms, step {rec['step_ms']:.4f} ms "
             f"({rec['step_floor_multiple']:.2f}x floor)" if rec["ok"] else "WRONG"))
-        write_json(args.out, result)
+        writer.write(result)
     # host time of one backward call from Python, both backends in turn, at rows the GPU
     # keeps up with (the #39 target: no more than triton's)
     ready = [n for n in ("triton", "cuda") if result["backends"][n].get("ok")]
@@ -147,7 +152,7 @@ def main(argv=None) -> int:
         result["host_us"] = bench.interleaved_us(fns, device, n=1400)
         print("host us a backward call at 2^14 rows: " + ", ".join(
             f"{k} {v:.1f}" for k, v in result["host_us"].items()))
-    write_json(args.out, result)
+    writer.write(result, final=True)
     return 0
 
 

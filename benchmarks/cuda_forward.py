@@ -1,7 +1,7 @@
 """The cuda backend's forward kernel (kernels/cuda/fused_mlp_forward.cu) at a sweep of
 tunings, beside the triton backend, in one process on one input. Writes JSON.
 
-    PYTHONPATH=. python benchmarks/cuda_forward.py --out cuda-fwd.json
+    PYTHONPATH=. python benchmarks/cuda_forward.py [--out T.jsonl]
         [--config narrow-w64] [--rows 4194304] [--dtype float16] [--tunings 1x16 2x8 4x8]
 
 A tuning is MTxWARPS (the mma.sync kernel, fused_mlp_forward.cu: 16-row tiles a warp,
@@ -20,13 +20,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 
 import torch
 
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.bench import configs
 from fusedmlp_xpu.backends import cuda as cuda_backend, cuda_build
-from fusedmlp_xpu.bench.tools import calls_ms, environment, write_json
+from fusedmlp_xpu.bench.results import RunWriter
+from fusedmlp_xpu.bench.tools import add_output_arguments, calls_ms, environment
 from fusedmlp_xpu.spec import MLPSpec
 
 SCHEMA = "fusedmlp-bench-cuda-forward/1"
@@ -72,13 +74,15 @@ def copy_ms(device, nbytes: int, repeats: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
+    add_output_arguments(p)
     p.add_argument("--config", default="narrow-w64", choices=sorted(configs.CONFIGS))
     p.add_argument("--rows", type=int, default=2**22)
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     p.add_argument("--tunings", nargs="+", type=parse_tuning, default=None)
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
+    writer = RunWriter(args.out, args.run, "benchmarks/cuda_forward.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]), "cuda-forward")
     if not torch.cuda.is_available():
         p.error("needs an NVIDIA GPU")
     device = torch.device("cuda")
@@ -121,13 +125,13 @@ def main(argv=None) -> int:
                               args.repeats)
     result["triton"] = rec
     print(f"triton: error {rec['error']:.2e}  {rec.get('ms', float('nan')):.4f} ms")
-    write_json(args.out, result)
+    writer.write(result)
 
     base, why = cuda_build.forward_config(spec, cuda_backend.device_info(device)[2])
     if base is None:
         print(f"cuda: not supported: {why}")
         result["cuda_unsupported"] = why
-        write_json(args.out, result)
+        writer.write(result, final=True)
         return 0
     result["package_tuning"] = f"{base.family} {base.mt}x{base.warps}"
     cap = torch.cuda.get_device_capability(device)
@@ -145,7 +149,7 @@ def main(argv=None) -> int:
             rec["failed"] = f"{type(e).__name__}: {str(e)[:300]}"
             result["tunings"].append(rec)
             print(f"cuda {rec['tuning']}: FAILED {rec['failed']}")
-            write_json(args.out, result)
+            writer.write(result)
             continue
         y.fill_(float("nan"))
         params = cuda_backend.pack_params(x, y, weights, biases)
@@ -164,7 +168,8 @@ def main(argv=None) -> int:
         print(f"cuda {rec['tuning']:>7}: {rec['registers']} regs, spill {rec['spill']} B, "
               f"{rec['smem_kb']:.0f} KB smem, error {rec['error']:.2e}  "
               f"{'%.4f ms' % rec['ms'] if rec['ok'] else 'WRONG'}")
-        write_json(args.out, result)
+        writer.write(result)  # as it goes: a run cut short keeps its tunings
+    writer.write(result, final=True)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import statistics
@@ -24,14 +23,14 @@ from dataclasses import replace
 import torch
 
 from fusedmlp_xpu.bench import steps as bench_steps
-from fusedmlp_xpu.bench.tools import calls_ms, environment
+from fusedmlp_xpu.bench.tools import add_output_arguments, calls_ms, environment, save_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
+    add_output_arguments(p)
     p.add_argument("--config", default="loop-image", choices=sorted(bench_steps.CONFIGS))
     p.add_argument("--batch", type=int, default=2 ** 18)
     p.add_argument("--dtype", default="float16", choices=sorted(bench_steps.DTYPES))
@@ -88,8 +87,8 @@ def main(argv=None) -> int:
                                             max_name_column_width=70)
             out[f"torch_profiler_device_{name}"] = table
             print(f"-- device time by kernel, 10 {name} steps\n{table}", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    save_run(args.out, out, args.run, f"benchmarks/host_step.py --config {args.config} "
+             f"--batch {args.batch} --dtype {args.dtype}", "host-step")
     return 0
 
 

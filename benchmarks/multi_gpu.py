@@ -1,8 +1,8 @@
 """DDP and FSDP2 over a model holding the fused ops: two GPUs over NCCL, or two CPU
 processes over gloo, the same code.
 
-    torchrun --nproc-per-node 2 benchmarks/multi_gpu.py --out multi.json        # 2 GPUs
-    torchrun --nproc-per-node 2 benchmarks/multi_gpu.py --device cpu --tiny --steps 5 --out m.json
+    torchrun --nproc-per-node 2 benchmarks/multi_gpu.py                       # 2 GPUs
+    torchrun --nproc-per-node 2 benchmarks/multi_gpu.py --device cpu --tiny --steps 5 --out m.jsonl
 
 Per config (narrow-w64, narrow-w128) the model is a FusedMLP of that width (in 64, out
 64, 4 hidden layers, relu, no bias) on a batch of points, beside a GatedMLP of
@@ -27,13 +27,13 @@ tokens feeding a plain nn.Linear head. Each rank trains on its half of the whole
   model alone and for DDP and FSDP2 on the same per-device batch;
   scaling_efficiency = t_single / t_multi.
 
-Rank 0 writes the JSON (fusedmlp-multi-gpu/1) and a text log beside it (same name, .log).
+Rank 0 appends the run (fusedmlp-multi-gpu/1), its text log in the run record, to the
+results table (--out, default the machine's).
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -46,7 +46,7 @@ from torch import nn
 
 import fusedmlp_xpu as fm
 from fusedmlp_xpu import gated
-from fusedmlp_xpu.bench.tools import calls_ms, environment, sync
+from fusedmlp_xpu.bench.tools import add_output_arguments, calls_ms, environment, save_run, sync
 
 SCHEMA = "fusedmlp-multi-gpu/1"
 CONFIGS = {"narrow-w64": 64, "narrow-w128": 128}  # the benchmark configs' names: hidden width W
@@ -330,7 +330,7 @@ def run_config(cfg, width, args, ctx, log) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="JSON file to write (rank 0); the log beside it")
+    add_output_arguments(p)  # rank 0 appends the run, its log in the run record
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda when there is one")
     p.add_argument("--tiny", action="store_true", help="toy shapes (CPU runs, smoke tests)")
@@ -402,12 +402,10 @@ def main(argv=None) -> int:
                 notes.append("cpu: the reference backend is the automatic choice there (the "
                              "Triton interpreter is for tests); times are not a result")
             out = {"schema": SCHEMA, "env": env, "args": vars(args), "records": records,
-                   "notes": notes, "seconds": time.perf_counter() - t_start}
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
-            log(f"wrote {args.out} in {out['seconds']:.0f} s")
-            with open(os.path.splitext(args.out)[0] + ".log", "w") as f:
-                f.write("\n".join(lines) + "\n")
+                   "notes": notes, "seconds": time.perf_counter() - t_start, "log": lines}
+            save_run(args.out, out, args.run, "benchmarks/multi_gpu.py " + " ".join(
+                argv if argv is not None else sys.argv[1:]), "multi-gpu")
+            log(f"took {out['seconds']:.0f} s")
     finally:
         dist.destroy_process_group()
     return 0

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import fusedmlp_xpu as fm  # noqa: E402
-from fusedmlp_xpu.bench.tools import calls_ms, environment, write_json  # noqa: E402
+from fusedmlp_xpu.bench.tools import add_output_arguments, calls_ms, environment, save_run  # noqa: E402,E501
 
 SCHEMA = "fusedmlp-bench-narrow-recompute/1"
 # name: (in, hidden, hidden layers, out, activation, bias)
@@ -123,13 +123,14 @@ def main(argv=None) -> int:
                    default=[1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20])
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", default=None)
+    add_output_arguments(p)
     a = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, a.dtype)
     records = run(a.nets, a.rows, dtype, a.rounds, device)
-    if a.out:
-        write_json(a.out, dict(schema=SCHEMA, env=environment(device), records=records))
+    save_run(a.out, dict(schema=SCHEMA, env=environment(device), records=records), a.run,
+             "benchmarks/narrow_recompute.py " + " ".join(argv if argv is not None
+                                                          else sys.argv[1:]), "narrow-recompute")
     return 0
 
 

@@ -3,13 +3,12 @@ the wide-gelu block at 16 rows; --train: of a narrow train step (forward and bac
 from Python) against eager's, a do-nothing autograd node, and the step with every kernel
 launch left out.
 
-Usage: PYTHONPATH=. python benchmarks/overhead.py [--out overhead.json] [--wide | --train]
+Usage: PYTHONPATH=. python benchmarks/overhead.py [--out T.jsonl] [--wide | --train]
 """
 import argparse
 import contextlib
 import copy
 import importlib
-import json
 
 import torch
 
@@ -33,7 +32,8 @@ def interleaved(fns: dict, n=3500, rounds=7) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="the results table to append to (.jsonl)")
+    ap.add_argument("--run", default=None, help="the run's id in the table")
     ap.add_argument("--profile", action="store_true", help="cProfile 2000 module calls")
     ap.add_argument("--device-profile", action="store_true",
                     help="--wide: torch.profiler tables of the 16-row train step")
@@ -156,12 +156,12 @@ def main():
             pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
     if args.out:
-        from fusedmlp_xpu.bench.tools import environment
+        from fusedmlp_xpu.bench.tools import environment, save_run
 
         out = {"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device("cuda")),
                "unit": "us per call (host, perf_counter; median of 7 rounds of 500 calls after 200 warm-up)",
                "us": res}
-        json.dump(out, open(args.out, "w"), indent=1)
+        save_run(args.out, out, args.run, "benchmarks/overhead.py", "host-overhead")
 
 
 def wide(args):
@@ -244,11 +244,13 @@ def wide(args):
             print(f"--- torch.profiler, 20 x train step at 16 rows, {what}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
     if args.out:
-        from fusedmlp_xpu.bench.tools import environment
+        from fusedmlp_xpu.bench.tools import environment, save_run
 
-        json.dump({"schema": "fusedmlp-host-overhead/1", "env": environment(torch.device(dev)),
-                   "unit": "us per call (host, perf_counter; median of 7 interleaved rounds)",
-                   "us": res}, open(args.out, "w"), indent=1)
+        save_run(args.out, {"schema": "fusedmlp-host-overhead/1",
+                            "env": environment(torch.device(dev)),
+                            "unit": "us per call (host, perf_counter; median of 7 interleaved "
+                                    "rounds)", "us": res},
+                 args.run, "benchmarks/overhead.py --wide", "host-overhead-wide")
 
 
 def patched(obj, name: str, value, fn):
@@ -412,9 +414,10 @@ def train(args):
         res["cprofile_tottime"] = buf.getvalue()
         print(buf.getvalue())
     if args.out:
-        from fusedmlp_xpu.bench.tools import environment
-        with open(args.out, "w") as f:
-            json.dump({"env": environment(dev), "train_host_us": res}, f, indent=1)
+        from fusedmlp_xpu.bench.tools import environment, save_run
+
+        save_run(args.out, {"env": environment(dev), "train_host_us": res}, args.run,
+                 "benchmarks/overhead.py --train", "host-train")
 
 
 if __name__ == "__main__":

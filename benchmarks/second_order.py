@@ -4,7 +4,7 @@ backward (and, for scale, the step's other MLP kernels: the training forward, th
 backward that computes g, the weights' backward of y's own loss term), on the sdf-eikonal
 net (32 -> 64 x 4 -> 16, softplus, biases). Writes JSON.
 
-    PYTHONPATH=. python benchmarks/second_order.py --out so.json [--rows 262144]
+    PYTHONPATH=. python benchmarks/second_order.py [--out T.jsonl] [--rows 262144]
         [--dtype float16] [--tunings 32x4x1 32x4x2 32x8x1 16x4x2]
 
 A tuning is ROWSxWARPSxPER_SM (rows per block, warps per program, programs per SM), with
@@ -32,7 +32,8 @@ if not torch.cuda.is_available():
 from fusedmlp_xpu import dispatch, second_order as so  # noqa: E402
 from fusedmlp_xpu.bench import steps as bench_steps  # noqa: E402
 from fusedmlp_xpu.backends.triton.narrow import second_order as kernel  # noqa: E402
-from fusedmlp_xpu.bench.tools import calls_ms, environment, write_json  # noqa: E402
+from fusedmlp_xpu.bench.results import RunWriter  # noqa: E402
+from fusedmlp_xpu.bench.tools import add_output_arguments, calls_ms, environment  # noqa: E402
 
 SCHEMA = "fusedmlp-bench-second-order/1"
 DEFAULT_TUNINGS = ("32x4x1", "32x4x2", "32x8x1", "16x4x1", "16x4x2", "16x8x1", "64x4x1",
@@ -100,12 +101,14 @@ def time_ms(device, fn, repeats: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
+    add_output_arguments(p)
     p.add_argument("--rows", type=int, default=2 ** 18)
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--tunings", nargs="+", type=checked_tuning, default=list(DEFAULT_TUNINGS))
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args(argv)
+    writer = RunWriter(args.out, args.run, "benchmarks/second_order.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]), "second-order")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = bench_steps.DTYPES[args.dtype]
     spec, ws, bs, x, v, gg = inputs(args.rows, device, dtype)
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
     for k in ("forward_train_ms", "first_backward_x_ms", "backward_weights_ms",
               "closed_form_torch_ops_ms", "eager_double_backward_ms"):
         print(f"{k}: {out[k]:.4f}", flush=True)
-    write_json(args.out, out)
+    writer.write(out, final=True)
     return 0 if all(r["ok"] for r in out["tunings"]) else 1
 
 

@@ -7,7 +7,7 @@ reason. Usage: PYTHONPATH=. python benchmarks/sweep_narrow.py [--out results.jso
 import argparse
 import copy
 import importlib
-import json
+import sys
 
 import torch
 import triton.testing
@@ -19,7 +19,8 @@ tb = importlib.import_module("fusedmlp_xpu.backends.triton")
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="the results table to append to (.jsonl)")
+    ap.add_argument("--run", default=None, help="the run's id in the table")
     ap.add_argument("--n", type=int, default=2 ** 22)
     ap.add_argument("--width", type=int, action="append")
     ap.add_argument("--mode", action="append", choices=["fwd", "fwd_save", "bwd"],
@@ -339,10 +340,11 @@ def _keep(rows, best, W, hidden, label, ms):
 
 def _write(args, rows):
     if args.out:
-        from fusedmlp_xpu.bench.tools import environment
+        from fusedmlp_xpu.bench.tools import environment, save_run
 
-        json.dump({"schema": "fusedmlp-sweep/1", "env": environment(torch.device("cuda")),
-                   "args": vars(args), "rows": rows}, open(args.out, "w"), indent=1)
+        save_run(args.out, {"schema": "fusedmlp-sweep/1", "env": environment(torch.device("cuda")),
+                            "args": vars(args), "rows": rows}, args.run,
+                 "benchmarks/sweep_narrow.py " + " ".join(sys.argv[1:]), "sweep")
 
 
 def sweep_split(args):

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fusedmlp_xpu.bench import wide as bench_wide
-from fusedmlp_xpu.bench.tools import calls_ms, environment
+from fusedmlp_xpu.bench.tools import calls_ms, environment, save_run
 
 STEPS = 5
 
@@ -70,7 +69,8 @@ def step_ms(fn, device) -> float | None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="the results table to append to (.jsonl)")
+    ap.add_argument("--run", default=None, help="the run's id in the table")
     ap.add_argument("--m", type=int, default=8192)
     ap.add_argument("--configs", default="wide-gelu,wide-swiglu")
     ap.add_argument("--inference", action="store_true", help="forward only")
@@ -119,8 +119,9 @@ def main():
         del eager, ours, x, gy
         torch.cuda.empty_cache()
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": environment(dev), "rows": rows}, f, indent=1)
+        save_run(args.out, {"env": environment(dev), "rows": rows}, args.run,
+                 "benchmarks/wide_kernels.py" + (" --inference" if args.inference else ""),
+                 "wide-kernels")
 
 
 if __name__ == "__main__":

@@ -459,17 +459,18 @@ def test_recompute_benchmark_checks_then_times(tmp_path, monkeypatch):
     before it is timed (a variant beyond the bound is reported WRONG and not timed), the
     JSON written with the environment and what the backend takes by default."""
     import importlib.util
-    import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "narrow_recompute.py"
     spec = importlib.util.spec_from_file_location("bench_narrow_recompute", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    out = tmp_path / "rc.json"
-    assert mod.main(["--out", str(out), "--nets", "sdf-softplus", "--rows", "40",
+    from fusedmlp_xpu.bench import results
+
+    out = tmp_path / "rc.jsonl"
+    assert mod.main(["--out", str(out), "--run", "rc", "--nets", "sdf-softplus", "--rows", "40",
                      "--rounds", "1"]) == 0
-    got = json.loads(out.read_text())
+    got = results.documents(results.read(str(out)))["rc"]
     assert got["env"] and len(got["records"]) == 1
     rec = got["records"][0]
     assert rec["widths"] == [32, 64, 64, 64, 64, 16] and rec["rows"] == 40

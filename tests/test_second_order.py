@@ -381,12 +381,12 @@ def test_kernel_benchmark_checks_each_tuning(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rows = 24 if not torch.cuda.is_available() else 4096
-    out = tmp_path / "so.json"
-    assert mod.main(["--out", str(out), "--rows", str(rows), "--tunings", "16x4x1", "16x2x2",
-                     "--repeats", "1"]) == 0
-    import json
+    out = tmp_path / "so.jsonl"
+    assert mod.main(["--out", str(out), "--run", "so", "--rows", str(rows), "--tunings",
+                     "16x4x1", "16x2x2", "--repeats", "1"]) == 0
+    from fusedmlp_xpu.bench import results
 
-    got = json.loads(out.read_text())
+    got = results.documents(results.read(str(out)))["so"]
     assert got["env"] and got["rows"] == rows and len(got["tunings"]) == 2
     for rec in got["tunings"]:
         assert rec["ok"] and rec["ms"] > 0 and rec["max_rel_error"] <= got["error_bound"]

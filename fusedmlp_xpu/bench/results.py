@@ -34,7 +34,7 @@ KINDS = ("measurement", "run", "log")
 #: the fields every record has (tests/test_results.py checks them)
 REQUIRED = ("run", "kind", "date", "env")
 #: the keys under which harnesses list their measurements, in the order looked for
-LIST_KEYS = ("records", "rows", "results")
+LIST_KEYS = ("records", "rows", "results", "tunings")
 _TOP = ("run", "kind", "date", "commit", "commit_note", "machine", "schema", "env")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 

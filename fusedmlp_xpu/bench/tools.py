@@ -46,6 +46,15 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def add_output_arguments(p) -> None:
+    """``--out`` (the results table a run is appended to) and ``--run`` (its id), as the
+    scripts in benchmarks/ take them."""
+    p.add_argument("--out", default=None, help="the results table to append to (.jsonl; "
+                   "default benchmarks/results/<machine>.jsonl)")
+    p.add_argument("--run", default=None, metavar="ID",
+                   help="the run's id in the table (default <machine>-<script>-<date>-<time>)")
+
+
 def save_run(out: str | None, result: dict, run: str | None, what: str,
              prefix: str = "run") -> str:
     """Append a script's whole ``result`` to the results table ``out`` (default: the
