@@ -289,6 +289,20 @@ def build_spirv(source: str, includes: dict[str, str | bytes], options: list[str
     return images
 
 
+def visa_errors(dump_dir: Path) -> str:
+    """The vISA verifier's findings that IGC writes beside a failed kernel
+    (``*.errors.txt``; ocloc itself only says "VISA builder API call failed"): one line
+    per kernel and message, with the first offending instruction."""
+    seen: dict[tuple[str, str], str] = {}
+    for f in sorted(dump_dir.glob("*.errors.txt")):
+        text = f.read_text(errors="replace")
+        for m in re.finditer(r"routine with name:\s*(\S+)\s+Error Message:\s*([^\n]+)"
+                             r"(?:.*?Violating Instruction:\s*([^\n]+))?", text, re.S):
+            key = (m.group(1).removeprefix("__sycl_kernel_"), m.group(2).strip())
+            seen.setdefault(key, " ".join((m.group(3) or "").split()))
+    return "".join(f"\n  {k}: {msg} (e.g. {ins})" for (k, msg), ins in seen.items())
+
+
 def compile_pvc(spirv: Path, esimd: bool, grf: int, dump_dir: Path) -> dict[str, str]:
     """SPIR-V -> PVC ISA with ocloc; {kernel name: its listing}."""
     ocloc = find_ocloc()
@@ -304,7 +318,7 @@ def compile_pvc(spirv: Path, esimd: bool, grf: int, dump_dir: Path) -> dict[str,
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0 or "Build succeeded" not in r.stdout + r.stderr:
         raise AotError(f"ocloc failed on {spirv.name} ({' '.join(cmd[1:])}):\n"
-                       f"{(r.stdout + r.stderr)[-6000:]}")
+                       f"{(r.stdout + r.stderr)[-3000:]}{visa_errors(dump_dir)}")
     out = {}
     for asm in sorted(dump_dir.glob("*.asm")):
         text = asm.read_text(errors="replace")

@@ -11,7 +11,9 @@ toolchain is missing, unless FUSEDMLP_REQUIRE_OCLOC=1 (CI) makes that a failure.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -116,6 +118,20 @@ def test_config_from_a_backend_object_and_its_errors():
         aot.KernelConfig("f", 1, grf=96)
     with pytest.raises(ValueError, match=r"repeated.*\['f'\]"):
         aot.isa_table([aot.KernelConfig("f", 1), aot.KernelConfig("f", 2)], "", {}, Path("."))
+
+
+def test_visa_verifier_errors_name_the_kernel_and_the_instruction(tmp_path):
+    """ocloc says only "VISA builder API call failed"; IGC's *.errors.txt says why."""
+    block = ("/----!!!INSTRUCTION ERROR FOUND!!!----\\\n"
+             "Error in CISA routine with name: __sycl_kernel_k\n"
+             "                  Error Message: Src opnd in BF mixed mode should be either BF or F\n"
+             "                    Diagnostics:\n"
+             "          Violating Instruction:     mov (M1, 16) V15(0,0)<2> V5(0,0)<1;1,0>   /// $13\n")
+    (tmp_path / "VC_asm1___sycl_kernel_k.errors.txt").write_text(block * 3)
+    assert aot.visa_errors(tmp_path) == (
+        "\n  k: Src opnd in BF mixed mode should be either BF or F "
+        "(e.g. mov (M1, 16) V15(0,0)<2> V5(0,0)<1;1,0> /// $13)")
+    assert aot.visa_errors(tmp_path / "none") == ""
 
 
 def test_a_missing_ocloc_fails_the_script(monkeypatch, capsys):
@@ -266,3 +282,18 @@ def test_the_portable_kernels_compile_for_pvc_as_information(tmp_path):
     assert sorted(r["kernel"] for r in rows) == sorted(c.name for c in configs)
     assert all(r["inst_count"] > 0 and r["dpas"] == 0 and not r["esimd"] for r in rows), rows
     assert aot.failures(rows) == []
+
+
+def test_the_script_checks_every_esimd_configuration(tmp_path):
+    """ci/aot_sycl.py over the sycl backend's ESIMD configurations: each compiled for pvc
+    with its GRF mode, no spill, its dpas count as stated; the JSON table written."""
+    if importlib.util.find_spec("fusedmlp_xpu.backends.sycl_esimd") is None:
+        pytest.skip("no ESIMD backend (fusedmlp_xpu.backends.sycl_esimd) in this tree yet")
+    _toolchain_or_skip()
+    out = tmp_path / "pvc.json"
+    r = subprocess.run([sys.executable, str(ROOT / "ci" / "aot_sycl.py"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rows = json.loads(out.read_text())["kernels"]
+    assert rows and all(r["dpas"] == r["dpas_expected"] > 0 and r["spill_bytes"] == 0
+                        for r in rows), rows
