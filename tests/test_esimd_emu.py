@@ -1,0 +1,413 @@
+"""The ESIMD emulation (kernels/sycl/esimd_emu.hpp) against Intel's definitions.
+
+Everything expected here is derived from the ESIMD documentation and headers (the
+intel-sycl-rt wheel's esimd/*.hpp, xmx/dpas.hpp), never from what the kernels need:
+- ``xmx::dpas``: A row-major RepeatCount x 16, B VNNI-packed (element (k, n) at
+  (k/2)*32 + n*2 + k%2), C and the result row-major RepeatCount x 16, fp32 accumulation;
+- conversions round to nearest even (checked bit for bit against torch);
+- masked-off lanes: loads leave them undefined (poison here), stores leave memory alone.
+
+The host tests build tests/esimd/host_driver.cpp with g++ against the wheel's SYCL
+headers; the device test compiles tests/esimd/device_kernel.cpp with the runtime's kernel
+compiler for opencl:cpu and runs it.
+"""
+from __future__ import annotations
+
+import importlib
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import BACKENDS
+
+sycl = importlib.import_module("fusedmlp_xpu.backends.sycl")
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "kernels" / "sycl"
+HERE = Path(__file__).resolve().parent / "esimd"
+F16 = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+needs_sycl_cpu = pytest.mark.skipif(
+    ("sycl", torch.device("cpu")) not in BACKENDS,
+    reason="the sycl backend cannot run on opencl:cpu here (see `fusedmlp info`)")
+
+
+# --- helpers ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory) -> Path:
+    """host_driver.cpp built once for this module."""
+    try:
+        tc = sycl._toolchain()
+    except sycl.SyclToolchainError as e:
+        pytest.skip(str(e))
+    exe = tmp_path_factory.mktemp("esimd_emu") / "host_driver"
+    cmd = [tc["cxx"], "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{KERNELS}",
+           f"-I{tc['include']}", str(HERE / "host_driver.cpp"), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr[-4000:]}"
+    return exe
+
+
+def run(driver: Path, d: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(driver), args[0], str(d), *args[1:]], capture_output=True,
+                          text=True, timeout=60)
+
+
+def put(d: Path, name: str, a) -> None:
+    (d / name).write_bytes(np.ascontiguousarray(a).tobytes())
+
+
+def get(d: Path, name: str, dtype) -> np.ndarray:
+    return np.frombuffer((d / name).read_bytes(), dtype=dtype)
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    """The raw 16-bit patterns of a half/bfloat16 tensor."""
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def from_bits(b: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(np.array(b, dtype=np.uint16).view(np.int16)).view(dtype)
+
+
+def vnni(b: np.ndarray) -> np.ndarray:
+    """B (K=16 x N=16) packed as dpas reads it: (k, n) at (k // 2) * 32 + n * 2 + k % 2."""
+    packed = np.empty(256, dtype=b.dtype)
+    for k in range(16):
+        for n in range(16):
+            packed[(k // 2) * 32 + n * 2 + k % 2] = b[k, n]
+    return packed
+
+
+def dpas_model(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The documented accumulation model: from C, add the (exact) fp32 products one k at a
+    time in order, each sum rounded to fp32."""
+    acc = c.astype(np.float32).copy()
+    for k in range(a.shape[1]):
+        acc = acc + np.outer(a[:, k], b[k]).astype(np.float32)
+    return acc
+
+
+def dpas_bound(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|fp32 result - exact| <= 16 roundings of partial sums bounded by |C| + sum |a b|."""
+    return 16 * 2.0 ** -24 * (np.abs(c) + np.abs(a) @ np.abs(b))
+
+
+def random_16bit(shape, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=g).mul_(3.0).to(dtype)
+
+
+# --- dpas ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("with_c", [True, False], ids=["C", "noC"])
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("repeat", range(1, 9))
+def test_dpas_against_float64(driver, tmp_path, dt, repeat, with_c):
+    g = torch.Generator().manual_seed(1000 * repeat + with_c)
+    a = random_16bit((repeat, 16), F16[dt], g)
+    b = random_16bit((16, 16), F16[dt], g)
+    c = torch.randn(repeat, 16, generator=g).numpy() * 10 if with_c else np.zeros((repeat, 16))
+    put(tmp_path, "a.bin", bits(a))
+    put(tmp_path, "b.bin", vnni(bits(b)))
+    put(tmp_path, "c.bin", c.astype(np.float32))
+    res = run(driver, tmp_path, "dpas", dt, str(repeat), str(int(with_c)))
+    assert res.returncode == 0, res.stderr
+    d = get(tmp_path, "d.bin", np.float32).reshape(repeat, 16)
+
+    a64, b64 = a.double().numpy(), b.double().numpy()
+    ref = c.astype(np.float32).astype(np.float64) + a64 @ b64
+    err = np.abs(d - ref)
+    assert np.all(err <= dpas_bound(c, a64, b64)), f"max error {err.max()} at {err.argmax()}"
+    np.testing.assert_array_equal(d, dpas_model(c.astype(np.float32), a.float().numpy(),
+                                                b.float().numpy()))
+
+
+def test_dpas_layout_one_hot(driver, tmp_path):
+    """A single A[m, k] = 1 and B[k, n] = index: the result row m is row k of B, so any
+    mix-up of rows, columns or the VNNI pairing shows as a wrong value at a known place."""
+    b = torch.arange(256, dtype=torch.float16).reshape(16, 16)  # exact in fp16
+    put(tmp_path, "b.bin", vnni(bits(b)))
+    for m, k in [(0, 0), (0, 1), (2, 7), (7, 14), (7, 15)]:
+        a = torch.zeros(8, 16, dtype=torch.float16)
+        a[m, k] = 1
+        put(tmp_path, "a.bin", bits(a))
+        assert run(driver, tmp_path, "dpas", "f16", "8", "0").returncode == 0
+        d = get(tmp_path, "d.bin", np.float32).reshape(8, 16)
+        want = np.zeros((8, 16), np.float32)
+        want[m] = b[k].float().numpy()
+        np.testing.assert_array_equal(d, want, err_msg=f"A[{m}, {k}] = 1")
+
+
+# --- conversions and 16-bit arithmetic ------------------------------------------------------
+def conversion_inputs(g: torch.Generator) -> np.ndarray:
+    """Floats that test rounding: ties (to even, both ways), the half subnormal range and
+    its ties, the top of the half range, infinities, NaN, signed zeros, random bits."""
+    u = 2.0 ** -24  # the half subnormal step
+    special = [1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -11 + 2 ** -20, -(1 + 2 ** -11),
+               0.5 * u, 1.5 * u, 2.5 * u, 0.5 * u * 1.0001, 1023.5 * u, 2 ** -14 - 0.5 * u,
+               2 ** -14, 65504, 65519.99, 65520, -65520, 1e10, np.inf, -np.inf, np.nan,
+               0.0, -0.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 3.4e38, 1e-40, -1e-42]
+    r = torch.randint(0, 2 ** 32, (480,), generator=g, dtype=torch.int64).numpy().astype(np.uint32)
+    # exponents 2^-30 .. 2^17 around the half range, a sixth of them exact bf16 ties
+    r = (r & np.uint32(0x807FFFFF)) | ((np.uint32(97) + r % np.uint32(48)) << np.uint32(23))
+    r[::6] = (r[::6] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)
+    f = np.concatenate([np.array(special, np.float32), r.view(np.float32)])
+    return np.concatenate([f, np.zeros(-len(f) % 16, np.float32)])
+
+
+def same_bits(got: np.ndarray, want: torch.Tensor, what: str) -> None:
+    w = bits(want)
+    nan = want.isnan().numpy()
+    got_nan = from_bits(got, want.dtype).isnan().numpy()
+    np.testing.assert_array_equal(got_nan, nan, err_msg=f"{what}: NaN lanes")
+    bad = np.nonzero((got != w) & ~nan)[0]
+    assert bad.size == 0, (f"{what}: {bad.size} lanes differ, first at {bad[0]}: got "
+                           f"{got[bad[0]]:#06x}, want {w[bad[0]]:#06x}")
+
+
+def test_conversions_and_16bit_arithmetic_round_to_nearest_even(driver, tmp_path):
+    g = torch.Generator().manual_seed(7)
+    f = conversion_inputs(g)
+    h = torch.cat([torch.randn(224, generator=g) * 100, torch.randn(32, generator=g) * 1e-5]).half()
+    hg = torch.cat([torch.randn(224, generator=g), torch.randn(32, generator=g) * 1e-3]).half()
+    hg[::17] = 0  # division by zero -> inf / NaN
+    p = (torch.randn(256, generator=g) * 100).bfloat16()
+    q = torch.randn(256, generator=g).bfloat16()
+    for name, v in [("h.bin", h), ("g.bin", hg), ("p.bin", p), ("q.bin", q)]:
+        put(tmp_path, name, bits(v))
+    put(tmp_path, "f.bin", f)
+    res = run(driver, tmp_path, "convert")
+    assert res.returncode == 0, res.stderr
+
+    ft = torch.from_numpy(f)
+    same_bits(get(tmp_path, "to_half.bin", np.uint16), ft.half(), "float -> half")
+    same_bits(get(tmp_path, "to_bf16.bin", np.uint16), ft.bfloat16(), "float -> bfloat16")
+    np.testing.assert_array_equal(get(tmp_path, "half_to_f32.bin", np.float32), h.float().numpy())
+    np.testing.assert_array_equal(get(tmp_path, "bf16_to_f32.bin", np.float32), p.float().numpy())
+    # ESIMD: simd<half> op simd<half> is simd<half>, one rounding of the exact result;
+    # torch's CPU half/bfloat16 ops compute in fp32 and round once: the same bits
+    for (x, y, tag) in [(h, hg, "half"), (p, q, "bf16")]:
+        for op, fn in [("add", torch.add), ("sub", torch.sub), ("mul", torch.mul),
+                       ("div", torch.div)]:
+            want = fn(x.float(), y.float()).to(x.dtype)
+            same_bits(get(tmp_path, f"{tag}_{op}.bin", np.uint16), want, f"{tag} {op}")
+
+
+# --- regions, masks -----------------------------------------------------------------------
+def test_select_views_and_masks(driver, tmp_path):
+    res = run(driver, tmp_path, "views")
+    assert res.returncode == 0, res.stderr
+    s = np.arange(32, dtype=np.float32)
+    s[2:26:3] += 100          # select<8, 3>(2) += 100
+    s[[5, 11]] = -1           # .select<2, 2>(1) of that view = -1
+    s[28:32] *= 2             # select<4, 1>(28) *= 2
+    s[0] = 7.5
+    s[31] += 0.25
+    np.testing.assert_array_equal(get(tmp_path, "views_s.bin", np.float32), s)
+    np.testing.assert_array_equal(get(tmp_path, "views_firsts.bin", np.float32), s[1:32:8])
+    np.testing.assert_array_equal(get(tmp_path, "views_bits.bin", np.uint32), s.view(np.uint32))
+    np.testing.assert_array_equal(get(tmp_path, "views_halves.bin", np.uint16), s.view(np.uint16))
+    np.testing.assert_array_equal(get(tmp_path, "views_rvalue.bin", np.float32), s[0:32:4])
+
+    a = np.arange(8, dtype=np.float32)
+    m = (a > 2.5).astype(np.uint16)
+    np.testing.assert_array_equal(get(tmp_path, "mask_m.bin", np.uint16), m)
+    np.testing.assert_array_equal(get(tmp_path, "mask_not.bin", np.uint16), 1 - m)
+    # ESIMD's ~ on a mask is the bitwise not of its 16-bit lanes: no lane becomes 0
+    np.testing.assert_array_equal(get(tmp_path, "mask_tilde.bin", np.uint16), ~m)
+    np.testing.assert_array_equal(get(tmp_path, "mask_and.bin", np.uint16), m & (a < 5))
+    np.testing.assert_array_equal(get(tmp_path, "merge.bin", np.float32), np.where(m, a, -1))
+    np.testing.assert_array_equal(get(tmp_path, "neg.bin", np.float32), -a)
+    np.testing.assert_array_equal(get(tmp_path, "compound.bin", np.float32), (3 * (a + 1) - a) / 2)
+
+
+# --- global memory at the edges -------------------------------------------------------------
+def test_gather_scatter_block_edges(driver, tmp_path):
+    g = np.random.default_rng(3)
+    n = 37  # not a multiple of 16
+    src = g.standard_normal(n).astype(np.float32)
+    idx = np.array([36, 0, 5, 35, 1, 2, 3, 4, 10, 11, 20, 30, 31, 32, 33, 34])  # 36: the last
+    msk = np.array([1, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 7], np.uint16)
+    dst = np.full(40, -5.0, np.float32)
+    vals = g.standard_normal(16).astype(np.float32)
+    hsrc = torch.randn(48).half()
+    put(tmp_path, "src.bin", src)
+    put(tmp_path, "off.bin", (idx * 4).astype(np.uint32))
+    put(tmp_path, "msk.bin", msk)
+    put(tmp_path, "dst.bin", dst)
+    put(tmp_path, "vals.bin", vals)
+    put(tmp_path, "hsrc.bin", bits(hsrc))
+    res = run(driver, tmp_path, "memory")
+    assert res.returncode == 0, res.stderr
+
+    live = msk != 0
+    gathered = get(tmp_path, "gather.bin", np.float32)
+    np.testing.assert_array_equal(gathered[live], src[idx[live]])
+    assert np.isnan(gathered[~live]).all(), "masked-off gather lanes must read as poison"
+    np.testing.assert_array_equal(get(tmp_path, "gather_all.bin", np.float32), src[idx])
+
+    want = dst.copy()
+    want[idx[live]] = vals[live]
+    np.testing.assert_array_equal(get(tmp_path, "scatter.bin", np.float32), want)
+
+    tail = get(tmp_path, "tail.bin", np.float32)
+    np.testing.assert_array_equal(tail[:n], src)
+    assert np.isnan(tail[n:]).all()
+    copy = get(tmp_path, "tail_copy.bin", np.float32)
+    np.testing.assert_array_equal(copy[:n], src)
+    np.testing.assert_array_equal(copy[n:], -7.0)  # masked lanes wrote nothing
+
+    last = np.full(n, -3.0, np.float32)
+    last[n - 16:] = src[n - 16:]
+    last[1:9] = src[1:9]
+    np.testing.assert_array_equal(get(tmp_path, "last.bin", np.float32), last)
+
+    hg = from_bits(get(tmp_path, "hgather.bin", np.uint16), torch.float16)
+    hidx = np.arange(16) * 3
+    np.testing.assert_array_equal(hg.numpy()[live], hsrc.numpy()[hidx[live]])
+    assert hg[torch.from_numpy(~live)].isnan().all()
+
+
+def test_scatter_into_distinct_addresses(driver, tmp_path):
+    """Scatter where every live lane has its own address, the last element included."""
+    g = np.random.default_rng(4)
+    idx = g.permutation(40)[:16]
+    idx[3] = 39
+    msk = (g.random(16) < 0.7).astype(np.uint16)
+    msk[3] = 1
+    vals = g.standard_normal(16).astype(np.float32)
+    put(tmp_path, "src.bin", g.standard_normal(40).astype(np.float32))
+    put(tmp_path, "off.bin", (idx * 4).astype(np.uint32))
+    put(tmp_path, "msk.bin", msk)
+    put(tmp_path, "dst.bin", np.full(40, -5.0, np.float32))
+    put(tmp_path, "vals.bin", vals)
+    put(tmp_path, "hsrc.bin", bits(torch.randn(48).half()))
+    assert run(driver, tmp_path, "memory").returncode == 0
+    want = np.full(40, -5.0, np.float32)
+    want[idx[msk != 0]] = vals[msk != 0]
+    np.testing.assert_array_equal(get(tmp_path, "scatter.bin", np.float32), want)
+
+
+# --- SLM, math --------------------------------------------------------------------------------
+def test_slm_round_trip_and_unwritten_poison(driver, tmp_path):
+    res = run(driver, tmp_path, "slm")
+    assert res.returncode == 0, res.stderr
+    np.testing.assert_array_equal(get(tmp_path, "slm_a.bin", np.float32),
+                                  1 + 0.5 * np.arange(32, dtype=np.float32))
+    np.testing.assert_array_equal(get(tmp_path, "slm_h.bin", np.uint16),
+                                  bits((0.0 + torch.arange(64.0) * -0.25).half()))  # iota: base + i * step
+    np.testing.assert_array_equal(get(tmp_path, "slm_unwritten.bin", np.uint32), 0xFFFFFFFF)
+
+
+def test_math(driver, tmp_path):
+    g = np.random.default_rng(5)
+    x = (g.standard_normal(64) * 4).astype(np.float32)
+    y = (g.standard_normal(64) * 4).astype(np.float32)
+    x[[1, 5, 9]] = np.nan
+    y[[2, 5, 10]] = np.nan
+    x[20:30] = np.abs(x[20:30])
+    put(tmp_path, "x.bin", x)
+    put(tmp_path, "y.bin", y)
+    res = run(driver, tmp_path, "math")
+    assert res.returncode == 0, res.stderr
+    out = {k: get(tmp_path, f"{k}.bin", np.float32)
+           for k in ["max", "min", "exp", "log", "sqrt", "inv", "abs", "hmax"]}
+    # max/min are IEEE maxNum/minNum: a NaN operand gives the other; NaN only from two
+    np.testing.assert_array_equal(out["max"], np.fmax(x, y))
+    np.testing.assert_array_equal(out["min"], np.fmin(x, y))
+    hx, hy = (torch.from_numpy(v).half().float().numpy() for v in (x, y))
+    np.testing.assert_array_equal(out["hmax"], np.fmax(hx, hy))
+    np.testing.assert_array_equal(out["abs"], np.abs(x))
+    np.testing.assert_array_equal(out["inv"], np.float32(1) / x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        np.testing.assert_array_equal(out["sqrt"], np.sqrt(x))
+        x64 = x.astype(np.float64)
+        # natural base, through exp2(x * log2e) and log2(x) * ln2 as math.hpp has them: the
+        # float constants and the rounded product cost about |x| * 1e-7 relative
+        tol = 2.0 ** -22 + np.abs(x64) * 1e-7
+        ok = np.isnan(x) | (np.abs(out["exp"] - np.exp(x64)) <= tol * np.exp(x64))
+        assert ok.all(), (x[~ok], out["exp"][~ok])
+        lg = np.log(x64)
+        ok = np.isnan(lg) & np.isnan(out["log"]) | (np.abs(out["log"] - lg) <= 2.0 ** -22 * (1 + np.abs(lg)))
+        assert ok.all(), (x[~ok], out["log"][~ok])
+    np.testing.assert_array_equal(get(tmp_path, "int_abs.bin", np.int32), np.abs(np.arange(-4, 4)))
+    np.testing.assert_array_equal(get(tmp_path, "int_max.bin", np.int32),
+                                  np.maximum(np.arange(-4, 4), 0))
+
+
+@pytest.mark.parametrize("what,message", [
+    ("block_load", "block_load: address not 4-byte aligned"),
+    ("slm_misaligned", "slm_block_store: offset not 16-byte aligned"),
+    ("slm_past_init", "past slm_init's size"),
+    ("select_offset", "select: offset + region past the end"),
+])
+def test_misuse_stops_the_host_build(driver, tmp_path, what, message):
+    """What ESIMD leaves undefined (a block message off its default alignment, SLM past
+    slm_init, a region past the simd) stops the host build, naming the call."""
+    res = run(driver, tmp_path, "misuse", what)
+    assert res.returncode != 0
+    assert message in res.stderr, res.stderr
+
+
+# --- the same header on a SYCL device -----------------------------------------------------------
+@needs_sycl_cpu
+@pytest.mark.parametrize("threads", [16, 64])
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_device_slm_barrier_and_dpas(dt, threads):
+    """tests/esimd/device_kernel.cpp on opencl:cpu: 2 work-groups of ESIMD threads pass
+    rows to their neighbour through SLM across a barrier, read SLM nobody wrote, and each
+    compute an 8 x 16 dpas tile. The OpenCL CPU device runs 16 work-items in the lanes of
+    one vector, in step, so only the 64-thread work-group shows a missing barrier."""
+    import dpctl.memory
+
+    q = sycl.cpu_queue()
+    bundle = _device_bundle()
+    groups = 2
+    t = groups * threads
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(t, 64, generator=g).numpy()
+    a = random_16bit((t, 8, 16), F16[dt], g)
+    b = random_16bit((16, 16), F16[dt], g)
+    c = torch.randn(t, 8, 16, generator=g).numpy()
+
+    keep = []
+
+    def usm(arr: np.ndarray) -> np.ndarray:
+        mem = dpctl.memory.MemoryUSMShared(max(arr.nbytes, 1), queue=q)
+        keep.append(mem)
+        view = np.frombuffer(mem, dtype=arr.dtype)[: arr.size].reshape(arr.shape)
+        view[...] = arr
+        return view
+
+    ins = [usm(x), usm(bits(a)), usm(vnni(bits(b))), usm(c.astype(np.float32))]
+    outs = [usm(np.full((t, 64), np.nan, np.float32)), usm(np.full((t, 16), 0, np.float32)),
+            usm(np.full((t, 8, 16), np.nan, np.float32))]
+    bundle.launch(q.addressof_ref(), f"emu_slm_dpas_{dt}", t, threads,
+                  *[v.ctypes.data for v in ins + outs])
+    q.wait()
+    rows, unwritten, d = (np.array(v) for v in outs)
+
+    lid = np.arange(t) % threads
+    np.testing.assert_array_equal(rows, x[np.arange(t) - lid + (lid + 1) % threads])
+    np.testing.assert_array_equal(unwritten.view(np.uint32), 0xFFFFFFFF)
+    a32, b32 = a.float().numpy(), b.float().numpy()
+    for i in range(t):
+        ref = c[i].astype(np.float64) + a32[i].astype(np.float64) @ b32.astype(np.float64)
+        assert np.all(np.abs(d[i] - ref) <= dpas_bound(c[i], a32[i], b32)), f"thread {i}"
+        np.testing.assert_array_equal(d[i], dpas_model(c[i], a32[i], b32), err_msg=f"thread {i}")
+
+
+_bundle = None
+
+
+def _device_bundle():
+    global _bundle
+    if _bundle is None:
+        includes = {n: (KERNELS / n).read_bytes() for n in ("esimd_emu.hpp", "esimd_select.hpp")}
+        _bundle = sycl.shim().build(
+            sycl.cpu_queue().addressof_ref(), (HERE / "device_kernel.cpp").read_bytes(),
+            ["emu_slm_dpas_f16", "emu_slm_dpas_bf16"], includes=includes,
+            options=["-DFMLP_ESIMD_EMULATE"])
+    return _bundle
