@@ -4,7 +4,6 @@ CUDA graph (GPUs), torch.compile over the DDP-wrapped model. On 2 GPUs over NCCL
 (gpu-marked), and on the CPU over gloo at toy shapes."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "multi_gpu.py")
 
 
 def _launch(tmp_path, *args, timeout) -> dict:
-    out = tmp_path / "multi.json"
+    out = tmp_path / "multi.jsonl"
     env = dict(os.environ)
     # this checkout's package, ahead of any installed copy
     env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])])
@@ -37,8 +36,11 @@ def _launch(tmp_path, *args, timeout) -> dict:
         pytest.fail(f"torchrun ran past {timeout} s:\n{stdout[-4000:]}\n{stderr[-4000:]}")
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{stdout[-4000:]}" \
                                  f"\n{stderr[-4000:]}"
-    assert (tmp_path / "multi.log").exists(), "rank 0 wrote no log beside the JSON"
-    return json.loads(out.read_text())
+    from fusedmlp_xpu.bench import results
+
+    (result,) = results.documents(results.read(str(out))).values()  # the one run
+    assert result["log"], "rank 0 kept no log in the run record"
+    return result
 
 
 def _check(result, device_type):

@@ -293,19 +293,21 @@ def index(paths: list[str]) -> str:
         runs: dict[str, dict] = {}
         for r in recs:
             e = runs.setdefault(r["run"], {"date": r["date"], "n": 0, "what": None,
-                                           "log": None})
+                                           "log": []})
             e["n"] += r["kind"] == "measurement"
             if r["kind"] == "run":
                 e["what"] = r.get("what") + ("" if r.get("complete", True) else " (partial)")
             elif r["kind"] == "log":
-                e["log"] = r.get("file")
+                e["log"].append(r.get("file"))
+                e["log_what"] = r.get("what")
         lines += [f"## `{os.path.basename(path)}`: {len(runs)} runs", "",
                   "| run | date | measurements | what it was |", "| --- | --- | --- | --- |"]
         for run in sorted(runs, key=lambda k: (runs[k]["date"][:10], k)):
             e = runs[run]
-            what = e["what"] or "(no run record: cut short)"
             if e["log"]:
-                what = (what + "; " if e["what"] else "") + f"log `{e['log']}`"
+                what = (e["what"] or e.get("log_what") or "a raw log") + "; log " + ", ".join(f"`{f}`" for f in e["log"])
+            else:
+                what = e["what"] or "(no run record: cut short)"
             lines.append(f"| `{run}` | {e['date'][:10]} | {e['n']} | "
                          f"{what.replace('|', '/')} |")
         lines.append("")
