@@ -351,6 +351,31 @@ def test_misuse_stops_the_host_build(driver, tmp_path, what, message):
     assert message in res.stderr, res.stderr
 
 
+# --- one source, real ESIMD or the emulation ---------------------------------------------------
+def include_files() -> dict[str, bytes]:
+    return {n: (KERNELS / n).read_bytes() for n in ("esimd_emu.hpp", "esimd_select.hpp")}
+
+
+@needs_sycl_cpu
+@pytest.mark.parametrize("emulate", [False, True], ids=["esimd", "emulation"])
+def test_api_usage_compiles_against_esimd_and_the_emulation(emulate):
+    """tests/esimd/api_usage.cpp (every emulated call) through the runtime's kernel compiler:
+    with Intel's ESIMD headers (built, not run: the CPU has no ESIMD) and with the
+    emulation. A build error raises, with the compiler's log."""
+    sycl.shim().build(sycl.cpu_queue().addressof_ref(), (HERE / "api_usage.cpp").read_bytes(),
+                      [], includes=include_files(),
+                      options=["-DFMLP_ESIMD_EMULATE"] if emulate else [])
+
+
+def test_api_usage_compiles_as_host_cpp(driver):
+    tc = sycl._toolchain()
+    cmd = [tc["cxx"], "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+           "-DFMLP_ESIMD_EMULATE", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING", f"-I{KERNELS}",
+           f"-I{tc['include']}", str(HERE / "api_usage.cpp")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+
 # --- the same header on a SYCL device -----------------------------------------------------------
 @needs_sycl_cpu
 @pytest.mark.parametrize("threads", [16, 64])
@@ -405,9 +430,8 @@ _bundle = None
 def _device_bundle():
     global _bundle
     if _bundle is None:
-        includes = {n: (KERNELS / n).read_bytes() for n in ("esimd_emu.hpp", "esimd_select.hpp")}
         _bundle = sycl.shim().build(
             sycl.cpu_queue().addressof_ref(), (HERE / "device_kernel.cpp").read_bytes(),
-            ["emu_slm_dpas_f16", "emu_slm_dpas_bf16"], includes=includes,
+            ["emu_slm_dpas_f16", "emu_slm_dpas_bf16"], includes=include_files(),
             options=["-DFMLP_ESIMD_EMULATE"])
     return _bundle

@@ -526,10 +526,22 @@ FMLP_EMU_CMPOP(==)
 FMLP_EMU_CMPOP(!=)
 #undef FMLP_EMU_CMPOP
 
-// A view or element reference on either side: read it, then as above.
+// A view or element reference on either side: read it, then as above. As in ESIMD, an
+// element (a one-element view there) does not combine with a longer simd: convert it to
+// a scalar first.
+namespace detail {
+template <class T> struct is_elem_ref : std::false_type {};
+template <class T> struct is_elem_ref<elem_ref<T>> : std::true_type {};
+template <class T> struct is_simd : std::false_type {};
+template <class T, int N> struct is_simd<simd<T, N>> : std::true_type {};
+template <class T, int N> struct is_simd<simd_view<T, N>> : std::true_type {};
+template <class A, class B>
+constexpr bool proxy_op_v = (is_proxy<A>::value || is_proxy<B>::value) &&
+                            !(is_elem_ref<A>::value && is_simd<B>::value) &&
+                            !(is_simd<A>::value && is_elem_ref<B>::value);
+} // namespace detail
 #define FMLP_EMU_PROXYOP(OP)                                                               \
-  template <class A, class B,                                                              \
-            class = std::enable_if_t<detail::is_proxy<A>::value || detail::is_proxy<B>::value>> \
+  template <class A, class B, class = std::enable_if_t<detail::proxy_op_v<A, B>>>          \
   inline auto operator OP(const A &a, const B &b) {                                        \
     return detail::unproxy(a) OP detail::unproxy(b);                                       \
   }
