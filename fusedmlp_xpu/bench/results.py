@@ -314,11 +314,28 @@ def index(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _add_table(path: str, table: str | None) -> None:
+    """Append each run of the table at ``path`` to ``table`` (default: its machine's),
+    records unchanged; a run id already there is refused before anything is written."""
+    by_run: dict[str, list[dict]] = {}
+    for r in read(path):
+        by_run.setdefault(r["run"], []).append(r)
+    plan = [(table or os.path.join(RESULTS_DIR, recs[0]["machine"] + SUFFIX), run, recs)
+            for run, recs in by_run.items()]
+    clash = [f"{run} ({t})" for t, run, _ in plan if run in run_ids(t)]
+    if clash:
+        raise ValueError(f"run ids already in the table: {', '.join(clash)}")
+    for t, run, recs in plan:
+        append(t, recs)
+        print(f"{path} -> {t} (run {run}, {len(recs)} records)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusedmlp_xpu.bench.results",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("add", help="append harness result files (.json) to a table")
+    a = sub.add_parser("add", help="append harness result files (.json) or the runs of "
+                       "another table (.jsonl) to the machine's table")
     a.add_argument("files", nargs="+")
     a.add_argument("--table", default=None, help="default: the machine's table in "
                    f"{RESULTS_DIR}")
@@ -331,6 +348,9 @@ def main(argv=None) -> int:
             print(index(args.tables))
             return 0
         for path in args.files:
+            if path.endswith(SUFFIX):  # another table (a device run's): its runs as they are
+                _add_table(path, args.table)
+                continue
             (run, doc), = load_documents([path])
             doc.pop("run")
             w = RunWriter(args.table, run, args.what or SCHEMAS.get(doc.get("schema"),
