@@ -23,9 +23,9 @@ the user. The alternatives each ask more of the user or give up speed:
   program, AOTInductor on a GPU included, where the op is what the user came for;
 - inductor's own table would decompose the op under ``torch.compile`` too.
 
-The global table is read only where a caller asks for it by name (torch.onnx, and
-``export_decompositions()`` here); torch.compile's inductor uses its own table and keeps
-the op. For the other runtimes, decompose the exported program first::
+torch.compile's inductor decomposes with a table of its own, so compiled code still calls
+the op (tests/test_deploy.py checks), as does ``ExportedProgram.run_decompositions()``
+with its default table. For the other runtimes, decompose the exported program first::
 
     ep = torch.export.export(model.eval(), (x,))
     ep = ep.run_decompositions(fm.export_decompositions())   # standard aten ops only

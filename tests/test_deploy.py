@@ -345,7 +345,7 @@ def build_runner(out_dir) -> str:
         pytest.skip("g++ not found")
     exe = os.path.join(out_dir, "aoti_run")
     libs = cpp_extension.library_paths()
-    cmd = [cxx, "-O1", "-std=c++20", "-w",
+    cmd = [cxx, "-O0", "-std=c++20", "-w",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            *(f"-I{p}" for p in cpp_extension.include_paths()),
            os.path.join(HERE, "deploy", "aoti_run.cpp"), "-o", exe,
