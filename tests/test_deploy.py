@@ -299,6 +299,16 @@ def test_onnx_gated_mlp(case):
                  [(inputs(b)[0],) for b in BATCHES])
 
 
+def test_onnx_module_in_training_mode():
+    """A module left in training mode records the training ops (mlp_train,
+    gated_mlp_train): those decompose too."""
+    model = Pair(fused_mlp(FUSED[2][1]), gated_mlp(GATED[0][1])).train()
+    assert fusedmlp_ops(torch.export.export(model, (inputs(5)[0],))) == {
+        "fusedmlp.mlp_train.default", "fusedmlp.gated_mlp_train.default"}
+    onnx_matches(model, (inputs(5)[0],), ({0: batch_dim()},),
+                 [(inputs(b)[0],) for b in BATCHES])
+
+
 def test_onnx_transformers_models():
     """PatchTST with fuse_mlps (its feed-forward Sequentials) and Llama with
     fuse_gated_mlps, dynamic batch."""
