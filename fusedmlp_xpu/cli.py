@@ -205,6 +205,8 @@ def cmd_report(args) -> int:
         report.load(args.results, args.run)
     except (OSError, ValueError) as e:
         what = f"{e.strerror}: {e.filename!r}" if isinstance(e, OSError) and e.strerror else e
+        if str(what).startswith("--run: "):
+            raise UsageError(f"argument {what}") from None
         raise UsageError(f"argument results: {what}") from None
     check_writable(args.out, "--out", folder=True)
     path = report.write_report(args.results, args.out, args.run)

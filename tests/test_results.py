@@ -181,3 +181,39 @@ def test_bad_tables_and_ids_are_named(tmp_path):
 ])
 def test_machine_names(env, want):
     assert results.machine(env) == want
+
+
+def test_bench_cli_names_a_bad_table_or_run(tmp_path, capsys):
+    """`fusedmlp bench --out` must name a table (.jsonl), and `--run` a new id: both
+    refused before any timing, in one line naming the argument."""
+    from fusedmlp_xpu import cli
+
+    assert cli.main(["bench", "--device", "cpu", "--out", str(tmp_path / "b.json")]) == 2
+    assert "argument --out: expected a results table ending in .jsonl" in capsys.readouterr().err
+    table = tmp_path / "cpu.jsonl"
+    results.RunWriter(str(table), "taken", "w").write(_doc(1), final=True)
+    assert cli.main(["bench", "--device", "cpu", "--out", str(table), "--run", "taken"]) == 2
+    assert "argument --run: 'taken' is already in" in capsys.readouterr().err
+    assert cli.main(["bench", "--device", "cpu", "--run", "a b"]) == 2
+    assert "argument --run: expected letters" in capsys.readouterr().err
+
+
+def test_report_reads_runs_from_a_table(tmp_path, capsys):
+    """`fusedmlp report TABLE --run ID`: the named bench run only; a run not there, or not
+    a bench run, is an error naming --run."""
+    from fusedmlp_xpu import cli
+
+    table = str(tmp_path / "cpu.jsonl")
+    fixture = json.load(open(os.path.join(ROOT, "tests", "data", "synthetic_bench_cpu.json")))
+    results.RunWriter(table, "bench-run", "w").write(fixture, final=True)
+    results.RunWriter(table, "other", "w").write({**_doc(1), "schema": "x/1"}, final=True)
+    out = tmp_path / "out"
+    assert cli.main(["report", table, "--run", "bench-run", "--out", str(out)]) == 0
+    assert "`run bench-run`" in (out / "report.md").read_text()
+    assert cli.main(["report", table, "--out", str(out)]) == 0  # the bench runs: one
+    assert "from 1 run(s)" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert cli.main(["report", table, "--run", "nope", "--out", str(out)]) == 2
+    assert "argument --run: not in the results given: nope" in capsys.readouterr().err
+    assert cli.main(["report", table, "--run", "other", "--out", str(out)]) == 2
+    assert "argument --run: run other: expected schema" in capsys.readouterr().err

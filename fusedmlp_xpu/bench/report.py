@@ -96,6 +96,11 @@ def load(paths: list[str], runs: list[str] | None = None) -> list[Machine]:
         if missing:
             raise ValueError(f"--run: not in the results given: {', '.join(missing)}")
         raw = [(r, have[r]) for r in runs]
+        for r, d in raw:
+            try:
+                _check_run(r, d)
+            except ValueError as e:
+                raise ValueError(f"--run: {e}") from None
     raw = [(r, _check_run(r, d)) for r, d in raw]
     if not raw:
         raise ValueError(f"results: no run of schema {SCHEMA!r} in {', '.join(paths)}")
