@@ -66,6 +66,25 @@ def test_every_cited_run_is_in_a_table(records):
     assert not missing, f"pages cite runs that no table holds: {missing}"
 
 
+#: a result file named in code or kernel comments (the constant it justified): its stem
+#: is the run id the file became
+CODE_CITED = re.compile(r"\b((?:h200|cpu)-[A-Za-z0-9_.+-]*?2026\d{4}[a-z0-9]*(?:-[a-z0-9-]+?)?)"
+                        r"\.(?:json|txt|log|csv)\b")
+
+
+def test_result_files_the_code_cites_are_runs(records):
+    have = {r["run"] for recs in records.values() for r in recs}
+    missing, n = {}, 0
+    for pattern in ("fusedmlp_xpu/**/*.py", "kernels/**/*.*", "ci/*.py"):
+        for path in glob.glob(os.path.join(ROOT, pattern), recursive=True):
+            for run in CODE_CITED.findall(open(path, encoding="utf-8", errors="replace").read()):
+                n += 1
+                if run not in have:
+                    missing.setdefault(os.path.relpath(path, ROOT), []).append(run)
+    assert n > 10, "no citation found: the pattern no longer matches the code's"
+    assert not missing, f"code cites result files that are no run in a table: {missing}"
+
+
 def test_the_runs_the_report_and_code_cite_are_there(records):
     have = {r["run"] for recs in records.values() for r in recs}
     for run in ("h200-narrow-suite-20261202", "h200-wide-20261202d", "cpu-quick-20261130",
