@@ -10,7 +10,6 @@ AOTInductor compiles for a while (~20 s a package on 2 cores): one package holds
 model (the ``zoo``), run once from C++ and once from Python."""
 from __future__ import annotations
 
-import copy
 import importlib
 import os
 import shutil
