@@ -174,6 +174,15 @@ def test_profile_times_the_variants_in_turn(monkeypatch):
     assert all(spread >= 0 for _, spread in got.values())
 
 
+def test_spread_ignores_one_stalled_repeat():
+    """The spread that flags a timing is that of the repeats the median comes from: one
+    stalled repeat (or one lucky one) of five is not noise in the median; two are."""
+    assert profiling._spread([1.0, 1.0, 1.05, 1.1, 9.0]) == pytest.approx(0.1)
+    assert profiling._spread([0.2, 1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.0)
+    assert profiling._spread([1.0, 1.0, 1.5, 9.0, 9.0]) == pytest.approx(8.0)
+    assert profiling._spread([1.0, 2.0]) == pytest.approx(1.0)  # too few to drop any
+
+
 def test_untrusted_numbers_are_flagged():
     """Device time above the wall time of the same profiled calls, or repeats far apart,
     give an UNTRUSTED note and a marked cell: never an inconsistent device ms without a

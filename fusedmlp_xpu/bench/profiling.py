@@ -43,7 +43,7 @@ GPU_BATCH = 2**20
 _REPEAT_S = 0.05
 _REPEATS = 5
 _PROFILED_STEPS = 5
-#: repeats of one timing further apart than this (max / min - 1) are flagged as untrustworthy
+#: repeats of one timing further apart than this (``_spread``) are flagged as untrustworthy
 SPREAD_LIMIT = 0.25
 
 
@@ -58,7 +58,7 @@ class Row:
     warmup_s: float | None = None  # first call (torch.compile compiles here)
     fwd_ms: float | None = None
     train_ms: float | None = None
-    spread: float | None = None    # max / min - 1 over the timed repeats of the profiled mode
+    spread: float | None = None    # _spread of the timed repeats of the profiled mode
     device_ms: float | None = None
     profiled_ms: float | None = None  # wall time per profiled call: device_ms's yardstick
     launches: float | None = None
@@ -162,7 +162,7 @@ def _forward_fn(module: Callable, x: torch.Tensor):
 
 def _time_ms(fns: dict[str, Callable], device: torch.device) -> dict[str, tuple[float, float]]:
     """name -> (median wall-clock ms per call over back-to-back calls, the repeats' spread
-    (max / min - 1)), the device synced per repeat. The functions' repeats are taken in
+    (``_spread``)), the device synced per repeat. The functions' repeats are taken in
     turn, the order rotating each round: a host's speed drifts over seconds (on a 2-core
     CPU the same ops ran 0.80x eager timed after it and 1.17x in the next run), and
     interleaved the drift lands on every variant alike."""
@@ -185,7 +185,18 @@ def _time_ms(fns: dict[str, Callable], device: torch.device) -> dict[str, tuple[
                 fn()
             _sync(device)
             per_call[name].append((time.perf_counter() - t0) * 1e3 / n)
-    return {name: (statistics.median(v), max(v) / min(v) - 1) for name, v in per_call.items()}
+    return {name: (statistics.median(v), _spread(v)) for name, v in per_call.items()}
+
+
+def _spread(times: list[float]) -> float:
+    """How far apart the repeats that decide the median are: max / min - 1 over all but
+    the fastest and the slowest (five repeats or more), over all of them below that. One
+    repeat stalled by a descheduled thread moves neither the median nor this; repeats
+    that disagree among themselves move both."""
+    v = sorted(times)
+    if len(v) >= 5:
+        v = v[1:-1]
+    return v[-1] / v[0] - 1
 
 
 # --- reading the profiler ------------------------------------------------------------
