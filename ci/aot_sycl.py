@@ -44,10 +44,16 @@ What the listing says (IGC 1.0.12504, the Debian package), and how this reads it
   write``); the descriptor's low byte 0xFE is SLM, ``a64``/0xFF global memory. The two
   loads of the kernel arguments in the thread prologs, the end-of-thread message, barriers
   and fences are not memory traffic and are counted apart (``sync``) or not at all.
-- ESIMD's plain ``block_load``/``slm_block_load`` without an alignment property compile to
-  legacy gathers (bf16 through SLM: byte gathers, one 32-bit lane per element pair);
-  with ``overaligned_tag<16>`` to block reads; ``lsc_load_2d``/``lsc_store_2d`` to
-  ``load_block2d``/``store_block2d``. The ``gathers`` column shows which a kernel got.
+- What ESIMD's memory calls compile to with this IGC (the ``gathers``/``block2d`` columns
+  show which a kernel got): ``block_load``/``block_store`` of at most 128 B with a 16-B
+  alignment property (``overaligned_tag<16>``) -> one legacy ``oword block`` message,
+  larger or unaligned -> 16-lane dword gathers/scatters; ``slm_block_load`` -> SLM byte
+  gathers (32 or 64 B a message) at any size; ``gather``/``slm_gather<uint32_t, 16 * V, V>``
+  with V = 4 or 8 -> one LSC ``load.ugm.d32xV``/``load.slm.d32xV`` (16 lanes x V dwords,
+  up to 512 B a message); ``lsc_load_2d``/``lsc_store_2d`` -> ``load_block2d``/
+  ``store_block2d``. LSC 1-D block calls (``lsc_block_load``, ``lsc_slm_block_load``,
+  ``block_load`` with cache-hint properties) stop this IGC's vISA builder ("Invalid
+  execution size"): a newer driver may take them, this check cannot.
 
 The dpas count is STATIC: the ``dpas`` instructions in the listing. A loop the compiler
 keeps (a runtime loop over layers) holds its body's ``dpas`` once, however many times
@@ -76,6 +82,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -327,50 +334,77 @@ def compile_pvc(spirv: Path, esimd: bool, grf: int, dump_dir: Path) -> dict[str,
 
 
 # --- the table -------------------------------------------------------------------------
-def _groups(configs):
-    """Configurations that can share one SPIR-V build and one ocloc call."""
-    out: dict[tuple, list[KernelConfig]] = {}
+def _batches(configs, jobs: int):
+    """(defines, grf, esimd, configs) of each SPIR-V build and ocloc call: configurations
+    that can share one, split ``jobs`` ways where each brings its own instantiation."""
+    groups: dict[tuple, list[KernelConfig]] = {}
     for c in configs:
-        out.setdefault((c.defines, c.grf, c.esimd), []).append(c)
-    return out
+        groups.setdefault((c.defines, c.grf, c.esimd), []).append(c)
+    for key, group in groups.items():
+        n = max(1, min(jobs, len(group))) if all(c.instantiation for c in group) else 1
+        for k in range(n):
+            yield (*key, group[k::n])
+
+
+def _compile_batch(batch, source: str, includes, workdir: Path, options
+                   ) -> list[tuple[KernelConfig, dict]]:
+    defines, grf, esimd, group = batch
+    text = source + "".join("\n" + c.instantiation for c in group if c.instantiation)
+    images = build_spirv(text, includes, list(options) + [f"-D{x}" for x in defines], workdir)
+    ours = [img for img in images if any(
+        f"__sycl_kernel_{c.name}\0".encode() in img.read_bytes() for c in group)]
+    if not ours:  # the runtime's own kernels only
+        raise AotError(f"no SPIR-V image of the build holds {group[0].name} or the other "
+                       f"{len(group) - 1} kernels of its group (a kernel property the "
+                       "OpenCL CPU device lacks, such as grf_size, keeps an image from it: "
+                       "build without it and give the GRF mode as KernelConfig.grf)")
+    listings: dict[str, str] = {}
+    for j, img in enumerate(ours):
+        is_esimd = b"SPV_INTEL_vector_compute" in img.read_bytes()
+        listings.update(compile_pvc(img, is_esimd, grf, workdir / f"isa{j}"))
+    rows = []
+    for c in group:
+        if c.name not in listings:
+            raise AotError(f"kernel {c.name}: not in the PVC listings of its build "
+                           f"(found {sorted(listings)})")
+        row = dataclasses.asdict(parse_asm(listings[c.name]))
+        row.update(kernel=c.name, dpas_expected=c.dpas_expected, esimd=esimd, options=" ".join(
+            (["-vc-codegen"] if esimd else []) + list(GRF_OPTIONS[grf])
+            + [f"-D{x}" for x in defines]))
+        rows.append((c, row))
+    return rows
 
 
 def isa_table(configs, source: str, includes: dict[str, str | bytes], workdir: Path,
-              options: list[str] = ()) -> list[dict]:
+              options: list[str] = (), jobs: int = 1, errors: list[str] | None = None
+              ) -> list[dict]:
     """Compile ``configs`` (KernelConfig, or backend objects KernelConfig.of reads) for PVC:
-    one row per configuration, the IsaStats fields plus ``dpas_expected`` and ``options``;
-    a configuration missing from the listing raises AotError."""
+    one row per configuration, the IsaStats fields plus ``dpas_expected``, ``esimd`` and
+    ``options``, in the order given. ``jobs`` builds run at once (ocloc takes ~2 s of one
+    core per ESIMD kernel of a few thousand instructions). A build that fails (or a kernel
+    missing from its listings) raises AotError, or, with ``errors`` given, adds its message
+    there and leaves its kernels out of the table."""
     configs = [KernelConfig.of(c) for c in configs]
-    seen = [(c.name, c.defines, c.grf) for c in configs]
-    dup = {k[0] for k in seen if seen.count(k) > 1}
+    keys = [(c.name, c.defines, c.grf) for c in configs]
+    dup = {k[0] for k in keys if keys.count(k) > 1}
     if dup:
         raise ValueError(f"configs: kernels repeated with the same defines and GRF mode: "
                          f"{sorted(dup)}")
-    rows = []
-    for i, ((defines, grf, esimd), group) in enumerate(_groups(configs).items()):
-        text = source + "".join("\n" + c.instantiation for c in group if c.instantiation)
-        d = workdir / f"build{i}"
-        images = build_spirv(text, includes, list(options) + [f"-D{x}" for x in defines], d)
-        listings: dict[str, str] = {}
-        for j, img in enumerate(images):
-            data = img.read_bytes()
-            if not any(f"__sycl_kernel_{c.name}\0".encode() in data for c in group):
-                continue  # the runtime's own kernels, or kernels of another group
-            is_esimd = b"SPV_INTEL_vector_compute" in data
-            listings.update(compile_pvc(img, is_esimd, grf, d / f"isa{j}"))
-        for c in group:
-            if c.name not in listings:
-                raise AotError(f"kernel {c.name}: not in the PVC listings of its build "
-                               f"(found {sorted(listings)})")
-            st = parse_asm(listings[c.name])
-            row = dataclasses.asdict(st)
-            row["kernel"] = c.name
-            row["dpas_expected"] = c.dpas_expected
-            row["esimd"] = esimd
-            row["options"] = " ".join((["-vc-codegen"] if esimd else []) + list(GRF_OPTIONS[grf])
-                                      + [f"-D{x}" for x in defines])
-            rows.append(row)
-    return rows
+    batches = list(_batches(configs, jobs))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_compile_batch, b, source, includes, workdir / f"build{i}",
+                               options) for i, b in enumerate(batches)]
+        rows = []
+        for f in futures:
+            try:
+                rows += f.result()
+            except AotError as e:
+                if errors is None:
+                    raise
+                errors.append(str(e))
+    order = {k: i for i, k in enumerate(keys)}
+    return [r for c, r in sorted(rows, key=lambda cr: order[(cr[0].name, cr[0].defines,
+                                                              cr[0].grf)])]
 
 
 def failures(rows) -> list[str]:
@@ -407,14 +441,33 @@ def format_row(r: dict) -> str:
 
 
 # --- the configurations ----------------------------------------------------------------
-def esimd_configs():
-    """(configs, source, includes) of the sycl backend's ESIMD kernels, from
-    fusedmlp_xpu.backends.sycl_esimd: ``aot_configs()`` and ``aot_source()`` (the kernel
-    source text and its include files by name)."""
-    from fusedmlp_xpu.backends import sycl_esimd  # noqa: PLC0415 (its own failure below)
+def esimd_configs(match: str = ""):
+    """(configs, source, includes, options) of the sycl backend's ESIMD kernels
+    (fusedmlp_xpu.backends.sycl_esimd): every configuration the dispatcher can pick
+    (``all_configs()``), its forward and backward kernels and each dtype's weight-gradient
+    kernel, with the static dpas count the configuration states (``cfg.dpas(kind)``), in
+    one source (``source(configs)``) built with the backend's device options
+    (``build_options(False)``), each kernel with its own instantiation
+    (``cfg.instantiation((kind,))``) so that the builds can be split. ``-DFMLP_ESIMD_LARGE_GRF`` there gives the kernels the
+    ``grf_size<256>`` property, which keeps their image from the CPU device: the source is
+    built without it and ocloc gets the mode instead. ``match``: only the configurations
+    with a kernel name containing it."""
+    from fusedmlp_xpu.backends import sycl_esimd as se
 
-    source, includes = sycl_esimd.aot_source()
-    return list(sycl_esimd.aot_configs()), source, includes
+    large = "-DFMLP_ESIMD_LARGE_GRF"
+    options = [o for o in se.build_options(False) if o != large]
+    grf = 256 if large in se.build_options(False) else 128
+    configs, seen = [], set()
+    for cfg in se.all_configs():
+        for k in ("fwd", "bwd", "wgrad"):
+            name = cfg.kernel(k)
+            if match in name and name not in seen:
+                seen.add(name)
+                configs.append(KernelConfig(name, cfg.dpas(k), cfg.instantiation((k,)),
+                                            grf=grf))
+    if not configs:
+        raise ValueError(f"--match {match!r}: no ESIMD kernel name contains it")
+    return configs, se.source([]).decode(), se.includes(), options
 
 
 def portable_configs():
@@ -433,27 +486,29 @@ def main(argv=None) -> int:
     p.add_argument("--portable", action="store_true",
                    help="add the portable SIMT kernels (information, not checked)")
     p.add_argument("--keep", type=Path, help="keep SPIR-V and listings in this directory")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="builds at once (default: the CPU count)")
+    p.add_argument("--match", default="", help="only the ESIMD kernels whose name contains "
+                   "this (e.g. fwd_bf16)")
     args = p.parse_args(argv)
     try:
         ocloc = find_ocloc()
     except AotError as e:
-        print(e)
+        print(f"FAILED: {e}")
         return 1
     work = args.keep or Path(tempfile.mkdtemp(prefix="aot_sycl-"))
     try:
         try:
-            configs, source, includes = esimd_configs()
-        except (ImportError, AttributeError) as e:
+            configs, source, includes, options = esimd_configs(args.match)
+        except (ImportError, AttributeError, ValueError) as e:
             print(f"the ESIMD kernel configurations: {e}")
             return 1
-        print(f"{ocloc}, -device {DEVICE}: {len(configs)} ESIMD configurations")
-        rows = isa_table(configs, source, includes, work / "esimd")
+        print(f"{ocloc}, -device {DEVICE}: {len(configs)} ESIMD kernels")
+        errors: list[str] = []
+        rows = isa_table(configs, source, includes, work / "esimd", options, args.jobs, errors)
         if args.portable:
             pc, psrc, pinc = portable_configs()
-            rows += isa_table(pc, psrc, pinc, work / "portable")
-    except AotError as e:
-        print(f"FAILED: {e}")
-        return 1
+            rows += isa_table(pc, psrc, pinc, work / "portable", errors=errors)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -462,7 +517,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"device": DEVICE, "kernels": rows}, indent=1) + "\n")
-    bad = failures(rows)
+    bad = errors + failures(rows)
     for b in bad:
         print(f"FAILED: {b}")
     return 1 if bad or not rows else 0

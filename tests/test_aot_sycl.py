@@ -182,6 +182,14 @@ KERNEL(1) void block_2d(const half *a, const half *b, float *c, int n) {
   xesimd::lsc_store_2d<float, 16, 8>(c, 63, n - 1, 63, 0, gid() * 8, acc);
 }
 
+// a 16x16 16-bit B tile (512 B) from SLM and back out: 16 lanes x 8 dwords a message
+KERNEL(1) void tile_d32x8(uint32_t *c) {
+  esimd::slm_init<8192>();
+  esimd::simd<uint32_t, 16> lanes(0, 32);
+  esimd::simd<uint32_t, 128> tile = esimd::slm_gather<uint32_t, 128, 8>(lanes);
+  esimd::scatter<uint32_t, 128, 8>(c + gid() * 128, lanes, tile);
+}
+
 // bf16, 8 rows x 64 carried through a runtime loop over layers of 64x64 weights held in
 // SLM (VNNI tiles of 16x16), relu in registers: 4 k-steps x 4 n-tiles = 16 dpas a layer
 KERNEL(1) void mlp_8x64(const bf16 *x, const bf16 *w, bf16 *y, int n_layers) {
@@ -216,6 +224,7 @@ KERNEL(1) void mlp_8x64(const bf16 *x, const bf16 *w, bf16 *y, int n_layers) {
 
 CONFIGS = [aot.KernelConfig("dpas_1", 1), aot.KernelConfig("dpas_3", 3),
            aot.KernelConfig("no_dpas", 1), aot.KernelConfig("block_2d", 1),
+           aot.KernelConfig("tile_d32x8", None),
            aot.KernelConfig("mlp_8x64", 16), aot.KernelConfig("mlp_8x64", 16, grf=256)]
 
 
@@ -259,6 +268,9 @@ def test_aligned_block_loads_and_2d_messages(table):
     r = table[("block_2d", 128)]
     assert (r["sends"]["global_load"], r["sends"]["global_store"], r["block2d"],
             r["gathers"]) == (2, 1, 3, 0), r
+    # one LSC message each way for 512 B: gathers with 8 dwords a lane
+    r = table[("tile_d32x8", 128)]
+    assert (r["sends"]["slm_load"], r["sends"]["global_store"], r["gathers"]) == (1, 1, 2), r
 
 
 def test_a_runtime_layer_loop_holds_its_dpas_once_and_spills_at_128_grf(table):
