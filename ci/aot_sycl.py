@@ -440,18 +440,38 @@ def format_row(r: dict) -> str:
             f"2d {r['block2d']} {r['inst_count']:>5} inst")
 
 
+def environment(workdir: Path) -> dict:
+    """What made the table: ocloc's driver version, the SYCL runtime, the commit, the date."""
+    import datetime
+    import importlib.metadata as md
+
+    q = workdir / "query"
+    q.mkdir(parents=True, exist_ok=True)
+    subprocess.run([find_ocloc(), "query", "OCL_DRIVER_VERSION"], cwd=q, capture_output=True)
+    ver = q / "OCL_DRIVER_VERSION"
+    try:
+        rt = md.version("intel-sycl-rt")
+    except md.PackageNotFoundError:
+        rt = None
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                         capture_output=True, text=True)
+    driver = ver.read_text().strip("\x00 \n") if ver.exists() else None
+    return {"device": DEVICE, "ocloc_driver": driver, "intel_sycl_rt": rt,
+            "commit": git.stdout.strip() or None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
 # --- the configurations ----------------------------------------------------------------
 def esimd_configs(match: str = ""):
     """(configs, source, includes, options) of the sycl backend's ESIMD kernels
     (fusedmlp_xpu.backends.sycl_esimd): every configuration the dispatcher can pick
     (``all_configs()``), its forward and backward kernels and each dtype's weight-gradient
-    kernel, with the static dpas count the configuration states (``cfg.dpas(kind)``), in
-    one source (``source(configs)``) built with the backend's device options
-    (``build_options(False)``), each kernel with its own instantiation
-    (``cfg.instantiation((kind,))``) so that the builds can be split. ``-DFMLP_ESIMD_LARGE_GRF`` there gives the kernels the
-    ``grf_size<256>`` property, which keeps their image from the CPU device: the source is
-    built without it and ocloc gets the mode instead. ``match``: only the configurations
-    with a kernel name containing it."""
+    kernel, with the static dpas count the configuration states (``cfg.dpas(kind)``), each
+    with its own instantiation (``cfg.instantiation((kind,))``) so that builds can split,
+    built with the backend's device options (``build_options(False)``). Of those,
+    ``-DFMLP_ESIMD_LARGE_GRF`` gives the kernels the ``grf_size<256>`` property, which
+    keeps their image from the CPU device: the source is built without it and ocloc gets
+    the mode instead. ``match``: only the kernels whose name contains it."""
     from fusedmlp_xpu.backends import sycl_esimd as se
 
     large = "-DFMLP_ESIMD_LARGE_GRF"
@@ -509,6 +529,7 @@ def main(argv=None) -> int:
         if args.portable:
             pc, psrc, pinc = portable_configs()
             rows += isa_table(pc, psrc, pinc, work / "portable", errors=errors)
+        env = environment(work)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -516,7 +537,8 @@ def main(argv=None) -> int:
         print(format_row(r))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"device": DEVICE, "kernels": rows}, indent=1) + "\n")
+        table = {"environment": env, "kernels": rows}
+        args.out.write_text(json.dumps(table, indent=1) + "\n")
     bad = errors + failures(rows)
     for b in bad:
         print(f"FAILED: {b}")

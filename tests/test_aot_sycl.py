@@ -26,7 +26,8 @@ _spec.loader.exec_module(aot)
 
 
 # --- the listing parser ----------------------------------------------------------------
-# Lines as IGC 1.0.12504 writes them for pvc (ocloc -vc-codegen), header and body.
+# Lines as IGC 1.0.12504 writes them for pvc (ocloc -vc-codegen), header and body, runs
+# of spaces collapsed.
 LISTING = """\
 //.kernel __sycl_kernel_probe
 //.platform PVCXT
@@ -34,33 +35,33 @@ LISTING = """\
 //.instCount 120
 //.RA type\tGRAPH_COLORING_SPILL_FF_RA
 //.spill size 1024
-// B000: Preds:{},  Succs:{B001}
+// B000: Preds:{}, Succs:{B001}
 per_thread_prolog:
-(W)     mov (16|M0)              r127.0<1>:ud  0x0:ud                              {A@1}             //
-        load.ugm.d32x16t.a32.ca.ca (1|M0)  r1:1 bti[255][r127:1]   {A@1,$0} // ex_desc:0xFF000000; desc:0x6218D500 // $62
-// B001: Preds:{B000},  Succs:{B002}
+(W) mov (16|M0) r127.0<1>:ud 0x0:ud {A@1} //
+        load.ugm.d32x16t.a32.ca.ca (1|M0) r1:1 bti[255][r127:1] {A@1,$0} // ex_desc:0xFF000000; desc:0x6218D500 // $62
+// B001: Preds:{B000}, Succs:{B002}
 // cross_thread_prolog:
-        load.ugm.d32x16t.a32.ca.ca (1|M0)  r2:1 bti[255][r127:1]   {A@1,$1} // ex_desc:0xFF000000; desc:0x6218D500 // $62
-// B002: Preds:{B001},  Succs:{}
+        load.ugm.d32x16t.a32.ca.ca (1|M0) r2:1 bti[255][r127:1] {A@1,$1} // ex_desc:0xFF000000; desc:0x6218D500 // $62
+// B002: Preds:{B001}, Succs:{}
 // __sycl_kernel_probe_BB_0:
-        send.dc1 (16|M0)         r32      r24     null:0  0x0            0x041411FF           {I@7,$2} // wr:2+0, rd:1; a64 dword gathering read // $33
-(W)     send.dc1 (16|M0)         r12      r3      null:0  0x0            0x022D04FF           {I@2,$8} // wr:1h+0, rd:2; a64 unaligned oword block read x8 // $41
-        send.dc0 (16|M0)         r40      r9      null:0  0x0            0x042405FE           {$3} // wr:2+0, rd:1; byte gathering read 32b // $113
-        send.dc0 (16|M0)         null     r10     r6:1    0x0            0x020305FE           {A@2,$2} // wr:1+1, rd:0; byte scattering write 16b // $24
-(W)     send.dc0 (8|M0)          null     r0      r4:1    0x0            0x020F1016           {F@1,$4} // wr:1h+1, rd:0; hword scratch block write x2 // scratch space spill: SP_GRF_V449_1 from offset[22x32]; $219
-(W)     send.dc0 (16|M0)         r5       r0      null:0  0x0            0x022C2012           {F@1,$10} // wr:1h+0, rd:2; hword scratch block read x4 // scratch space fill: from offset[18x32]; $353
-(W)     store.ugm.d32x16t.a32 (1|M0)  ss[a0.2][r126:1] r15:1  {ExBSO,I@3,$12} // ex_desc:a0.2; desc:0x4200D504 // spill to FP[0*64] of ?; $486
-(W)     send.slm (1|M0)          r3       r0      null:0  0x0            0x0210011F           {$12} // wr:1+0, rd:1; fence.slm.none.group // $58
-(W)     send.gtwy (1|M0)         null     r3      null:0  0x0            0x02000004           {I@1,$13} // wr:1+0, rd:0; signal barrier // $59
-        load_block2d.ugm.d16v.a64 (1|M0)  r8:8     [r33:1]            {A@3,$2} // ex_desc:0x0; desc:0x2800283 // $9
-        load.slm.d32x8t.a32 (1|M0)  r9:1  [r4:1]  {$5} // ex_desc:0x0; desc:0x0 // $10
-        load.ugm.d32.a64 (16|M0)  r10:2  [r12:4]  {$6} // ex_desc:0x0; desc:0x0 // $11
-        dpas.8x8 (16|M0)         r52:f         r36:f             r32:hf            r20.0:hf         {Compacted,$2} // $39
-        dpas.8x8 (16|M0)         r52:f         r52:f             r48:hf            r20.0:hf         {Compacted,$10} // $49
-        dpas.8x4 (16|M0)         r60:f         r60:f             r48:hf            r22.0:hf         {$11} // $50
-        store_block2d.ugm.d32.a64 (1|M0)  [r34:1]  r24:8            {A@1,$2} // ex_desc:0x0; desc:0x2000407 // $15
-        store.ugm.d32x16t.a64 (1|M0)  [r35:1]  r26:1  {$7} // ex_desc:0x0; desc:0x0 // $16
-(W)     send.gtwy (8|M0)         null     r127    null:0  0x0            0x02000010           {EOT} // wr:1+0, rd:0; end of thread // $62
+        send.dc1 (16|M0) r32 r24 null:0 0x0 0x041411FF {I@7,$2} // wr:2+0, rd:1; a64 dword gathering read // $33
+(W) send.dc1 (16|M0) r12 r3 null:0 0x0 0x022D04FF {I@2,$8} // wr:1h+0, rd:2; a64 unaligned oword block read x8 // $41
+        send.dc0 (16|M0) r40 r9 null:0 0x0 0x042405FE {$3} // wr:2+0, rd:1; byte gathering read 32b // $113
+        send.dc0 (16|M0) null r10 r6:1 0x0 0x020305FE {A@2,$2} // wr:1+1, rd:0; byte scattering write 16b // $24
+(W) send.dc0 (8|M0) null r0 r4:1 0x0 0x020F1016 {F@1,$4} // wr:1h+1, rd:0; hword scratch block write x2 // scratch space spill: SP_GRF_V449_1 from offset[22x32]; $219
+(W) send.dc0 (16|M0) r5 r0 null:0 0x0 0x022C2012 {F@1,$10} // wr:1h+0, rd:2; hword scratch block read x4 // scratch space fill: from offset[18x32]; $353
+(W) store.ugm.d32x16t.a32 (1|M0) ss[a0.2][r126:1] r15:1 {ExBSO,I@3,$12} // ex_desc:a0.2; desc:0x4200D504 // spill to FP[0*64] of ?; $486
+(W) send.slm (1|M0) r3 r0 null:0 0x0 0x0210011F {$12} // wr:1+0, rd:1; fence.slm.none.group // $58
+(W) send.gtwy (1|M0) null r3 null:0 0x0 0x02000004 {I@1,$13} // wr:1+0, rd:0; signal barrier // $59
+        load_block2d.ugm.d16v.a64 (1|M0) r8:8 [r33:1] {A@3,$2} // ex_desc:0x0; desc:0x2800283 // $9
+        load.slm.d32x8t.a32 (1|M0) r9:1 [r4:1] {$5} // ex_desc:0x0; desc:0x0 // $10
+        load.ugm.d32.a64 (16|M0) r10:2 [r12:4] {$6} // ex_desc:0x0; desc:0x0 // $11
+        dpas.8x8 (16|M0) r52:f r36:f r32:hf r20.0:hf {Compacted,$2} // $39
+        dpas.8x8 (16|M0) r52:f r52:f r48:hf r20.0:hf {Compacted,$10} // $49
+        dpas.8x4 (16|M0) r60:f r60:f r48:hf r22.0:hf {$11} // $50
+        store_block2d.ugm.d32.a64 (1|M0) [r34:1] r24:8 {A@1,$2} // ex_desc:0x0; desc:0x2000407 // $15
+        store.ugm.d32x16t.a64 (1|M0) [r35:1] r26:1 {$7} // ex_desc:0x0; desc:0x0 // $16
+(W) send.gtwy (8|M0) null r127 null:0 0x0 0x02000010 {EOT} // wr:1+0, rd:0; end of thread // $62
 """
 
 
@@ -124,9 +125,9 @@ def test_visa_verifier_errors_name_the_kernel_and_the_instruction(tmp_path):
     """ocloc says only "VISA builder API call failed"; IGC's *.errors.txt says why."""
     block = ("/----!!!INSTRUCTION ERROR FOUND!!!----\\\n"
              "Error in CISA routine with name: __sycl_kernel_k\n"
-             "                  Error Message: Src opnd in BF mixed mode should be either BF or F\n"
+             "        Error Message: Src opnd in BF mixed mode should be either BF or F\n"
              "                    Diagnostics:\n"
-             "          Violating Instruction:     mov (M1, 16) V15(0,0)<2> V5(0,0)<1;1,0>   /// $13\n")
+             "    Violating Instruction:     mov (M1, 16) V15(0,0)<2> V5(0,0)<1;1,0> /// $13\n")
     (tmp_path / "VC_asm1___sycl_kernel_k.errors.txt").write_text(block * 3)
     assert aot.visa_errors(tmp_path) == (
         "\n  k: Src opnd in BF mixed mode should be either BF or F "
@@ -154,15 +155,18 @@ using bf16 = sycl::ext::oneapi::bfloat16;
 #define KERNEL(dims) extern "C" SYCL_EXTERNAL \
   SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<dims>)) [[intel::sycl_explicit_simd]]
 
-inline int gid() { return sycl::ext::oneapi::this_work_item::get_nd_item<1>().get_global_id(0); }
+inline int gid() {
+  return sycl::ext::oneapi::this_work_item::get_nd_item<1>().get_global_id(0);
+}
+constexpr esimd::overaligned_tag<16> A16{};
 
 // K dpas in a row (unrolled): A 8x16 fp16, B 16x16 fp16 (VNNI), C 8x16 fp32
 template <int K> void chain(const half *a, const half *b, float *c) {
-  esimd::simd<half, 128> A = esimd::block_load<half, 128>(a + gid() * 128, esimd::overaligned_tag<16>{});
+  esimd::simd<half, 128> A = esimd::block_load<half, 128>(a + gid() * 128, A16);
   esimd::simd<float, 128> acc = 0;
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    acc = xmx::dpas<8, 8, float>(acc, esimd::block_load<half, 256>(b + k * 256, esimd::overaligned_tag<16>{}), A);
+    acc = xmx::dpas<8, 8, float>(acc, esimd::block_load<half, 256>(b + k * 256, A16), A);
   esimd::block_store<float, 128>(c + gid() * 128, acc);
 }
 KERNEL(1) void dpas_1(const half *a, const half *b, float *c) { chain<1>(a, b, c); }
@@ -170,13 +174,17 @@ KERNEL(1) void dpas_3(const half *a, const half *b, float *c) { chain<3>(a, b, c
 
 // no matrix work
 KERNEL(1) void no_dpas(const float *a, float *c) {
-  esimd::block_store<float, 16>(c + gid() * 16, esimd::block_load<float, 16>(a + gid() * 16) * 2.0f);
+  esimd::simd<float, 16> v = esimd::block_load<float, 16>(a + gid() * 16);
+  esimd::block_store<float, 16>(c + gid() * 16, v * 2.0f);
 }
 
 // 2-D block messages: A by rows, B with the VNNI transform, C stored as a 2-D block
 KERNEL(1) void block_2d(const half *a, const half *b, float *c, int n) {
-  esimd::simd<half, 128> A = xesimd::lsc_load_2d<half, 16, 8, 1, false, false>(a, 31, n - 1, 31, 0, gid() * 8);
-  esimd::simd<half, 256> B = xesimd::lsc_load_2d<half, 16, 16, 1, false, true>(b, 31, 15, 31, 0, 0);
+  // (surface width - 1 in bytes, height - 1, pitch - 1 in bytes, x, y)
+  esimd::simd<half, 128> A =
+      xesimd::lsc_load_2d<half, 16, 8, 1, false, false>(a, 31, n - 1, 31, 0, gid() * 8);
+  esimd::simd<half, 256> B =
+      xesimd::lsc_load_2d<half, 16, 16, 1, false, true>(b, 31, 15, 31, 0, 0);
   esimd::simd<float, 128> acc = 0;
   acc = xmx::dpas<8, 8, float>(acc, B, A);
   xesimd::lsc_store_2d<float, 16, 8>(c, 63, n - 1, 63, 0, gid() * 8, acc);
@@ -198,9 +206,9 @@ KERNEL(1) void mlp_8x64(const bf16 *x, const bf16 *w, bf16 *y, int n_layers) {
   auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   if (it.get_local_id(0) == 0)
     for (int c = 0; c < 2 * W * W; c += 64)
-      esimd::slm_block_store<bf16, 64>(c * 2, esimd::block_load<bf16, 64>(w + c, esimd::overaligned_tag<16>{}));
+      esimd::slm_block_store<bf16, 64>(c * 2, esimd::block_load<bf16, 64>(w + c, A16));
   esimd::barrier();
-  esimd::simd<bf16, R * W> h = esimd::block_load<bf16, R * W>(x + gid() * R * W, esimd::overaligned_tag<16>{});
+  esimd::simd<bf16, R * W> h = esimd::block_load<bf16, R * W>(x + gid() * R * W, A16);
   for (int l = 0; l < n_layers; ++l) {
     esimd::simd<float, R * W> acc = 0;
 #pragma unroll
@@ -211,7 +219,8 @@ KERNEL(1) void mlp_8x64(const bf16 *x, const bf16 *w, bf16 *y, int n_layers) {
         a.select<16, 1>(r * 16) = h.select<16, 1>(r * W + k * 16);
 #pragma unroll
       for (int n = 0; n < W / 16; ++n) {
-        esimd::simd<bf16, 256> b = esimd::slm_block_load<bf16, 256>(((l & 1) * W * W + (k * 4 + n) * 256) * 2);
+        int tile = (l & 1) * W * W + (k * 4 + n) * 256;
+        esimd::simd<bf16, 256> b = esimd::slm_block_load<bf16, 256>(tile * 2);
         esimd::simd<float, R * 16> c = acc.select<R * 16, 1>(n * R * 16);
         acc.select<R * 16, 1>(n * R * 16) = xmx::dpas<8, 8, float>(c, b, a);
       }
