@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                      "every parameter"],
            "records": []}
     writer = RunWriter(args.out, args.run, "benchmarks/cpu_eager.py --nets " + " ".join(args.nets)
-                       + " --dtypes " + " ".join(args.dtypes), "cpu-eager")
+                       + " --dtypes " + " ".join(args.dtypes), "eager")
     for name in args.nets:
         for dt in args.dtypes:
             for rows in NETS[name][1]:
