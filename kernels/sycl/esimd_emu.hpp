@@ -36,15 +36,15 @@
 
 #if defined(__SYCL_DEVICE_ONLY__) || defined(SYCL_LANGUAGE_VERSION)
 #define FMLP_EMU_SYCL 1
-#include <sycl/sycl.hpp>
 #include <sycl/ext/oneapi/work_group_static.hpp>
+#include <sycl/sycl.hpp>
 #else
 #define FMLP_EMU_SYCL 0
-#include <sycl/half_type.hpp>
-#include <sycl/ext/oneapi/bfloat16.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sycl/ext/oneapi/bfloat16.hpp>
+#include <sycl/half_type.hpp>
 #endif
 
 #include <cstdint>
@@ -177,9 +177,10 @@ template <class T> using native_t = std::conditional_t<is_wrapper_v<T>, float, T
 template <class T1, class T2>
 using comp_t = std::conditional_t<
     !is_wrapper_v<T1> && !is_wrapper_v<T2>, decltype(T1() + T2()),
-    std::conditional_t<std::is_same_v<T1, T2>, T1,
-                       std::conditional_t<is_fp_v<T1> != is_fp_v<T2>, std::conditional_t<is_fp_v<T1>, T1, T2>,
-                                          decltype(native_t<T1>() + native_t<T2>())>>>;
+    std::conditional_t<
+        std::is_same_v<T1, T2>, T1,
+        std::conditional_t<is_fp_v<T1> != is_fp_v<T2>, std::conditional_t<is_fp_v<T1>, T1, T2>,
+                           decltype(native_t<T1>() + native_t<T2>())>>>;
 
 enum class op { add, sub, mul, div, rem, band, bor, bxor, shl, shr };
 
@@ -187,27 +188,44 @@ template <op O, class R> inline R apply(R a, R b) {
   if constexpr (is_wrapper_v<R>) {
     const float x = to_float(a), y = to_float(b);
     float r;
-    if constexpr (O == op::add) r = x + y;
-    else if constexpr (O == op::sub) r = x - y;
-    else if constexpr (O == op::mul) r = x * y;
-    else r = x / y;
+    if constexpr (O == op::add)
+      r = x + y;
+    else if constexpr (O == op::sub)
+      r = x - y;
+    else if constexpr (O == op::mul)
+      r = x * y;
+    else
+      r = x / y;
     return cvt<R>(r);
   } else if constexpr (std::is_integral_v<R> && (O == op::add || O == op::sub || O == op::mul)) {
     using U = std::make_unsigned_t<R>; // wraps, as the hardware does
-    if constexpr (O == op::add) return static_cast<R>(static_cast<U>(a) + static_cast<U>(b));
-    else if constexpr (O == op::sub) return static_cast<R>(static_cast<U>(a) - static_cast<U>(b));
-    else return static_cast<R>(static_cast<U>(a) * static_cast<U>(b));
+    if constexpr (O == op::add)
+      return static_cast<R>(static_cast<U>(a) + static_cast<U>(b));
+    else if constexpr (O == op::sub)
+      return static_cast<R>(static_cast<U>(a) - static_cast<U>(b));
+    else
+      return static_cast<R>(static_cast<U>(a) * static_cast<U>(b));
   } else {
-    if constexpr (O == op::add) return a + b;
-    else if constexpr (O == op::sub) return a - b;
-    else if constexpr (O == op::mul) return a * b;
-    else if constexpr (O == op::div) return a / b;
-    else if constexpr (O == op::rem) return a % b;
-    else if constexpr (O == op::band) return a & b;
-    else if constexpr (O == op::bor) return a | b;
-    else if constexpr (O == op::bxor) return a ^ b;
-    else if constexpr (O == op::shl) return static_cast<R>(a << b);
-    else return static_cast<R>(a >> b);
+    if constexpr (O == op::add)
+      return a + b;
+    else if constexpr (O == op::sub)
+      return a - b;
+    else if constexpr (O == op::mul)
+      return a * b;
+    else if constexpr (O == op::div)
+      return a / b;
+    else if constexpr (O == op::rem)
+      return a % b;
+    else if constexpr (O == op::band)
+      return a & b;
+    else if constexpr (O == op::bor)
+      return a | b;
+    else if constexpr (O == op::bxor)
+      return a ^ b;
+    else if constexpr (O == op::shl)
+      return static_cast<R>(a << b);
+    else
+      return static_cast<R>(a >> b);
   }
 }
 
@@ -252,10 +270,18 @@ public:
     return *this;
   }
   elem_ref &operator=(const elem_ref &o) { return *this = static_cast<T>(o); }
-  template <class U> elem_ref &operator+=(U v) { return *this = detail::apply<detail::op::add>(static_cast<T>(*this), detail::cvt<T>(v)); }
-  template <class U> elem_ref &operator-=(U v) { return *this = detail::apply<detail::op::sub>(static_cast<T>(*this), detail::cvt<T>(v)); }
-  template <class U> elem_ref &operator*=(U v) { return *this = detail::apply<detail::op::mul>(static_cast<T>(*this), detail::cvt<T>(v)); }
-  template <class U> elem_ref &operator/=(U v) { return *this = detail::apply<detail::op::div>(static_cast<T>(*this), detail::cvt<T>(v)); }
+  template <class U> elem_ref &operator+=(U v) {
+    return *this = detail::apply<detail::op::add>(static_cast<T>(*this), detail::cvt<T>(v));
+  }
+  template <class U> elem_ref &operator-=(U v) {
+    return *this = detail::apply<detail::op::sub>(static_cast<T>(*this), detail::cvt<T>(v));
+  }
+  template <class U> elem_ref &operator*=(U v) {
+    return *this = detail::apply<detail::op::mul>(static_cast<T>(*this), detail::cvt<T>(v));
+  }
+  template <class U> elem_ref &operator/=(U v) {
+    return *this = detail::apply<detail::op::div>(static_cast<T>(*this), detail::cvt<T>(v));
+  }
 
 private:
   unsigned char *p_;
@@ -268,41 +294,66 @@ public:
   static constexpr int length = N;
   simd_mask() = default;
   simd_mask(uint16_t v) { // broadcast, as `simd_mask<N> m = 1;`
-    for (int i = 0; i < N; ++i) m_[i] = v;
+    for (int i = 0; i < N; ++i)
+      m_[i] = v;
   }
   uint16_t operator[](int i) const { return m_[i]; }
-  elem_ref<uint16_t> operator[](int i) { return elem_ref<uint16_t>(reinterpret_cast<unsigned char *>(m_ + i)); }
+  elem_ref<uint16_t> operator[](int i) {
+    return elem_ref<uint16_t>(reinterpret_cast<unsigned char *>(m_ + i));
+  }
   // !m: lanes equal to 0. ~m is ESIMD's BITWISE not (0 -> 0xffff, 1 -> 0xfffe): every
   // lane of the result is non-zero, i.e. enabled. Use !m to invert a mask.
-  simd_mask operator!() const { return map([](uint16_t a) -> uint16_t { return a == 0; }); }
-  simd_mask operator~() const { return map([](uint16_t a) -> uint16_t { return static_cast<uint16_t>(~a); }); }
-  friend simd_mask operator&(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x & y; }); }
-  friend simd_mask operator|(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x | y; }); }
-  friend simd_mask operator^(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x ^ y; }); }
-  friend simd_mask operator&&(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x && y; }); }
-  friend simd_mask operator||(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x || y; }); }
-  friend simd_mask operator==(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x == y; }); }
-  friend simd_mask operator!=(const simd_mask &a, const simd_mask &b) { return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x != y; }); }
+  simd_mask operator!() const {
+    return map([](uint16_t a) -> uint16_t { return a == 0; });
+  }
+  simd_mask operator~() const {
+    return map([](uint16_t a) -> uint16_t { return static_cast<uint16_t>(~a); });
+  }
+  friend simd_mask operator&(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x & y; });
+  }
+  friend simd_mask operator|(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x | y; });
+  }
+  friend simd_mask operator^(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x ^ y; });
+  }
+  friend simd_mask operator&&(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x && y; });
+  }
+  friend simd_mask operator||(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x || y; });
+  }
+  friend simd_mask operator==(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x == y; });
+  }
+  friend simd_mask operator!=(const simd_mask &a, const simd_mask &b) {
+    return zip(a, b, [](uint16_t x, uint16_t y) -> uint16_t { return x != y; });
+  }
   uint16_t any() const {
     for (int i = 0; i < N; ++i)
-      if (m_[i]) return 1;
+      if (m_[i])
+        return 1;
     return 0;
   }
   uint16_t all() const {
     for (int i = 0; i < N; ++i)
-      if (!m_[i]) return 0;
+      if (!m_[i])
+        return 0;
     return 1;
   }
 
 private:
   template <class F> simd_mask map(F f) const {
     simd_mask r;
-    for (int i = 0; i < N; ++i) r.m_[i] = f(m_[i]);
+    for (int i = 0; i < N; ++i)
+      r.m_[i] = f(m_[i]);
     return r;
   }
   template <class F> static simd_mask zip(const simd_mask &a, const simd_mask &b, F f) {
     simd_mask r;
-    for (int i = 0; i < N; ++i) r.m_[i] = f(a.m_[i], b.m_[i]);
+    for (int i = 0; i < N; ++i)
+      r.m_[i] = f(a.m_[i], b.m_[i]);
     return r;
   }
   uint16_t m_[N];
@@ -319,27 +370,32 @@ public:
   static constexpr int length = N;
 
   simd() { // ESIMD leaves it undefined; here it reads as poison
-    for (int i = 0; i < N; ++i) v_[i] = detail::poison<T>();
+    for (int i = 0; i < N; ++i)
+      v_[i] = detail::poison<T>();
   }
   template <class U, class = std::enable_if_t<detail::is_elem_v<U>>> simd(U s) { *this = s; }
   simd(T base, T step) { // iota: base + i * step, in T's computation type
     for (int i = 0; i < N; ++i) {
       if constexpr (detail::is_wrapper_v<T>)
-        v_[i] = detail::cvt<T>(detail::to_float(base) + static_cast<float>(i) * detail::to_float(step));
+        v_[i] =
+            detail::cvt<T>(detail::to_float(base) + static_cast<float>(i) * detail::to_float(step));
       else
-        v_[i] = detail::apply<detail::op::add>(base, detail::apply<detail::op::mul>(static_cast<T>(i), step));
+        v_[i] = detail::apply<detail::op::add>(
+            base, detail::apply<detail::op::mul>(static_cast<T>(i), step));
     }
   }
   simd(const simd &) = default;
   template <class U> simd(const simd<U, N> &o) {
-    for (int i = 0; i < N; ++i) v_[i] = detail::cvt<T>(o[i]);
+    for (int i = 0; i < N; ++i)
+      v_[i] = detail::cvt<T>(o[i]);
   }
   template <class U> simd(const simd_view<U, N> &v) : simd(v.read()) {}
 
   simd &operator=(const simd &) = default;
   template <class U, class = std::enable_if_t<detail::is_elem_v<U>>> simd &operator=(U s) {
     const T t = detail::cvt<T>(s);
-    for (int i = 0; i < N; ++i) v_[i] = t;
+    for (int i = 0; i < N; ++i)
+      v_[i] = t;
     return *this;
   }
 
@@ -348,7 +404,8 @@ public:
 
   // A view of Size elements Stride apart, from element `offset` (reads and writes this).
   template <int Size, int Stride = 1> simd_view<T, Size> select(uint16_t offset = 0) & {
-    static_assert(Size >= 1 && Stride >= 1 && (Size - 1) * Stride < N, "select: region outside the simd");
+    static_assert(Size >= 1 && Stride >= 1 && (Size - 1) * Stride < N,
+                  "select: region outside the simd");
     if (offset + (Size - 1) * Stride >= N)
       detail::fail("select: offset + region past the end of the simd");
     return simd_view<T, Size>(bytes() + offset * sizeof(T), Stride);
@@ -363,15 +420,18 @@ public:
   }
 
   void copy_from(const T *p) {
-    for (int i = 0; i < N; ++i) v_[i] = p[i];
+    for (int i = 0; i < N; ++i)
+      v_[i] = p[i];
   }
   void copy_to(T *p) const {
-    for (int i = 0; i < N; ++i) p[i] = v_[i];
+    for (int i = 0; i < N; ++i)
+      p[i] = v_[i];
   }
   // Lanes where mask is set take val's element.
   void merge(const simd &val, const simd_mask<N> &mask) {
     for (int i = 0; i < N; ++i)
-      if (mask[i]) v_[i] = val.v_[i];
+      if (mask[i])
+        v_[i] = val.v_[i];
   }
   void merge(const simd &val1, simd val2, const simd_mask<N> &mask) {
     val2.merge(val1, mask);
@@ -382,7 +442,8 @@ public:
     simd r;
     for (int i = 0; i < N; ++i) {
       if constexpr (detail::is_wrapper_v<T>) // flip the sign bit: exact, NaN stays NaN
-        r.v_[i] = detail::bitcast<T>(static_cast<uint16_t>(detail::bitcast<uint16_t>(v_[i]) ^ 0x8000u));
+        r.v_[i] =
+            detail::bitcast<T>(static_cast<uint16_t>(detail::bitcast<uint16_t>(v_[i]) ^ 0x8000u));
       else
         r.v_[i] = detail::apply<detail::op::sub>(T(0), v_[i]);
     }
@@ -390,18 +451,21 @@ public:
   }
   template <class U = T, class = std::enable_if_t<std::is_integral_v<U>>> simd operator~() const {
     simd r;
-    for (int i = 0; i < N; ++i) r.v_[i] = static_cast<T>(~v_[i]);
+    for (int i = 0; i < N; ++i)
+      r.v_[i] = static_cast<T>(~v_[i]);
     return r;
   }
-  template <class U = T, class = std::enable_if_t<std::is_integral_v<U>>> simd_mask<N> operator!() const {
+  template <class U = T, class = std::enable_if_t<std::is_integral_v<U>>>
+  simd_mask<N> operator!() const {
     simd_mask<N> m;
-    for (int i = 0; i < N; ++i) m[i] = static_cast<uint16_t>(v_[i] == 0);
+    for (int i = 0; i < N; ++i)
+      m[i] = static_cast<uint16_t>(v_[i] == 0);
     return m;
   }
 
-#define FMLP_EMU_OPASSIGN(OPA, OP)                                                         \
-  template <class X> simd &operator OPA(const X &x) {                                      \
-    return *this = simd(*this OP detail::unproxy(x));                                      \
+#define FMLP_EMU_OPASSIGN(OPA, OP)                                                                 \
+  template <class X> simd &operator OPA(const X &x) {                                              \
+    return *this = simd(*this OP detail::unproxy(x));                                              \
   }
   FMLP_EMU_OPASSIGN(+=, +)
   FMLP_EMU_OPASSIGN(-=, -)
@@ -430,13 +494,15 @@ public:
 
   simd<T, N> read() const {
     simd<T, N> r;
-    for (int i = 0; i < N; ++i) r[i] = static_cast<T>((*this)[i]);
+    for (int i = 0; i < N; ++i)
+      r[i] = static_cast<T>((*this)[i]);
     return r;
   }
   // Assignment writes through (never rebinds the view).
   template <class U> simd_view &operator=(const simd<U, N> &v) {
     const simd<T, N> t(v); // convert first: the source may alias this view
-    for (int i = 0; i < N; ++i) (*this)[i] = t[i];
+    for (int i = 0; i < N; ++i)
+      (*this)[i] = t[i];
     return *this;
   }
   template <class U> simd_view &operator=(const simd_view<U, N> &v) { return *this = v.read(); }
@@ -446,7 +512,8 @@ public:
   }
   elem_ref<T> operator[](int i) const { return elem_ref<T>(base_ + i * stride_ * sizeof(T)); }
   template <int Size, int Stride = 1> simd_view<T, Size> select(uint16_t offset = 0) const {
-    static_assert(Size >= 1 && Stride >= 1 && (Size - 1) * Stride < N, "select: region outside the view");
+    static_assert(Size >= 1 && Stride >= 1 && (Size - 1) * Stride < N,
+                  "select: region outside the view");
     if (offset + (Size - 1) * Stride >= N)
       detail::fail("select: offset + region past the end of the view");
     return simd_view<T, Size>(base_ + offset * stride_ * sizeof(T), stride_ * Stride);
@@ -458,9 +525,9 @@ public:
     return simd_view<U, N * sizeof(T) / sizeof(U)>(base_, 1);
   }
 
-#define FMLP_EMU_VIEW_OPASSIGN(OPA, OP)                                                    \
-  template <class X> simd_view &operator OPA(const X &x) {                                 \
-    return *this = simd<T, N>(read() OP detail::unproxy(x));                               \
+#define FMLP_EMU_VIEW_OPASSIGN(OPA, OP)                                                            \
+  template <class X> simd_view &operator OPA(const X &x) {                                         \
+    return *this = simd<T, N>(read() OP detail::unproxy(x));                                       \
   }
   FMLP_EMU_VIEW_OPASSIGN(+=, +)
   FMLP_EMU_VIEW_OPASSIGN(-=, -)
@@ -474,19 +541,23 @@ private:
 };
 
 // ---- binary operators (ESIMD's computation_type promotion) ----------------------------
-#define FMLP_EMU_BINOP(OP, ID, COND)                                                       \
-  template <class T1, class T2, int N, class R = detail::comp_t<T1, T2>,                   \
-            class = std::enable_if_t<COND>>                                                \
-  inline simd<R, N> operator OP(const simd<T1, N> &a, const simd<T2, N> &b) {              \
-    simd<R, N> r;                                                                          \
-    for (int i = 0; i < N; ++i)                                                            \
-      r[i] = detail::apply<detail::op::ID, R>(detail::cvt<R>(a[i]), detail::cvt<R>(b[i])); \
-    return r;                                                                              \
-  }                                                                                        \
-  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T2>>>    \
-  inline auto operator OP(const simd<T1, N> &a, T2 b) { return a OP simd<T2, N>(b); }      \
-  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T1>>>    \
-  inline auto operator OP(T1 a, const simd<T2, N> &b) { return simd<T1, N>(a) OP b; }
+#define FMLP_EMU_BINOP(OP, ID, COND)                                                               \
+  template <class T1, class T2, int N, class R = detail::comp_t<T1, T2>,                           \
+            class = std::enable_if_t<COND>>                                                        \
+  inline simd<R, N> operator OP(const simd<T1, N> &a, const simd<T2, N> &b) {                      \
+    simd<R, N> r;                                                                                  \
+    for (int i = 0; i < N; ++i)                                                                    \
+      r[i] = detail::apply<detail::op::ID, R>(detail::cvt<R>(a[i]), detail::cvt<R>(b[i]));         \
+    return r;                                                                                      \
+  }                                                                                                \
+  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T2>>>            \
+  inline auto operator OP(const simd<T1, N> &a, T2 b) {                                            \
+    return a OP simd<T2, N>(b);                                                                    \
+  }                                                                                                \
+  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T1>>>            \
+  inline auto operator OP(T1 a, const simd<T2, N> &b) {                                            \
+    return simd<T1, N>(a) OP b;                                                                    \
+  }
 
 #define FMLP_EMU_ANY std::is_same_v<T1, T1>
 #define FMLP_EMU_INT std::is_integral_v<T1> &&std::is_integral_v<T2>
@@ -504,20 +575,24 @@ FMLP_EMU_BINOP(>>, shr, FMLP_EMU_INT)
 
 // Comparisons: in the computation type; the mask lanes are 0 or 1 (NaN compares false,
 // except !=).
-#define FMLP_EMU_CMPOP(OP)                                                                 \
-  template <class T1, class T2, int N>                                                     \
-  inline simd_mask<N> operator OP(const simd<T1, N> &a, const simd<T2, N> &b) {            \
-    using R = detail::comp_t<T1, T2>;                                                      \
-    using C = std::conditional_t<detail::is_wrapper_v<R>, float, R>;                       \
-    simd_mask<N> m;                                                                        \
-    for (int i = 0; i < N; ++i)                                                            \
-      m[i] = static_cast<uint16_t>(detail::cvt<C>(a[i]) OP detail::cvt<C>(b[i]));          \
-    return m;                                                                              \
-  }                                                                                        \
-  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T2>>>    \
-  inline simd_mask<N> operator OP(const simd<T1, N> &a, T2 b) { return a OP simd<T2, N>(b); } \
-  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T1>>>    \
-  inline simd_mask<N> operator OP(T1 a, const simd<T2, N> &b) { return simd<T1, N>(a) OP b; }
+#define FMLP_EMU_CMPOP(OP)                                                                         \
+  template <class T1, class T2, int N>                                                             \
+  inline simd_mask<N> operator OP(const simd<T1, N> &a, const simd<T2, N> &b) {                    \
+    using R = detail::comp_t<T1, T2>;                                                              \
+    using C = std::conditional_t<detail::is_wrapper_v<R>, float, R>;                               \
+    simd_mask<N> m;                                                                                \
+    for (int i = 0; i < N; ++i)                                                                    \
+      m[i] = static_cast<uint16_t>(detail::cvt<C>(a[i]) OP detail::cvt<C>(b[i]));                  \
+    return m;                                                                                      \
+  }                                                                                                \
+  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T2>>>            \
+  inline simd_mask<N> operator OP(const simd<T1, N> &a, T2 b) {                                    \
+    return a OP simd<T2, N>(b);                                                                    \
+  }                                                                                                \
+  template <class T1, class T2, int N, class = std::enable_if_t<detail::is_elem_v<T1>>>            \
+  inline simd_mask<N> operator OP(T1 a, const simd<T2, N> &b) {                                    \
+    return simd<T1, N>(a) OP b;                                                                    \
+  }
 FMLP_EMU_CMPOP(<)
 FMLP_EMU_CMPOP(>)
 FMLP_EMU_CMPOP(<=)
@@ -536,14 +611,14 @@ template <class T> struct is_simd : std::false_type {};
 template <class T, int N> struct is_simd<simd<T, N>> : std::true_type {};
 template <class T, int N> struct is_simd<simd_view<T, N>> : std::true_type {};
 template <class A, class B>
-constexpr bool proxy_op_v = (is_proxy<A>::value || is_proxy<B>::value) &&
-                            !(is_elem_ref<A>::value && is_simd<B>::value) &&
-                            !(is_simd<A>::value && is_elem_ref<B>::value);
+constexpr bool proxy_op_v =
+    (is_proxy<A>::value || is_proxy<B>::value) && !(is_elem_ref<A>::value && is_simd<B>::value) &&
+    !(is_simd<A>::value && is_elem_ref<B>::value);
 } // namespace detail
-#define FMLP_EMU_PROXYOP(OP)                                                               \
-  template <class A, class B, class = std::enable_if_t<detail::proxy_op_v<A, B>>>          \
-  inline auto operator OP(const A &a, const B &b) {                                        \
-    return detail::unproxy(a) OP detail::unproxy(b);                                       \
+#define FMLP_EMU_PROXYOP(OP)                                                                       \
+  template <class A, class B, class = std::enable_if_t<detail::proxy_op_v<A, B>>>                  \
+  inline auto operator OP(const A &a, const B &b) {                                                \
+    return detail::unproxy(a) OP detail::unproxy(b);                                               \
   }
 FMLP_EMU_PROXYOP(+)
 FMLP_EMU_PROXYOP(-)
@@ -569,12 +644,15 @@ template <class T, int N> inline simd<T, N> merge(simd<T, N> a, simd<T, N> b, si
 namespace detail {
 template <class T, int N, class F> inline simd<T, N> map_float(const simd<T, N> &x, F f) {
   simd<T, N> r;
-  for (int i = 0; i < N; ++i) r[i] = cvt<T>(f(to_float(x[i])));
+  for (int i = 0; i < N; ++i)
+    r[i] = cvt<T>(f(to_float(x[i])));
   return r;
 }
-template <class T, int N, class F> inline simd<T, N> zip_float(const simd<T, N> &a, const simd<T, N> &b, F f) {
+template <class T, int N, class F>
+inline simd<T, N> zip_float(const simd<T, N> &a, const simd<T, N> &b, F f) {
   simd<T, N> r;
-  for (int i = 0; i < N; ++i) r[i] = cvt<T>(f(to_float(a[i]), to_float(b[i])));
+  for (int i = 0; i < N; ++i)
+    r[i] = cvt<T>(f(to_float(a[i]), to_float(b[i])));
   return r;
 }
 template <class T> using fp_only = std::enable_if_t<is_fp_v<T> && !std::is_same_v<T, double>>;
@@ -600,13 +678,21 @@ template <class T, int N> inline simd<T, N>(min)(simd<T, N> a, simd<T, N> b) {
     return merge(a, b, a <= b);
 }
 template <class T, int N, class = std::enable_if_t<detail::is_elem_v<T>>>
-inline simd<T, N>(max)(simd<T, N> a, T b) { return (max)(a, simd<T, N>(b)); }
+inline simd<T, N>(max)(simd<T, N> a, T b) {
+  return (max)(a, simd<T, N>(b));
+}
 template <class T, int N, class = std::enable_if_t<detail::is_elem_v<T>>>
-inline simd<T, N>(max)(T a, simd<T, N> b) { return (max)(simd<T, N>(a), b); }
+inline simd<T, N>(max)(T a, simd<T, N> b) {
+  return (max)(simd<T, N>(a), b);
+}
 template <class T, int N, class = std::enable_if_t<detail::is_elem_v<T>>>
-inline simd<T, N>(min)(simd<T, N> a, T b) { return (min)(a, simd<T, N>(b)); }
+inline simd<T, N>(min)(simd<T, N> a, T b) {
+  return (min)(a, simd<T, N>(b));
+}
 template <class T, int N, class = std::enable_if_t<detail::is_elem_v<T>>>
-inline simd<T, N>(min)(T a, simd<T, N> b) { return (min)(simd<T, N>(a), b); }
+inline simd<T, N>(min)(T a, simd<T, N> b) {
+  return (min)(simd<T, N>(a), b);
+}
 
 template <class T, int N> inline simd<T, N> abs(simd<T, N> x) {
   if constexpr (detail::is_fp_v<T>)
@@ -628,10 +714,18 @@ template <class T, int N, class = detail::fp_only<T>> inline simd<T, N> sqrt(sim
 template <class T, int N, class = detail::fp_only<T>> inline simd<T, N> inv(simd<T, N> x) {
   return detail::map_float(x, [](float v) { return 1.0f / v; });
 }
-template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T exp(T x) { return exp(simd<T, 1>(x))[0]; }
-template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T log(T x) { return log(simd<T, 1>(x))[0]; }
-template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T sqrt(T x) { return sqrt(simd<T, 1>(x))[0]; }
-template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T inv(T x) { return inv(simd<T, 1>(x))[0]; }
+template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T exp(T x) {
+  return exp(simd<T, 1>(x))[0];
+}
+template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T log(T x) {
+  return log(simd<T, 1>(x))[0];
+}
+template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T sqrt(T x) {
+  return sqrt(simd<T, 1>(x))[0];
+}
+template <class T, class = std::enable_if_t<detail::is_elem_v<T>>> inline T inv(T x) {
+  return inv(simd<T, 1>(x))[0];
+}
 
 // ---- global memory on USM pointers (memory.hpp) ---------------------------------------
 namespace detail {
@@ -666,7 +760,8 @@ template <class T, int N> inline simd<T, N> block_load(const T *ptr) {
   return detail::load_bytes<T, N>(reinterpret_cast<const unsigned char *>(ptr));
 }
 template <class T, int N> inline simd<T, N> block_load(const T *ptr, size_t byte_offset) {
-  return block_load<T, N>(reinterpret_cast<const T *>(reinterpret_cast<const unsigned char *>(ptr) + byte_offset));
+  return block_load<T, N>(
+      reinterpret_cast<const T *>(reinterpret_cast<const unsigned char *>(ptr) + byte_offset));
 }
 template <class T, int N> inline void block_store(T *ptr, simd<T, N> vals) {
   if (!detail::block_aligned<T>(ptr)) {
@@ -676,13 +771,15 @@ template <class T, int N> inline void block_store(T *ptr, simd<T, N> vals) {
   detail::store_bytes<T, N>(reinterpret_cast<unsigned char *>(ptr), vals);
 }
 template <class T, int N> inline void block_store(T *ptr, size_t byte_offset, simd<T, N> vals) {
-  block_store<T, N>(reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(ptr) + byte_offset), vals);
+  block_store<T, N>(reinterpret_cast<T *>(reinterpret_cast<unsigned char *>(ptr) + byte_offset),
+                    vals);
 }
 
 // gather: lane i reads the T at (char*)p + byte_offsets[i] where mask[i] is set. ESIMD
 // leaves masked-off lanes undefined; here they read as poison (NaN / 0), or pass_thru.
 template <class T, int N, class OffsetT>
-inline simd<T, N> gather(const T *p, simd<OffsetT, N> byte_offsets, simd_mask<N> mask, simd<T, N> pass_thru) {
+inline simd<T, N> gather(const T *p, simd<OffsetT, N> byte_offsets, simd_mask<N> mask,
+                         simd<T, N> pass_thru) {
   static_assert(std::is_integral_v<OffsetT>, "gather: offsets must be integers");
   const unsigned char *base = reinterpret_cast<const unsigned char *>(p);
   simd<T, N> r = pass_thru;
@@ -704,7 +801,8 @@ template <class T, int N, class OffsetT>
 inline simd<T, N> gather(const T *p, simd<OffsetT, N> byte_offsets, simd_mask<N> mask) {
   return gather<T, N, OffsetT>(p, byte_offsets, mask, simd<T, N>());
 }
-template <class T, int N, class OffsetT> inline simd<T, N> gather(const T *p, simd<OffsetT, N> byte_offsets) {
+template <class T, int N, class OffsetT>
+inline simd<T, N> gather(const T *p, simd<OffsetT, N> byte_offsets) {
   return gather<T, N, OffsetT>(p, byte_offsets, simd_mask<N>(1));
 }
 
@@ -726,7 +824,8 @@ inline void scatter(T *p, simd<OffsetT, N> byte_offsets, simd<T, N> vals, simd_m
     __builtin_memcpy(base + byte_offsets[i], &t, sizeof(T));
   }
 }
-template <class T, int N, class OffsetT> inline void scatter(T *p, simd<OffsetT, N> byte_offsets, simd<T, N> vals) {
+template <class T, int N, class OffsetT>
+inline void scatter(T *p, simd<OffsetT, N> byte_offsets, simd<T, N> vals) {
   scatter<T, N, OffsetT>(p, byte_offsets, vals, simd_mask<N>(1));
 }
 
@@ -735,7 +834,7 @@ namespace detail {
 #if FMLP_EMU_SYCL
 inline unsigned char *slm_base() {
   static sycl::ext::oneapi::experimental::work_group_static<uint32_t[kSlmCapacity / 4]> slm;
-  uint32_t(&words)[kSlmCapacity / 4] = slm;
+  uint32_t (&words)[kSlmCapacity / 4] = slm;
   return reinterpret_cast<unsigned char *>(words);
 }
 inline void group_barrier() {
@@ -775,7 +874,8 @@ inline bool slm_ok(uint32_t byte_offset, uint32_t bytes, const char *what) {
 // (NaN for float, half and bfloat16) and waits for the work-group, so SLM read before it
 // is written shows.
 template <uint32_t SizeBytes> inline void slm_init() {
-  static_assert(SizeBytes <= kSlmCapacity, "slm_init: more than PVC's 128 KiB of SLM per work-group");
+  static_assert(SizeBytes <= kSlmCapacity,
+                "slm_init: more than PVC's 128 KiB of SLM per work-group");
   unsigned char *slm = detail::slm_base();
 #if FMLP_EMU_SYCL
   auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -792,12 +892,14 @@ template <uint32_t SizeBytes> inline void slm_init() {
 }
 
 template <class T, int N> inline simd<T, N> slm_block_load(uint32_t byte_offset) {
-  if (!detail::slm_ok(byte_offset, N * sizeof(T), "slm_block_load: offset not 16-byte aligned or past slm_init's size"))
+  if (!detail::slm_ok(byte_offset, N * sizeof(T),
+                      "slm_block_load: offset not 16-byte aligned or past slm_init's size"))
     return simd<T, N>();
   return detail::load_bytes<T, N>(detail::slm_base() + byte_offset);
 }
 template <class T, int N> inline void slm_block_store(uint32_t byte_offset, simd<T, N> vals) {
-  if (!detail::slm_ok(byte_offset, N * sizeof(T), "slm_block_store: offset not 16-byte aligned or past slm_init's size"))
+  if (!detail::slm_ok(byte_offset, N * sizeof(T),
+                      "slm_block_store: offset not 16-byte aligned or past slm_init's size"))
     return;
   detail::store_bytes<T, N>(detail::slm_base() + byte_offset, vals);
 }
@@ -808,15 +910,29 @@ inline void barrier() { detail::group_barrier(); }
 // ---- XMX: dpas (xmx/dpas.hpp) -------------------------------------------------------
 namespace xmx {
 // The values of xmx/common.hpp; only fp16 and bf16 are emulated.
-enum class dpas_argument_type { Invalid = 0, u2 = 3, s2 = 4, u4 = 5, s4 = 6, u8 = 7, s8 = 8, bf16 = 9, fp16 = 10, tf32 = 12 };
+enum class dpas_argument_type {
+  Invalid = 0,
+  u2 = 3,
+  s2 = 4,
+  u4 = 5,
+  s4 = 6,
+  u8 = 7,
+  s8 = 8,
+  bf16 = 9,
+  fp16 = 10,
+  tf32 = 12
+};
 
 namespace detail {
 using esimd::detail::bf16;
 using esimd::detail::half;
 template <class T> constexpr dpas_argument_type precision_of() {
-  if constexpr (std::is_same_v<T, half>) return dpas_argument_type::fp16;
-  else if constexpr (std::is_same_v<T, bf16>) return dpas_argument_type::bf16;
-  else return dpas_argument_type::Invalid;
+  if constexpr (std::is_same_v<T, half>)
+    return dpas_argument_type::fp16;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return dpas_argument_type::bf16;
+  else
+    return dpas_argument_type::Invalid;
 }
 
 // Result[m, n] = C[m, n] + sum_k A[m, k] * B[k, n] for m < RepeatCount, n < 16, k < 16.
@@ -828,12 +944,13 @@ template <class T> constexpr dpas_argument_type precision_of() {
 // precision or order; this model is the one a kernel author can reason with, and its
 // error bound (K roundings of the partial sums) covers an order-independent check
 // against float64. fp32 subnormals are kept (the hardware may flush them).
-template <int RepeatCount, class AT, class BT, int N, int BN, int AN>
-inline void check() {
+template <int RepeatCount, class AT, class BT, int N, int BN, int AN> inline void check() {
   static_assert(std::is_same_v<AT, BT> && (std::is_same_v<AT, half> || std::is_same_v<AT, bf16>),
                 "dpas emulation: A and B must both be sycl::half or both bfloat16");
   static_assert(RepeatCount >= 1 && RepeatCount <= 8, "Repeat count must be within 1 to 8 range");
-  static_assert(BN == 16 * 16, "dpas emulation: B must hold 16 x 16 VNNI-packed elements (execution size 16, PVC)");
+  static_assert(
+      BN == 16 * 16,
+      "dpas emulation: B must hold 16 x 16 VNNI-packed elements (execution size 16, PVC)");
   static_assert(AN == RepeatCount * 16, "The first matrix multiplier has wrong size.");
   static_assert(N == RepeatCount * 16, "dpas: C/result must hold RepeatCount x 16 elements");
 }
@@ -862,10 +979,12 @@ inline simd<T, N> dpas(simd<CT, N> C, simd<BT, BN> B, simd<AT, AN> A) {
                 "dpas emulation: only float C and result are emulated");
   detail::check<RepeatCount, AT, BT, N, BN, AN>();
   float acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = C[i];
+  for (int i = 0; i < N; ++i)
+    acc[i] = C[i];
   detail::accumulate<RepeatCount>(acc, B, A);
   simd<T, N> r;
-  for (int i = 0; i < N; ++i) r[i] = acc[i];
+  for (int i = 0; i < N; ++i)
+    r[i] = acc[i];
   return r;
 }
 
@@ -878,10 +997,12 @@ inline auto dpas(simd<BT, BN> B, simd<AT, AN> A) {
   constexpr int N = RepeatCount * 16;
   detail::check<RepeatCount, AT, BT, N, BN, AN>();
   float acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < N; ++i)
+    acc[i] = 0.0f;
   detail::accumulate<RepeatCount>(acc, B, A);
   simd<T, N> r;
-  for (int i = 0; i < N; ++i) r[i] = acc[i];
+  for (int i = 0; i < N; ++i)
+    r[i] = acc[i];
   return r;
 }
 } // namespace xmx

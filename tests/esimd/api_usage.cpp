@@ -12,7 +12,7 @@ using half = sycl::half;
 using bf16 = sycl::ext::oneapi::bfloat16;
 
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((sycl::ext::oneapi::experimental::nd_range_kernel<1>))
-FMLP_ESIMD_KERNEL void emu_api_usage(const float *x, const half *h, const bf16 *g, float *y) {
+    FMLP_ESIMD_KERNEL void emu_api_usage(const float *x, const half *h, const bf16 *g, float *y) {
   esimd::slm_init<4096>();
   // construction, conversion, element access
   esimd::simd<float, 16> a(0.0f, 1.0f), b = 2.0f, c;
@@ -42,7 +42,8 @@ FMLP_ESIMD_KERNEL void emu_api_usage(const float *x, const half *h, const bf16 *
   c -= 1.0f;
   c *= a;
   c /= b;
-  esimd::simd_mask<16> m = a < b, m2 = (a >= 1.0f) & (a != b), m3 = (!m) | (a == c) | (a <= c) | (a > c);
+  esimd::simd_mask<16> m = a < b, m2 = (a >= 1.0f) & (a != b),
+                       m3 = (!m) | (a == c) | (a <= c) | (a > c);
   esimd::simd_mask<16> m4 = ~m;
   uint16_t lane = m[2];
   c = esimd::merge(a, b, m2);
@@ -61,7 +62,9 @@ FMLP_ESIMD_KERNEL void emu_api_usage(const float *x, const half *h, const bf16 *
   esimd::scatter<float, 16>(y, offs, l, m);
   esimd::scatter<float, 16>(y + 1, offs, l);
   esimd::block_store<float, 16>(y, l + hl + gl + s + back + lane);
-  esimd::block_store<float, 16>(y, 128, c + (float(r[0]) + float(bits[0]) + float(hbits[0]) + float(m4[0]) + float(u32[0]) + float(u16[0])));
+  esimd::block_store<float, 16>(y, 128,
+                                c + (float(r[0]) + float(bits[0]) + float(hbits[0]) + float(m4[0]) +
+                                     float(u32[0]) + float(u16[0])));
   // shared local memory
   esimd::slm_block_store<float, 16>(0, a);
   esimd::barrier();

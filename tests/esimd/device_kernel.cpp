@@ -10,10 +10,10 @@
 #include "esimd_select.hpp"
 
 namespace {
-constexpr uint32_t kRow = 64;                       // floats a thread passes on
-constexpr uint32_t kThreads = 64;                   // the most threads of a work-group
-constexpr uint32_t kSlmRows = kThreads * kRow * 4;  // bytes of the passed rows
-constexpr uint32_t kSlmBytes = kSlmRows + 16 * 4;   // and 16 floats left unwritten
+constexpr uint32_t kRow = 64;                      // floats a thread passes on
+constexpr uint32_t kThreads = 64;                  // the most threads of a work-group
+constexpr uint32_t kSlmRows = kThreads * kRow * 4; // bytes of the passed rows
+constexpr uint32_t kSlmBytes = kSlmRows + 16 * 4;  // and 16 floats left unwritten
 
 template <class T>
 void slm_and_dpas(const float *x, const T *a, const T *b, const float *c, float *rows,
@@ -27,7 +27,8 @@ void slm_and_dpas(const float *x, const T *a, const T *b, const float *c, float 
   esimd::simd<float, kRow> row = esimd::block_load<float, kRow>(x + t * kRow);
   esimd::slm_block_store<float, kRow>(lid * kRow * 4, row);
   esimd::barrier();
-  esimd::simd<float, kRow> next = esimd::slm_block_load<float, kRow>((lid + 1) % threads * kRow * 4);
+  esimd::simd<float, kRow> next =
+      esimd::slm_block_load<float, kRow>((lid + 1) % threads * kRow * 4);
   esimd::block_store<float, kRow>(rows + t * kRow, next);
   esimd::block_store<float, 16>(unwritten + t * 16, esimd::slm_block_load<float, 16>(kSlmRows));
 
@@ -39,12 +40,12 @@ void slm_and_dpas(const float *x, const T *a, const T *b, const float *c, float 
 }
 } // namespace
 
-#define EMU_TEST_KERNEL(NAME, T)                                                          \
-  extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY(                                           \
-      (sycl::ext::oneapi::experimental::nd_range_kernel<1>)) FMLP_ESIMD_KERNEL void NAME( \
-      const float *x, const T *a, const T *b, const float *c, float *rows,                \
-      float *unwritten, float *d) {                                                       \
-    slm_and_dpas<T>(x, a, b, c, rows, unwritten, d);                                      \
+#define EMU_TEST_KERNEL(NAME, T)                                                                   \
+  extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY(                                                    \
+      (sycl::ext::oneapi::experimental::nd_range_kernel<1>)) FMLP_ESIMD_KERNEL void                \
+  NAME(const float *x, const T *a, const T *b, const float *c, float *rows, float *unwritten,      \
+       float *d) {                                                                                 \
+    slm_and_dpas<T>(x, a, b, c, rows, unwritten, d);                                               \
   }
 EMU_TEST_KERNEL(emu_slm_dpas_f16, sycl::half)
 EMU_TEST_KERNEL(emu_slm_dpas_bf16, sycl::ext::oneapi::bfloat16)

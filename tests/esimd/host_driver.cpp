@@ -23,7 +23,8 @@ static_assert(std::is_same_v<decltype(simd<half, 8>() * 2.0f), simd<float, 8>>);
 static_assert(std::is_same_v<decltype(simd<half, 8>() * 2), simd<half, 8>>);
 static_assert(std::is_same_v<decltype(simd<half, 8>() + simd<bf16, 8>()), simd<float, 8>>);
 static_assert(std::is_same_v<decltype(simd<int16_t, 8>() + simd<int16_t, 8>()), simd<int, 8>>);
-static_assert(std::is_same_v<decltype(simd<uint32_t, 8>() + simd<int32_t, 8>()), simd<uint32_t, 8>>);
+static_assert(
+    std::is_same_v<decltype(simd<uint32_t, 8>() + simd<int32_t, 8>()), simd<uint32_t, 8>>);
 static_assert(std::is_same_v<decltype(simd<float, 8>() < 1.0f), mask<8>>);
 static_assert(std::is_same_v<decltype(xmx::dpas<8, 3, float>(simd<half, 256>(), simd<half, 48>())),
                              simd<float, 48>>);
@@ -40,7 +41,8 @@ template <class T> std::vector<T> read(const char *name) {
   }
   std::vector<T> v;
   T x;
-  while (std::fread(&x, sizeof(T), 1, f) == 1) v.push_back(x);
+  while (std::fread(&x, sizeof(T), 1, f) == 1)
+    v.push_back(x);
   std::fclose(f);
   return v;
 }
@@ -50,7 +52,9 @@ template <class T> void write(const char *name, const T *p, size_t n) {
   std::fwrite(p, sizeof(T), n, f);
   std::fclose(f);
 }
-template <class T> void write(const char *name, const std::vector<T> &v) { write(name, v.data(), v.size()); }
+template <class T> void write(const char *name, const std::vector<T> &v) {
+  write(name, v.data(), v.size());
+}
 template <class T, int N> void write(const char *name, const simd<T, N> &s) {
   T buf[N];
   s.copy_to(buf);
@@ -74,14 +78,22 @@ template <class T, int R> void dpas(bool with_c) {
 }
 template <class T> void dpas_r(int r, bool with_c) {
   switch (r) {
-  case 1: return dpas<T, 1>(with_c);
-  case 2: return dpas<T, 2>(with_c);
-  case 3: return dpas<T, 3>(with_c);
-  case 4: return dpas<T, 4>(with_c);
-  case 5: return dpas<T, 5>(with_c);
-  case 6: return dpas<T, 6>(with_c);
-  case 7: return dpas<T, 7>(with_c);
-  case 8: return dpas<T, 8>(with_c);
+  case 1:
+    return dpas<T, 1>(with_c);
+  case 2:
+    return dpas<T, 2>(with_c);
+  case 3:
+    return dpas<T, 3>(with_c);
+  case 4:
+    return dpas<T, 4>(with_c);
+  case 5:
+    return dpas<T, 5>(with_c);
+  case 6:
+    return dpas<T, 6>(with_c);
+  case 7:
+    return dpas<T, 7>(with_c);
+  case 8:
+    return dpas<T, 8>(with_c);
   }
   std::exit(2);
 }
@@ -126,8 +138,10 @@ void convert() {
   write("to_bf16.bin", tb);
   write("half_to_f32.bin", hf);
   write("bf16_to_f32.bin", bf);
-  write("half_add.bin", hadd), write("half_sub.bin", hsub), write("half_mul.bin", hmul), write("half_div.bin", hdiv);
-  write("bf16_add.bin", badd), write("bf16_sub.bin", bsub), write("bf16_mul.bin", bmul), write("bf16_div.bin", bdiv);
+  write("half_add.bin", hadd), write("half_sub.bin", hsub), write("half_mul.bin", hmul),
+      write("half_div.bin", hdiv);
+  write("bf16_add.bin", badd), write("bf16_sub.bin", bsub), write("bf16_mul.bin", bmul),
+      write("bf16_div.bin", bdiv);
 }
 
 // ---- regions: a fixed sequence of selects and writes on iota(0, 1) ---------------------
@@ -152,8 +166,10 @@ void views() {
   simd<float, 8> a(0.0f, 1.0f);
   mask<8> m = a > 2.5f;
   simd<uint16_t, 8> mm, nm, tm, am;
-  for (int i = 0; i < 8; ++i) mm[i] = m[i], nm[i] = (!m)[i], tm[i] = (~m)[i], am[i] = (m & (a < 5.0f))[i];
-  write("mask_m.bin", mm), write("mask_not.bin", nm), write("mask_tilde.bin", tm), write("mask_and.bin", am);
+  for (int i = 0; i < 8; ++i)
+    mm[i] = m[i], nm[i] = (!m)[i], tm[i] = (~m)[i], am[i] = (m & (a < 5.0f))[i];
+  write("mask_m.bin", mm), write("mask_not.bin", nm), write("mask_tilde.bin", tm),
+      write("mask_and.bin", am);
   write("merge.bin", esimd::merge(a, simd<float, 8>(-1.0f), m));
   write("neg.bin", -a);
   simd<float, 8> c = a;
@@ -171,7 +187,8 @@ void memory() {
   auto msk = read<uint16_t>("msk.bin");
   simd<uint32_t, 16> offs;
   mask<16> m;
-  for (int i = 0; i < 16; ++i) offs[i] = off[i], m[i] = msk[i];
+  for (int i = 0; i < 16; ++i)
+    offs[i] = off[i], m[i] = msk[i];
   write("gather.bin", esimd::gather<float, 16>(src.data(), offs, m));
   write("gather_all.bin", esimd::gather<float, 16>(src.data(), offs));
 
@@ -193,8 +210,10 @@ void memory() {
   write("tail.bin", tail);
   write("tail_copy.bin", copy);
   std::vector<float> last(n, -3.0f);
-  esimd::block_store<float, 16>(last.data() + n - 16, esimd::block_load<float, 16>(src.data() + n - 16));
-  esimd::block_store<float, 8>(last.data(), 4, esimd::block_load<float, 8>(src.data(), 4)); // byte offsets
+  esimd::block_store<float, 16>(last.data() + n - 16,
+                                esimd::block_load<float, 16>(src.data() + n - 16));
+  esimd::block_store<float, 8>(last.data(), 4,
+                               esimd::block_load<float, 8>(src.data(), 4)); // byte offsets
   write("last.bin", last);
 
   auto hs = read<half>("hsrc.bin"); // 16-bit elements: 2-byte offsets
@@ -233,7 +252,8 @@ void math() {
     esimd::abs(a).copy_to(&out[6][i]);
     simd<float, 16>(esimd::max(simd<half, 16>(a), simd<half, 16>(b))).copy_to(&out[7][i]);
   }
-  for (int k = 0; k < 8; ++k) write((std::string(names[k]) + ".bin").c_str(), out[k]);
+  for (int k = 0; k < 8; ++k)
+    write((std::string(names[k]) + ".bin").c_str(), out[k]);
   simd<int, 8> iv(-4, 1);
   write("int_abs.bin", esimd::abs(iv));
   write("int_max.bin", esimd::max(iv, 0));
@@ -243,7 +263,8 @@ void math() {
 int misuse(const std::string &what) {
   alignas(16) float buf[64] = {};
   if (what == "block_load") {
-    auto v = esimd::block_load<float, 8>(reinterpret_cast<const float *>(reinterpret_cast<const char *>(buf) + 2));
+    auto v = esimd::block_load<float, 8>(
+        reinterpret_cast<const float *>(reinterpret_cast<const char *>(buf) + 2));
     return static_cast<int>(v[0]);
   }
   esimd::slm_init<256>();
@@ -270,14 +291,22 @@ int main(int argc, char **argv) {
   if (cmd == "dpas" && argc == 6) {
     const int r = std::atoi(argv[4]);
     const bool with_c = std::atoi(argv[5]) != 0;
-    if (std::string(argv[3]) == "f16") dpas_r<half>(r, with_c);
-    else dpas_r<bf16>(r, with_c);
-  } else if (cmd == "convert") convert();
-  else if (cmd == "views") views();
-  else if (cmd == "memory") memory();
-  else if (cmd == "slm") slm();
-  else if (cmd == "math") math();
-  else if (cmd == "misuse" && argc == 4) return misuse(argv[3]);
+    if (std::string(argv[3]) == "f16")
+      dpas_r<half>(r, with_c);
+    else
+      dpas_r<bf16>(r, with_c);
+  } else if (cmd == "convert")
+    convert();
+  else if (cmd == "views")
+    views();
+  else if (cmd == "memory")
+    memory();
+  else if (cmd == "slm")
+    slm();
+  else if (cmd == "math")
+    math();
+  else if (cmd == "misuse" && argc == 4)
+    return misuse(argv[3]);
   else {
     std::fprintf(stderr, "unknown command %s\n", cmd.c_str());
     return 2;
