@@ -374,11 +374,16 @@ public:
       v_[i] = detail::poison<T>();
   }
   template <class U, class = std::enable_if_t<detail::is_elem_v<U>>> simd(U s) { *this = s; }
-  simd(T base, T step) { // iota: base + i * step, in T's computation type
+  // iota: base + i * step in ESIMD's enclosing type (make_vector): native half on the
+  // device (the product and the sum each rounded to half), float for bfloat16.
+  simd(T base, T step) {
     for (int i = 0; i < N; ++i) {
-      if constexpr (detail::is_wrapper_v<T>)
-        v_[i] =
-            detail::cvt<T>(detail::to_float(base) + static_cast<float>(i) * detail::to_float(step));
+      const float fi = static_cast<float>(i);
+      if constexpr (std::is_same_v<T, detail::half>)
+        v_[i] = detail::cvt<T>(detail::to_float(base) +
+                               detail::to_float(detail::cvt<T>(fi * detail::to_float(step))));
+      else if constexpr (detail::is_wrapper_v<T>)
+        v_[i] = detail::cvt<T>(detail::to_float(base) + fi * detail::to_float(step));
       else
         v_[i] = detail::apply<detail::op::add>(
             base, detail::apply<detail::op::mul>(static_cast<T>(i), step));
@@ -656,9 +661,14 @@ inline simd<T, N> zip_float(const simd<T, N> &a, const simd<T, N> &b, F f) {
   return r;
 }
 template <class T> using fp_only = std::enable_if_t<is_fp_v<T> && !std::is_same_v<T, double>>;
-// ESIMD's log and exp (math.hpp): natural base through the hardware's log2/exp2 with
-// these float constants; the emulation keeps the formula, with <cmath>'s exp2/log2
-// (the hardware's are within 4 ulp / 2^-21).
+// ESIMD's exp and log (math.hpp) exist for float and half only (exp2/log2's condition).
+template <class T>
+using exp_log_only = std::enable_if_t<std::is_same_v<T, float> || std::is_same_v<T, half>>;
+// They are natural-base through the hardware's exp2/log2 with these float constants:
+// exp(x) = exp2<T>(x * log2e), log(x) = T(log2<T>(x) * ln2). For half, x * log2e is
+// rounded to half before exp2 and log2's result before the product, as there. The
+// emulation keeps the formulas, with exact-ish exp2/log2 from SYCL or <cmath> (the
+// hardware's: exp2 within 4 ulp, log2 within 2^-21).
 constexpr float kLn2 = 0.69314718f;
 constexpr float kLog2e = 1.442695f;
 } // namespace detail
@@ -702,11 +712,14 @@ template <class T, int N> inline simd<T, N> abs(simd<T, N> x) {
   else
     return merge(-x, x, x < T(0)); // the most negative value stays itself (wraps)
 }
-template <class T, int N, class = detail::fp_only<T>> inline simd<T, N> exp(simd<T, N> x) {
-  return detail::map_float(x, [](float v) { return detail::f_exp2(v * detail::kLog2e); });
+template <class T, int N, class = detail::exp_log_only<T>> inline simd<T, N> exp(simd<T, N> x) {
+  return detail::map_float(x, [](float v) {
+    return detail::f_exp2(detail::to_float(detail::cvt<T>(v * detail::kLog2e)));
+  });
 }
-template <class T, int N, class = detail::fp_only<T>> inline simd<T, N> log(simd<T, N> x) {
-  return detail::map_float(x, [](float v) { return detail::f_log2(v) * detail::kLn2; });
+template <class T, int N, class = detail::exp_log_only<T>> inline simd<T, N> log(simd<T, N> x) {
+  return detail::map_float(
+      x, [](float v) { return detail::to_float(detail::cvt<T>(detail::f_log2(v))) * detail::kLn2; });
 }
 template <class T, int N, class = detail::fp_only<T>> inline simd<T, N> sqrt(simd<T, N> x) {
   return detail::map_float(x, [](float v) { return detail::f_sqrt(v); });

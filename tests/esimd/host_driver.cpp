@@ -257,6 +257,17 @@ void math() {
   simd<int, 8> iv(-4, 1);
   write("int_abs.bin", esimd::abs(iv));
   write("int_max.bin", esimd::max(iv, 0));
+  // half: exp/log with their half roundings, iota in half arithmetic
+  std::vector<half> hexp(x.size()), hlog(x.size());
+  for (size_t i = 0; i < x.size(); i += 16) {
+    simd<float, 16> a;
+    a.copy_from(&x[i]);
+    esimd::exp(simd<half, 16>(a)).copy_to(&hexp[i]);
+    esimd::log(simd<half, 16>(a)).copy_to(&hlog[i]);
+  }
+  write("half_exp.bin", hexp);
+  write("half_log.bin", hlog);
+  write("half_iota.bin", simd<half, 32>(half(1.0f), half(0.1f)));
 }
 
 // ---- misuse the real API leaves undefined: the host build stops with a message -------
