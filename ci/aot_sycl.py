@@ -165,7 +165,7 @@ def _header_int(text: str, pattern: str, default: int = 0) -> int:
 def _send_kind(mnemonic: str, line: str) -> tuple[str, bool, bool]:
     """(kind, is a gather/scatter, is a 2-D block message) of a message instruction."""
     comment = line.split("//", 1)[1] if "//" in line else ""
-    if "spill" in comment or "fill" in comment or "scratch" in comment:
+    if re.search(r"\b(spill|fill)\b|scratch", comment):
         return "spill_fill", False, False
     m = _LSC.match(mnemonic)
     if m:
