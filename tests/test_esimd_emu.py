@@ -441,6 +441,43 @@ def test_device_slm_barrier_and_dpas(dt, threads):
         np.testing.assert_array_equal(d[i], dpas_model(c[i], a32[i], b32), err_msg=f"thread {i}")
 
 
+@needs_sycl_cpu
+def test_device_conversions_round_to_nearest_even():
+    """On a device the emulation converts half with the compiler's own conversions: the
+    same bits as torch, subnormals, ties and overflow included."""
+    import dpctl.memory
+
+    q = sycl.cpu_queue()
+    g = torch.Generator().manual_seed(12)
+    f = conversion_inputs(g)
+    n = len(f)
+    hx = torch.cat([torch.randn(n - 32, generator=g) * 100,
+                    torch.randn(32, generator=g) * 1e-5]).half()
+    hy = torch.randn(n, generator=g).half()
+    keep = []
+
+    def usm(arr: np.ndarray) -> np.ndarray:
+        mem = dpctl.memory.MemoryUSMShared(max(arr.nbytes, 1), queue=q)
+        keep.append(mem)
+        view = np.frombuffer(mem, dtype=arr.dtype)[: arr.size]
+        view[...] = arr
+        return view
+
+    ins = [usm(f), usm(np.zeros(n, np.uint16)), usm(np.zeros(n, np.uint16)), usm(bits(hx)),
+           usm(bits(hy)), usm(np.zeros(n, np.float32)), usm(np.zeros(n, np.uint16)),
+           usm(np.zeros(n, np.uint16))]
+    _device_bundle().launch(q.addressof_ref(), "emu_convert", n // 16, 1,
+                            *[v.ctypes.data for v in ins])
+    q.wait()
+    _, h, b, _, _, hf, hsum, hprod = (np.array(v) for v in ins)
+    ft = torch.from_numpy(f)
+    same_bits(h, ft.half(), "float -> half")
+    same_bits(b, ft.bfloat16(), "float -> bfloat16")
+    np.testing.assert_array_equal(hf, hx.float().numpy())
+    same_bits(hsum, (hx.float() + hy.float()).half(), "half add")
+    same_bits(hprod, (hx.float() * hy.float()).half(), "half mul")
+
+
 _bundle = None
 
 
@@ -449,6 +486,6 @@ def _device_bundle():
     if _bundle is None:
         _bundle = sycl.shim().build(
             sycl.cpu_queue().addressof_ref(), (HERE / "device_kernel.cpp").read_bytes(),
-            ["emu_slm_dpas_f16", "emu_slm_dpas_bf16"], includes=include_files(),
+            ["emu_slm_dpas_f16", "emu_slm_dpas_bf16", "emu_convert"], includes=include_files(),
             options=["-DFMLP_ESIMD_EMULATE"])
     return _bundle

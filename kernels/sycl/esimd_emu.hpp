@@ -133,9 +133,15 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+// On a device half <-> float are the compiler's own conversions (exact, and round to
+// nearest even); the host's sycl::half conversion truncates, so the host uses the above.
 template <class T> inline float to_float(T v) {
   if constexpr (std::is_same_v<T, half>)
+#ifdef __SYCL_DEVICE_ONLY__
+    return static_cast<float>(v);
+#else
     return half_to_float(bitcast<uint16_t>(v));
+#endif
   else if constexpr (std::is_same_v<T, bf16>)
     return bf16_to_float(bitcast<uint16_t>(v));
   else
@@ -148,7 +154,11 @@ template <class To, class From> inline To cvt(From v) {
   if constexpr (std::is_same_v<To, From>)
     return v;
   else if constexpr (std::is_same_v<To, half>)
+#ifdef __SYCL_DEVICE_ONLY__
+    return half(to_float(v));
+#else
     return bitcast<half>(float_to_half(to_float(v)));
+#endif
   else if constexpr (std::is_same_v<To, bf16>)
     return bitcast<bf16>(float_to_bf16(to_float(v)));
   else if constexpr (is_wrapper_v<From>)
@@ -246,7 +256,7 @@ inline float f_fmin(float a, float b) { return std::fmin(a, b); }
 inline float f_fabs(float x) { return std::fabs(x); }
 #endif
 
-struct access; // reaches a simd's bytes for views
+struct uninit_t {}; // internal: a simd every lane of which is written next
 template <class T> struct is_proxy : std::false_type {};
 template <class T, int N> struct is_proxy<simd_view<T, N>> : std::true_type {};
 template <class T> struct is_proxy<elem_ref<T>> : std::true_type {};
@@ -363,12 +373,12 @@ private:
 template <class T, int N> class simd {
   static_assert(detail::is_elem_v<T>, "simd: unsupported element type");
   static_assert(N >= 1, "simd: N must be positive");
-  friend struct detail::access;
 
 public:
   using element_type = T;
   static constexpr int length = N;
 
+  explicit simd(detail::uninit_t) {}
   simd() { // ESIMD leaves it undefined; here it reads as poison
     for (int i = 0; i < N; ++i)
       v_[i] = detail::poison<T>();
@@ -444,7 +454,7 @@ public:
   }
 
   simd operator-() const {
-    simd r;
+    simd r{detail::uninit_t{}};
     for (int i = 0; i < N; ++i) {
       if constexpr (detail::is_wrapper_v<T>) // flip the sign bit: exact, NaN stays NaN
         r.v_[i] =
@@ -455,7 +465,7 @@ public:
     return r;
   }
   template <class U = T, class = std::enable_if_t<std::is_integral_v<U>>> simd operator~() const {
-    simd r;
+    simd r{detail::uninit_t{}};
     for (int i = 0; i < N; ++i)
       r.v_[i] = static_cast<T>(~v_[i]);
     return r;
@@ -498,7 +508,7 @@ public:
   simd_view(const simd_view &) = default;
 
   simd<T, N> read() const {
-    simd<T, N> r;
+    simd<T, N> r{detail::uninit_t{}};
     for (int i = 0; i < N; ++i)
       r[i] = static_cast<T>((*this)[i]);
     return r;
@@ -550,7 +560,7 @@ private:
   template <class T1, class T2, int N, class R = detail::comp_t<T1, T2>,                           \
             class = std::enable_if_t<COND>>                                                        \
   inline simd<R, N> operator OP(const simd<T1, N> &a, const simd<T2, N> &b) {                      \
-    simd<R, N> r;                                                                                  \
+    simd<R, N> r{detail::uninit_t{}};                                                              \
     for (int i = 0; i < N; ++i)                                                                    \
       r[i] = detail::apply<detail::op::ID, R>(detail::cvt<R>(a[i]), detail::cvt<R>(b[i]));         \
     return r;                                                                                      \
@@ -648,14 +658,14 @@ template <class T, int N> inline simd<T, N> merge(simd<T, N> a, simd<T, N> b, si
 
 namespace detail {
 template <class T, int N, class F> inline simd<T, N> map_float(const simd<T, N> &x, F f) {
-  simd<T, N> r;
+  simd<T, N> r{detail::uninit_t{}};
   for (int i = 0; i < N; ++i)
     r[i] = cvt<T>(f(to_float(x[i])));
   return r;
 }
 template <class T, int N, class F>
 inline simd<T, N> zip_float(const simd<T, N> &a, const simd<T, N> &b, F f) {
-  simd<T, N> r;
+  simd<T, N> r{detail::uninit_t{}};
   for (int i = 0; i < N; ++i)
     r[i] = cvt<T>(f(to_float(a[i]), to_float(b[i])));
   return r;
@@ -718,8 +728,9 @@ template <class T, int N, class = detail::exp_log_only<T>> inline simd<T, N> exp
   });
 }
 template <class T, int N, class = detail::exp_log_only<T>> inline simd<T, N> log(simd<T, N> x) {
-  return detail::map_float(
-      x, [](float v) { return detail::to_float(detail::cvt<T>(detail::f_log2(v))) * detail::kLn2; });
+  return detail::map_float(x, [](float v) {
+    return detail::to_float(detail::cvt<T>(detail::f_log2(v))) * detail::kLn2;
+  });
 }
 template <class T, int N, class = detail::fp_only<T>> inline simd<T, N> sqrt(simd<T, N> x) {
   return detail::map_float(x, [](float v) { return detail::f_sqrt(v); });
@@ -749,7 +760,7 @@ template <class T> inline bool block_aligned(const void *p) {
   return reinterpret_cast<uintptr_t>(p) % a == 0;
 }
 template <class T, int N> inline simd<T, N> load_bytes(const unsigned char *p) {
-  simd<T, N> r;
+  simd<T, N> r{detail::uninit_t{}};
   for (int i = 0; i < N; ++i) {
     T v;
     __builtin_memcpy(&v, p + i * sizeof(T), sizeof(T));
@@ -894,8 +905,9 @@ template <uint32_t SizeBytes> inline void slm_init() {
   auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const uint32_t lid = static_cast<uint32_t>(it.get_local_linear_id());
   const uint32_t items = static_cast<uint32_t>(it.get_local_range().size());
-  for (uint32_t i = lid; i < SizeBytes; i += items)
-    slm[i] = 0xFF;
+  uint32_t *words = reinterpret_cast<uint32_t *>(slm); // the buffer is uint32_t[]
+  for (uint32_t i = lid; i < (SizeBytes + 3) / 4; i += items)
+    words[i] = 0xFFFFFFFFu;
   detail::group_barrier();
 #else
   for (uint32_t i = 0; i < SizeBytes; ++i)
@@ -970,12 +982,16 @@ template <int RepeatCount, class AT, class BT, int N, int BN, int AN> inline voi
 
 template <int RepeatCount, class AT, class BT, int BN, int AN>
 inline void accumulate(float *acc, const simd<BT, BN> &B, const simd<AT, AN> &A) {
+  float a[AN], b[16][16]; // A as is; B unpacked to [k][n] (VNNI: (k/2)*32 + n*2 + k%2)
+  for (int i = 0; i < AN; ++i)
+    a[i] = esimd::detail::to_float(A[i]);
+  for (int i = 0; i < BN; ++i)
+    b[(i / 32) * 2 + i % 2][(i % 32) / 2] = esimd::detail::to_float(B[i]);
   for (int m = 0; m < RepeatCount; ++m)
     for (int n = 0; n < 16; ++n) {
       float s = acc[m * 16 + n];
       for (int k = 0; k < 16; ++k) {
-        const float prod = esimd::detail::to_float(A[m * 16 + k]) *
-                           esimd::detail::to_float(B[(k / 2) * 32 + n * 2 + k % 2]);
+        const float prod = a[m * 16 + k] * b[k][n]; // exact
         s = s + prod;
       }
       acc[m * 16 + n] = s;
@@ -995,7 +1011,7 @@ inline simd<T, N> dpas(simd<CT, N> C, simd<BT, BN> B, simd<AT, AN> A) {
   for (int i = 0; i < N; ++i)
     acc[i] = C[i];
   detail::accumulate<RepeatCount>(acc, B, A);
-  simd<T, N> r;
+  simd<T, N> r{esimd::detail::uninit_t{}};
   for (int i = 0; i < N; ++i)
     r[i] = acc[i];
   return r;
@@ -1013,7 +1029,7 @@ inline auto dpas(simd<BT, BN> B, simd<AT, AN> A) {
   for (int i = 0; i < N; ++i)
     acc[i] = 0.0f;
   detail::accumulate<RepeatCount>(acc, B, A);
-  simd<T, N> r;
+  simd<T, N> r{esimd::detail::uninit_t{}};
   for (int i = 0; i < N; ++i)
     r[i] = acc[i];
   return r;

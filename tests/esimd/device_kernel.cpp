@@ -5,6 +5,9 @@
 //    barrier, slm_block_load): rows[t] = x[group * L + (lid + 1) % L];
 //  - reads 16 floats of SLM nobody wrote (poison: NaN): unwritten[t];
 //  - computes one 8 x 16 dpas tile: d[t] = c[t] + a[t] . B (B shared, VNNI-packed).
+// emu_convert: each work-item converts 16 floats to half and bfloat16 (the device's own
+// conversions, which the emulation uses there) and 16 halves back to float, and adds and
+// multiplies 16 pairs of halves.
 #include <sycl/sycl.hpp>
 
 #include "esimd_select.hpp"
@@ -49,3 +52,21 @@ void slm_and_dpas(const float *x, const T *a, const T *b, const float *c, float 
   }
 EMU_TEST_KERNEL(emu_slm_dpas_f16, sycl::half)
 EMU_TEST_KERNEL(emu_slm_dpas_bf16, sycl::ext::oneapi::bfloat16)
+
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((sycl::ext::oneapi::experimental::nd_range_kernel<1>))
+    FMLP_ESIMD_KERNEL
+    void emu_convert(const float *f, sycl::half *h, sycl::ext::oneapi::bfloat16 *b,
+                     const sycl::half *hx, const sycl::half *hy, float *hf, sycl::half *hsum,
+                     sycl::half *hprod) {
+  const uint32_t o =
+      static_cast<uint32_t>(sycl::ext::oneapi::this_work_item::get_nd_item<1>().get_global_id(0)) *
+      16;
+  esimd::simd<float, 16> x = esimd::block_load<float, 16>(f + o);
+  esimd::block_store<sycl::half, 16>(h + o, x);
+  esimd::block_store<sycl::ext::oneapi::bfloat16, 16>(b + o, x);
+  esimd::simd<sycl::half, 16> u = esimd::block_load<sycl::half, 16>(hx + o);
+  esimd::simd<sycl::half, 16> v = esimd::block_load<sycl::half, 16>(hy + o);
+  esimd::block_store<float, 16>(hf + o, u);
+  esimd::block_store<sycl::half, 16>(hsum + o, u + v);
+  esimd::block_store<sycl::half, 16>(hprod + o, u * v);
+}
