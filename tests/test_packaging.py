@@ -95,7 +95,7 @@ def test_kernel_locator_finds_the_sources():
     cuda_build = importlib.import_module("fusedmlp_xpu.backends.cuda_build")
     assert sycl.KERNEL_DIR == kernel_files.kernel_dir("sycl")
     assert cuda_build.KERNEL_DIR == kernel_files.kernel_dir("cuda")
-    for path in (sycl.KERNEL_SOURCE, sycl.PARAMS_HEADER, sycl.SHIM_SOURCE, sycl.XMX_HEADER,
+    for path in (sycl.KERNEL_SOURCE, sycl.PARAMS_HEADER, sycl.SHIM_SOURCE,
                  cuda_build.FORWARD_SOURCE, cuda_build.FORWARD_SM90_SOURCE,
                  cuda_build.BACKWARD_SM90_SOURCE, *cuda_build.HEADERS):
         assert path.is_file(), path

@@ -34,13 +34,13 @@ import torch
 
 from .. import activations
 from . import Backend, memory, saved_widths
+from . import sycl_esimd as esimd
 from .kernel_files import kernel_dir
 
 KERNEL_DIR = kernel_dir("sycl")
 KERNEL_SOURCE = KERNEL_DIR / "fused_mlp.cpp"
 PARAMS_HEADER = KERNEL_DIR / "fused_mlp_params.h"
 SHIM_SOURCE = KERNEL_DIR / "fmlp_sycl_shim.cpp"
-XMX_HEADER = KERNEL_DIR / "fused_mlp_xmx.hpp"
 
 
 def _header_define(name: str, default: int) -> int:
@@ -59,8 +59,6 @@ DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ABI_VERSION = 3  # fmlp_sycl_abi_version() of kernels/sycl/fmlp_sycl_shim.cpp
 
 CPU_DEVICE = "opencl:cpu"
-#: opt-in for the never-run XMX forward (see kernels/sycl/README.md)
-XMX_ENV = "FUSEDMLP_SYCL_XMX"
 #: path of an ahead-of-time (icpx) build of the shim with the kernels inside
 AOT_LIB_ENV = "FUSEDMLP_SYCL_LIB"
 _MAX_1550_NAMES = ("Max 1550", "Data Center GPU Max")
@@ -108,7 +106,7 @@ def _toolchain() -> dict:
         missing.append(f"a C++17 compiler ({os.environ.get('CXX', 'g++')} not on PATH; set CXX)")
     for p in (KERNEL_SOURCE, PARAMS_HEADER, SHIM_SOURCE):
         if not p.exists():
-            missing.append(f"{p} (the sycl backend needs a source checkout or editable install)")
+            missing.append(f"{p} (the package's kernel sources: reinstall fusedmlp-xpu)")
     if missing:
         raise SyclToolchainError("sycl backend: missing " + "; ".join(missing))
     return {
@@ -170,10 +168,9 @@ class _Shim:
                 f"sycl backend: {path} has C ABI {lib.fmlp_sycl_abi_version()}, this package "
                 f"expects {ABI_VERSION}: rebuild it from kernels/sycl")
         lib.fmlp_sycl_last_error.restype = ctypes.c_char_p
-        lib.fmlp_sycl_compile.argtypes = [
-            _P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
+        lib.fmlp_sycl_compile.argtypes = [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
         lib.fmlp_sycl_forward.argtypes = [
-            _P, _I32, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
+            _P, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
         lib.fmlp_sycl_backward_rows.argtypes = [
             _P, _I32, _I64, _I32, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _P, _P]
         lib.fmlp_sycl_weight_grads.argtypes = [
@@ -185,8 +182,6 @@ class _Shim:
         # (an ahead-of-time build ignores the sources: its kernels are inside it)
         self.source = KERNEL_SOURCE.read_bytes() if KERNEL_SOURCE.exists() else b""
         self.header = PARAMS_HEADER.read_bytes() if PARAMS_HEADER.exists() else b""
-        # the never-run XMX forward joins the compile only on explicit request
-        self.xmx = XMX_HEADER.read_bytes() if os.environ.get(XMX_ENV) == "1" else None
 
     def call(self, fn: str, *args) -> None:
         if getattr(self.lib, fn)(*args) != 0:
@@ -207,8 +202,7 @@ class _Shim:
 
     def compile(self, queue: int, options: str = "") -> None:
         """Kernels for the queue's device; the shim caches them per process (once per device)."""
-        self.call("fmlp_sycl_compile", queue, self.source, self.header, self.xmx,
-                  options.encode())
+        self.call("fmlp_sycl_compile", queue, self.source, self.header, options.encode())
 
 
 class Bundle:
@@ -263,6 +257,11 @@ def cpu_queue():
                 icd = _dist_file("intel-opencl-rt", "lib/libintelocl.so")
                 if icd is not None:
                     os.environ["OCL_ICD_FILENAMES"] = str(icd)
+            # The CPU compiler's vectorizer (work-items across SIMD lanes) spends over 10
+            # minutes on one configuration of the emulated ESIMD kernels, whose work-items
+            # each hold register tiles of thousands of elements; off, the build takes ~12 s
+            # and the portable kernels stay correct (this device is for verification).
+            os.environ.setdefault("CL_CONFIG_CPU_VECTORIZER_MODE", "1")
             try:
                 import dpctl
             except ImportError:
@@ -391,17 +390,6 @@ def is_max_1550(device: torch.device) -> tuple[bool, str]:
     return any(n in name for n in _MAX_1550_NAMES), name or "unnamed XPU device"
 
 
-def _forward_variant(device: torch.device, spec, sh: _Shim) -> int:
-    """1: the XMX forward (kernels/sycl/fused_mlp_xmx.hpp), NEVER compiled or run here, so
-    only on explicit request (FUSEDMLP_SYCL_XMX=1) on a Max 1550 for shapes it handles;
-    0: the portable kernel, the default everywhere."""
-    if sh.xmx is None or device.type != "xpu" or not is_max_1550(device)[0]:
-        return 0
-    if spec.dtype not in (torch.float16, torch.bfloat16) or any(w % 16 for w in spec.widths):
-        return 0
-    return 1
-
-
 # --- the backend ------------------------------------------------------------------------
 def _side_by_side(zs, n, like):
     return torch.cat(zs, dim=-1) if zs else like.new_empty(n, 0)
@@ -444,24 +432,46 @@ class SyclBackend(Backend):
         if max(spec.widths) > MAX_WIDTH:
             return False, (f"width {max(spec.widths)} over the fused kernel's limit "
                            f"{MAX_WIDTH} (wide MLPs: one GEMM per layer, not this kernel)")
+        kernel = self._kernel_reason(spec)
         if device.type == "xpu":
             ok, dev_name = is_max_1550(device)
             if not ok:
                 return False, (f"{dev_name} is not a Max 1550: the SYCL kernels are only picked "
                                "there; triton serves other Intel GPUs")
-            return True, f"portable SYCL kernel on {dev_name}, PyTorch's current XPU queue"
+            return True, f"{kernel} on {dev_name}, PyTorch's current XPU queue"
         if device.type == "cpu":
             try:
                 q = cpu_queue()
             except SyclToolchainError as e:
                 return False, str(e)
-            return True, (f"portable SYCL kernel on {CPU_DEVICE} ({q.sycl_device.name}) with "
-                          "USM copies: for verification, only when forced")
+            return True, (f"{kernel} on {CPU_DEVICE} ({q.sycl_device.name}) with USM copies"
+                          f"{', ESIMD emulated in plain SYCL' if self._esimd(spec) else ''}: "
+                          "for verification, only when forced")
         return False, f"does not run on {device.type}"
+
+    @staticmethod
+    def _esimd(spec):
+        """The ESIMD configuration that runs ``spec``, or None: the portable kernels."""
+        return esimd.config_for(spec)[0] if esimd.enabled() else None
+
+    @staticmethod
+    def _kernel_reason(spec) -> str:
+        cfg, why = esimd.config_for(spec)
+        if not esimd.enabled():
+            return f"portable SYCL kernel ({esimd.ENABLE_ENV}=0)"
+        return why if cfg is not None else f"portable SYCL kernel (not ESIMD: {why})"
+
+    @staticmethod
+    def _device_key(device: torch.device):
+        return ("xpu", device.index) if device.type == "xpu" else ("cpu",)
 
     # Weights go to the forward kernel transposed ([in, out], see fused_mlp.cpp) and to
     # the backward as they are ([out, in]): a copy of a few KB per layer at most.
     def forward(self, x, weights, biases, spec, save):
+        cfg = self._esimd(spec)
+        if cfg is not None:
+            return esimd.forward(shim(), _launcher(x.device), self._device_key(x.device),
+                                 x.device.type != "xpu", x, weights, biases, spec, cfg, save)
         n = x.shape[0]
         y = memory.new_empty(n, spec.out_features, like=x)
         L = spec.n_layers
@@ -483,18 +493,22 @@ class SyclBackend(Backend):
         if save:
             z = [lau.output(t) for t in saved]
             z_ptrs = _ptrs(z + [None] * (L - len(z)))
-        sh.call("fmlp_sycl_forward", lau.queue, _forward_variant(x.device, spec, sh),
-                DTYPE_CODES[spec.dtype], n, L, _widths(spec),
+        sh.call("fmlp_sycl_forward", lau.queue, DTYPE_CODES[spec.dtype], n, L, _widths(spec),
                 x_ptr, x_rs, x_cs, _ptrs(w_ptrs), b_ptrs, spec.activation_id,
                 spec.output_activation_id, lau.output(y), z_ptrs)
         lau.finish()
         return y, _side_by_side(saved, n, x) if save else None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):
-        need_x, need_w, need_b = needs
-        need_b = need_b and biases is not None
         if saved is None:
             _, saved = self.forward(x, weights, biases, spec, save=True)
+        cfg = self._esimd(spec)
+        if cfg is not None:
+            return esimd.backward(shim(), _launcher(x.device), self._device_key(x.device),
+                                  x.device.type != "xpu", grad_y, x, weights, biases, saved,
+                                  spec, cfg, needs)
+        need_x, need_w, need_b = needs
+        need_b = need_b and biases is not None
         saved = list(saved.split(saved_widths(spec), dim=-1))
         n, L = x.shape[0], spec.n_layers
         gx = memory.new_empty(n, spec.in_features, like=x) if need_x else None

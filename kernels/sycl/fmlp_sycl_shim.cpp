@@ -151,9 +151,7 @@ int fmlp_sycl_abi_version(void) { return 3; }
 
 // Compile `source` (with `header` available as "fused_mlp_params.h") for the queue's
 // device, once per process; later calls for the same device return at once.
-// `xmx_header`: NULL, or fused_mlp_xmx.hpp to add the (never run here) XMX forward.
-int fmlp_sycl_compile(void *queue, const char *source, const char *header, const char *xmx_header,
-                      const char *options) {
+int fmlp_sycl_compile(void *queue, const char *source, const char *header, const char *options) {
   return guarded([&] {
     sycl::queue &q = *static_cast<sycl::queue *>(queue);
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -162,15 +160,12 @@ int fmlp_sycl_compile(void *queue, const char *source, const char *header, const
     auto c = std::make_unique<Compiled>(Compiled{q.get_context(), q.get_device(), {}});
 #ifdef FMLP_SYCL_AOT
     // Not compiled here (no icpx): kernels built into this library, found by function.
-    (void)source, (void)header, (void)xmx_header, (void)options;
+    (void)source, (void)header, (void)options;
     auto exe = sycl::get_kernel_bundle<sycl::bundle_state::executable>(q.get_context(), {q.get_device()});
 #define FMLP_AOT_KERNEL(fn) c->kernels.emplace(#fn, exe.get_kernel(syclexp::get_kernel_id<fn>()))
     FMLP_AOT_KERNEL(fmlp_fwd_f32); FMLP_AOT_KERNEL(fmlp_fwd_f16); FMLP_AOT_KERNEL(fmlp_fwd_bf16);
     FMLP_AOT_KERNEL(fmlp_bwd_rows_f32); FMLP_AOT_KERNEL(fmlp_bwd_rows_f16); FMLP_AOT_KERNEL(fmlp_bwd_rows_bf16);
     FMLP_AOT_KERNEL(fmlp_wgrad_f32); FMLP_AOT_KERNEL(fmlp_wgrad_f16); FMLP_AOT_KERNEL(fmlp_wgrad_bf16);
-#ifdef FMLP_SYCL_XMX
-    FMLP_AOT_KERNEL(fmlp_fwd_xmx_f16); FMLP_AOT_KERNEL(fmlp_fwd_xmx_bf16);
-#endif
 #undef FMLP_AOT_KERNEL
 #else
     if (!q.get_device().ext_oneapi_can_compile(syclexp::source_language::sycl))
@@ -180,10 +175,6 @@ int fmlp_sycl_compile(void *queue, const char *source, const char *header, const
     std::vector<std::string> opts;
     if (options && *options)
       opts.emplace_back(options);
-    if (xmx_header) {
-      includes.add("fused_mlp_xmx.hpp", std::string(xmx_header));
-      opts.emplace_back("-DFMLP_SYCL_XMX");
-    }
     auto src = syclexp::create_kernel_bundle_from_source(
         q.get_context(), syclexp::source_language::sycl, std::string(source),
         syclexp::properties{includes});
@@ -201,11 +192,6 @@ int fmlp_sycl_compile(void *queue, const char *source, const char *header, const
         std::string name = std::string(base) + "_" + dtype_suffix(dt);
         c->kernels.emplace(name, exe.ext_oneapi_get_kernel(name));
       }
-    // A device without XMX (the OpenCL CPU device) gets no image for these kernels;
-    // launching one there then fails with "not found", naming it.
-    for (const char *name : {"fmlp_fwd_xmx_f16", "fmlp_fwd_xmx_bf16"})
-      if (xmx_header && exe.ext_oneapi_has_kernel(name))
-        c->kernels.emplace(name, exe.ext_oneapi_get_kernel(name));
 #endif
     g_compiled.push_back(std::move(c));
   });
@@ -215,8 +201,7 @@ int fmlp_sycl_compile(void *queue, const char *source, const char *header, const
 // x: [n, widths[0]] with strides (x_rs, x_cs); w[l]: W_l^T, [widths[l], widths[l+1]] contiguous;
 // b: NULL or n_layers pointers to [widths[l+1]]; y: [n, widths[L]] contiguous;
 // z: NULL, or n_layers pointers to [n, widths[l+1]] pre-activations to save (each may be NULL).
-// variant: 0 the portable kernel; 1 the XMX kernel (fp16/bf16, widths % 16 == 0; never run here).
-int fmlp_sycl_forward(void *queue, int variant, int dtype, int64_t n, int n_layers, const int32_t *widths,
+int fmlp_sycl_forward(void *queue, int dtype, int64_t n, int n_layers, const int32_t *widths,
                       const void *x, int64_t x_rs, int64_t x_cs, const void *const *w,
                       const void *const *b, int act, int out_act, void *y, void *const *z) {
   return guarded([&] {
@@ -224,7 +209,7 @@ int fmlp_sycl_forward(void *queue, int variant, int dtype, int64_t n, int n_laye
     FmlpNet net = make_net(n, n_layers, widths, w, b, act, out_act, x, x_rs, x_cs, y);
     for (int l = 0; z && l < n_layers; ++l)
       net.layer[l].z = z[l];
-    launch_rows(q, variant == 1 ? "fmlp_fwd_xmx" : "fmlp_fwd", dtype, net);
+    launch_rows(q, "fmlp_fwd", dtype, net);
   });
 }
 

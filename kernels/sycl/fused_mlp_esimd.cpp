@@ -29,6 +29,16 @@
 #include "esimd_select.hpp"
 #include "fused_mlp_esimd.h"
 
+// Tile loops unroll on the GPU (a register tile's offset must be a constant there); the
+// emulation keeps them loops, which the CPU compiler builds in a fraction of the time.
+#ifdef FMLP_ESIMD_EMULATE
+#define FMLP_UNROLL
+#define FMLP_NOUNROLL
+#else
+#define FMLP_UNROLL _Pragma("unroll")
+#define FMLP_NOUNROLL _Pragma("nounroll")
+#endif
+
 namespace fmlp_esimd {
 namespace syclexp = sycl::ext::oneapi::experimental;
 using esimd::simd;
@@ -120,13 +130,13 @@ inline simd<T, RG * KT * kTile> load_tiles(const T *base, int64_t rs, int64_t cs
                                           int cols) {
   simd<T, RG * KT * kTile> a;
   simd<uint32_t, 16> lane(0, 1);
-  #pragma unroll
+  FMLP_UNROLL
   for (int kt = 0; kt < KT; ++kt) {
     simd<uint32_t, 16> offs = col_offsets<T>(kt * 16, cs);
     simd_mask<16> col_ok = (lane + kt * 16) < static_cast<uint32_t>(cols);
-    #pragma unroll
+    FMLP_UNROLL
     for (int rg = 0; rg < RG; ++rg)
-      #pragma unroll
+      FMLP_UNROLL
       for (int m = 0; m < 8; ++m) {
         const int r = rg * 8 + m;
         simd<T, 16> v(0.0f);
@@ -148,7 +158,7 @@ inline void store_tile(T *base, int64_t rs, int64_t rows, int cols, int rg, int 
   simd<uint32_t, 16> lane(0, 1);
   simd<uint32_t, 16> offs = col_offsets<T>(nt * 16, 1);
   simd_mask<16> col_ok = (lane + nt * 16) < static_cast<uint32_t>(cols);
-  #pragma unroll
+  FMLP_UNROLL
   for (int m = 0; m < 8; ++m) {
     const int r = rg * 8 + m;
     if (r < rows)
@@ -163,7 +173,7 @@ inline simd<T, kTile> load_tile(const T *base, int64_t rs, int64_t rows, int col
   simd<uint32_t, 16> lane(0, 1);
   simd<uint32_t, 16> offs = col_offsets<T>(nt * 16, 1);
   simd_mask<16> col_ok = (lane + nt * 16) < static_cast<uint32_t>(cols);
-  #pragma unroll
+  FMLP_UNROLL
   for (int m = 0; m < 8; ++m) {
     const int r = rg * 8 + m;
     simd<T, 16> v(0.0f);
@@ -201,7 +211,7 @@ template <> inline simd<bf16, 16> narrow<bf16, 16>(simd<float, 16> v) {
 template <typename T, int N>
 inline void apply_act(simd<T, N> &tiles, int id) {
   if (id == 0) return;
-#pragma nounroll
+FMLP_NOUNROLL
   for (int c = 0; c < N / 16; ++c) {
     simd<T, 16> t = tiles.template select<16, 1>(c * 16);
     simd<float, 16> v = widen(t);
@@ -216,7 +226,7 @@ template <typename T, int RG, int NT>
 inline void times_act_grad(simd<T, RG * NT * kTile> &g, int id, const T *z, int64_t rs,
                            T *dz, int64_t dz_rs, int64_t rows, int cols) {
   simd<uint32_t, 16> lane(0, 1);
-#pragma nounroll
+FMLP_NOUNROLL
   for (int c = 0; c < RG * NT * 8; ++c) {
     const int m = c % 8, nt = (c / 8) % NT, rg = c / (8 * NT), r = rg * 8 + m;
     if (r >= rows) continue;
@@ -239,14 +249,14 @@ inline void times_act_grad(simd<T, RG * NT * kTile> &g, int id, const T *z, int6
 // `slm`; only one column of accumulators (RG tiles of fp32) is live at a time.
 template <typename T, int RG, int KT, int NT, class Epi>
 inline void layer(simd<T, RG * KT * kTile> &a, uint32_t slm, Epi &&epi) {
-  #pragma unroll
+  FMLP_UNROLL
   for (int nt = 0; nt < NT; ++nt) {
     simd<float, RG * kTile> acc(0.0f);
-    #pragma unroll
+    FMLP_UNROLL
     for (int kt = 0; kt < KT; ++kt) {
       simd<T, kBTile> b = esimd::slm_block_load<T, kBTile>(
           slm + static_cast<uint32_t>((nt * KT + kt) * kBTile * sizeof(T)));
-      #pragma unroll
+      FMLP_UNROLL
       for (int rg = 0; rg < RG; ++rg) {
         simd<float, kTile> c = acc.template select<kTile, 1>(rg * kTile);
         simd<T, kTile> at = a.template select<kTile, 1>((rg * KT + kt) * kTile);
@@ -288,9 +298,9 @@ inline simd<float, 16> bias16(const T *bias, int l, int nt) {
 template <typename T, int RG, int NT>
 inline void bias_round_save(simd<float, RG * kTile> &acc, simd<T, RG * NT * kTile> &out, int nt,
                             simd<float, 16> b, T *z, int64_t z_rs, int64_t rows, int cols) {
-#pragma unroll
+FMLP_UNROLL
   for (int rg = 0; rg < RG; ++rg) {
-#pragma unroll
+FMLP_UNROLL
     for (int m = 0; m < 8; ++m)
       acc.template select<16, 1>(rg * kTile + m * 16) += b;
     simd<T, kTile> zt = acc.template select<kTile, 1>(rg * kTile);
@@ -343,9 +353,9 @@ inline void forward(const FmlpEsimdArgs &p) {
       bias_round_save<T, RG, NO>(acc, yt, nt, bias16<T>(bias, L - 1, nt), zo, p.z_rs, rows, p.out_w);
     });
     apply_act(yt, p.out_act);
-#pragma unroll
+FMLP_UNROLL
     for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
+FMLP_UNROLL
       for (int nt = 0; nt < NO; ++nt)
         store_tile<T>(y + r0 * p.out_w, p.out_w, rows, p.out_w, rg, nt,
                       yt.template select<kTile, 1>((rg * NO + nt) * kTile));
@@ -360,7 +370,7 @@ inline void forward(const FmlpEsimdArgs &p) {
 // that product is rounded again, as eager autograd does.
 template <typename T, int RG, int NT>
 inline void round_into(simd<float, RG * kTile> &acc, simd<T, RG * NT * kTile> &out, int nt) {
-#pragma unroll
+FMLP_UNROLL
   for (int rg = 0; rg < RG; ++rg)
     out.template select<kTile, 1>((rg * NT + nt) * kTile) = simd<T, kTile>(acc.template select<kTile, 1>(rg * kTile));
 }
@@ -403,9 +413,9 @@ inline void backward_rows(const FmlpEsimdArgs &p) {
     if (gx) {
       simd<T, RG * KI * kTile> gi;
       layer<T, RG, KH, KI>(g, slm, [&](int nt, simd<float, RG * kTile> &acc) { round_into<T, RG, KI>(acc, gi, nt); });
-#pragma unroll
+FMLP_UNROLL
       for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
+FMLP_UNROLL
         for (int nt = 0; nt < KI; ++nt)
           store_tile<T>(gx + r0 * p.in_w, p.in_w, rows, p.in_w, rg, nt,
                         gi.template select<kTile, 1>((rg * KI + nt) * kTile));
@@ -444,9 +454,9 @@ inline void weight_grads(const FmlpEsimdWgradArgs &p) {
     simd_mask<16> row_ok = lane < static_cast<uint32_t>(rows < 16 ? rows : 16);
     // A tiles: a[m][k] = dz[r + k][o0 + 8 mr + m], one gather down a column per m
     simd<T, MR * kTile> a;
-    #pragma unroll
+    FMLP_UNROLL
     for (int mr = 0; mr < MR; ++mr)
-      #pragma unroll
+      FMLP_UNROLL
       for (int m = 0; m < 8; ++m) {
         const int o = o0 + mr * 8 + m;
         simd<T, 16> v(0.0f);
@@ -459,10 +469,10 @@ inline void weight_grads(const FmlpEsimdWgradArgs &p) {
       }
     // B tiles: b[(k / 2) * 32 + n * 2 + k % 2] = act(src[r + k][i0 + 16 nr + n])
     simd<uint32_t, 32> kk = (lane32 & 1u), nn = (lane32 >> 1);
-    #pragma unroll
+    FMLP_UNROLL
     for (int nr = 0; nr < NR; ++nr) {
       simd<T, kBTile> b;
-      #pragma unroll
+      FMLP_UNROLL
       for (int kp = 0; kp < 8; ++kp) {
         simd<uint32_t, 32> row = kk + 2 * kp;
         simd<uint32_t, 32> col = nn + (i0 + 16 * nr);
@@ -476,7 +486,7 @@ inline void weight_grads(const FmlpEsimdWgradArgs &p) {
       // act(0) lands where rows or columns are out of range: harmless, as the A tiles
       // are 0 on those rows and the host drops the padded columns
       apply_act(b, p.src_act);
-      #pragma unroll
+      FMLP_UNROLL
       for (int mr = 0; mr < MR; ++mr) {
         simd<float, kTile> c = acc.template select<kTile, 1>((mr * NR + nr) * kTile);
         simd<T, kTile> at = a.template select<kTile, 1>(mr * kTile);
@@ -489,13 +499,13 @@ inline void weight_grads(const FmlpEsimdWgradArgs &p) {
   // partials: gw[grp][o][i] (o, i padded to out_pad, in_pad), gb[grp][o][16 lanes]
   float *gw = static_cast<float *>(p.gw) + grp * p.out_pad * p.in_pad;
   simd<uint32_t, 16> offs = lane * 4u;
-  #pragma unroll
+  FMLP_UNROLL
   for (int mr = 0; mr < MR; ++mr)
-    #pragma unroll
+    FMLP_UNROLL
     for (int m = 0; m < 8; ++m) {
       const int o = o0 + mr * 8 + m;
       if (o >= p.out_pad) continue;
-      #pragma unroll
+      FMLP_UNROLL
       for (int nr = 0; nr < NR; ++nr) {
         const int i = i0 + nr * 16;
         if (i >= p.in_pad) continue;
@@ -510,9 +520,21 @@ inline void weight_grads(const FmlpEsimdWgradArgs &p) {
 
 } // namespace fmlp_esimd
 
+// On the GPU the kernels ask for PVC's large register file (256 GRF: the row tiles fit
+// without spills there; FMLP_ESIMD_LARGE_GRF, set by the backend). The runtime turns the
+// property into the device compiler's option and keeps such images from devices without
+// the mode, so ci/aot_sycl.py builds on the CPU device without the property and passes
+// ocloc -ze-opt-large-register-file itself.
+#ifndef FMLP_ESIMD_LARGE_GRF
+#define FMLP_ESIMD_PROPS (sycl::ext::oneapi::experimental::nd_range_kernel<1>)
+#else
+#define FMLP_ESIMD_PROPS                                                                    \
+  (sycl::ext::oneapi::experimental::nd_range_kernel<1>,                                     \
+   sycl::ext::intel::experimental::grf_size<256>)
+#endif
 #define FMLP_ESIMD_KERNEL_DECL(name, ArgT)                                                  \
-  extern "C" SYCL_EXTERNAL SYCL_EXT_ONEAPI_FUNCTION_PROPERTY(                               \
-      (sycl::ext::oneapi::experimental::nd_range_kernel<1>)) FMLP_ESIMD_KERNEL void name(ArgT p)
+  extern "C" SYCL_EXTERNAL SYCL_EXT_ONEAPI_FUNCTION_PROPERTY(FMLP_ESIMD_PROPS)               \
+      FMLP_ESIMD_KERNEL void name(ArgT p)
 
 // One configuration: t in f16/bf16 (type T), padded widths IN, H, OUT.
 #define FMLP_ESIMD_FWD(t, T, IN, H, OUT)                                                    \

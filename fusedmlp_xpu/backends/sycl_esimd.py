@@ -1,0 +1,356 @@
+"""The ESIMD kernels of the ``sycl`` backend (kernels/sycl/fused_mlp_esimd.cpp): every
+layer's matmul on the Max 1550's XMX engines (``xmx::dpas``), rows carried through the
+layers in registers, the weights staged once per work-group in shared local memory.
+
+Kernel chain: ``fmlp_esimd_fwd_<t>_<IN>_<H>_<OUT>`` / ``fmlp_esimd_bwd_...`` /
+``fmlp_esimd_wgrad_<t>`` -> ``forward`` / ``backward`` here -> ``SyclBackend``, which
+takes this path for the nets ``config_for`` covers and its portable kernels for the rest.
+
+- One configuration per (dtype, padded input, hidden and output width): widths are padded
+  on chip to 16/32/64/128 (the x columns past in_features load as 0; the host packs zero
+  weights there), never in memory. The runtime compiles a configuration's three kernels
+  when a net first needs them, once per process and device.
+- On an ``xpu`` device (a Max 1550) the source compiles as ESIMD with the large register
+  file; ``ci/aot_sycl.py`` compiles every configuration for ``pvc`` with ``ocloc`` and
+  checks its ISA. On the CPU the same source compiles against ``esimd_emu.hpp`` (plain
+  SYCL) for ``opencl:cpu``, so the shared suite runs it against float64.
+- ``$FUSEDMLP_SYCL_SPIRV_DIR``: a directory of SPIR-V modules (``ci/aot_sycl.py
+  --spirv-dir``) to load a configuration from instead of compiling source, for a device
+  whose runtime compiler fails.
+
+The backward reads the forward's saved pre-activations (the portable kernels' contract):
+at these widths saving z costs 2 bytes a value written and read once, against a second
+pass of every layer's dpas work; the weight-gradient sums stay in registers per
+work-group and the host adds the groups' partials (the one cross-group reduction).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import memory, saved_widths
+from .kernel_files import kernel_dir
+
+KERNEL_DIR = kernel_dir("sycl")
+SOURCE = KERNEL_DIR / "fused_mlp_esimd.cpp"
+HEADER = KERNEL_DIR / "fused_mlp_esimd.h"
+INCLUDES = ("fused_mlp_esimd.h", "esimd_select.hpp", "esimd_emu.hpp")
+
+#: the widths a configuration pads to (dpas tiles are 16 wide)
+PADS = (16, 32, 64, 128)
+HALF = {torch.float16: ("f16", "sycl::half"),
+        torch.bfloat16: ("bf16", "sycl::ext::oneapi::bfloat16")}
+SPIRV_DIR_ENV = "FUSEDMLP_SYCL_SPIRV_DIR"
+#: FUSEDMLP_SYCL_ESIMD=0 keeps every net on the portable kernels (for comparisons)
+ENABLE_ENV = "FUSEDMLP_SYCL_ESIMD"
+
+
+def _define(name: str) -> int:
+    m = re.search(rf"^#define {name} (\d+)", HEADER.read_text(), re.M)
+    if not m:
+        raise RuntimeError(f"{HEADER} lacks #define {name}")
+    return int(m.group(1))
+
+
+WG = _define("FMLP_ESIMD_WG")
+SLM_BYTES = _define("FMLP_ESIMD_SLM_BYTES")
+BIAS_STRIDE = _define("FMLP_ESIMD_MAX_WIDTH")
+#: the weight-gradient kernel's thread tile (MR x 8 outputs, NR x 16 inputs)
+WGRAD_MR, WGRAD_NR = 4, 2
+
+
+def row_groups(hidden: int) -> int:
+    """Row groups of 8 a thread carries (fused_mlp_esimd.cpp row_groups<H>)."""
+    return 1 if hidden >= 128 else 2
+
+
+def pad(width: int) -> int:
+    return next(p for p in PADS if p >= width)
+
+
+@dataclass(frozen=True)
+class EsimdConfig:
+    """One compiled configuration: operand dtype and the padded widths."""
+
+    dtype: torch.dtype
+    IN: int
+    H: int
+    OUT: int
+
+    @property
+    def tag(self) -> str:
+        return HALF[self.dtype][0]
+
+    @property
+    def suffix(self) -> str:
+        return f"{self.tag}_{self.IN}_{self.H}_{self.OUT}"
+
+    def kernel(self, kind: str) -> str:
+        return f"fmlp_esimd_wgrad_{self.tag}" if kind == "wgrad" else \
+            f"fmlp_esimd_{kind}_{self.suffix}"
+
+    def names(self) -> list[str]:
+        return [self.kernel(k) for k in ("fwd", "bwd", "wgrad")]
+
+    def instantiation(self, kinds=("fwd", "bwd", "wgrad")) -> str:
+        tag, ctype = HALF[self.dtype]
+        lines = [f"FMLP_ESIMD_{k.upper()}({tag}, {ctype}, {self.IN}, {self.H}, {self.OUT})"
+                 for k in kinds if k != "wgrad"]
+        if "wgrad" in kinds:
+            lines.append(f"FMLP_ESIMD_WGRAD({tag}, {ctype})")
+        return "\n".join(lines) + "\n"
+
+    def dpas(self, kind: str) -> int:
+        """The dpas instructions the kernel's code holds (the ISA's static count): one
+        per 8 rows x 16 x 16 tile product of the first layer, one hidden layer (the loop
+        body: every hidden layer runs it) and the last layer, per row group; the
+        weight-gradient kernel: its thread tile's MR x NR products per 16 rows."""
+        ki, kh, ko = self.IN // 16, self.H // 16, self.OUT // 16
+        if kind == "wgrad":
+            return WGRAD_MR * WGRAD_NR
+        # backward: dL/dz_L -> hidden (ko x kh), hidden -> hidden, hidden -> x (kh x ki)
+        return row_groups(self.H) * (ki * kh + kh * kh + kh * ko)
+
+    def packed_bytes(self, n_layers: int) -> int:
+        tiles = (self.IN // 16) * (self.H // 16) + (n_layers - 2) * (self.H // 16) ** 2 \
+            + (self.H // 16) * (self.OUT // 16)
+        return tiles * 256 * 2
+
+
+def all_configs() -> list[EsimdConfig]:
+    """Every configuration the dispatcher can pick (what ci/aot_sycl.py compiles)."""
+    return [EsimdConfig(dt, i, h, o) for dt in HALF for h in PADS for i in PADS for o in PADS]
+
+
+def config_for(spec) -> tuple[EsimdConfig | None, str]:
+    """The configuration that runs ``spec``, or (None, why not)."""
+    if spec.dtype not in HALF:
+        return None, f"{spec.dtype}: dpas takes float16/bfloat16 operands"
+    if spec.n_layers < 2:
+        return None, "one layer: no hidden width to carry (portable kernel)"
+    hidden = set(spec.widths[1:-1])
+    if len(hidden) > 1:
+        return None, f"hidden widths {sorted(hidden)} differ (one padded width a kernel)"
+    if max(spec.widths) > PADS[-1]:
+        return None, f"width {max(spec.widths)} over {PADS[-1]}"
+    cfg = EsimdConfig(spec.dtype, pad(spec.in_features), pad(spec.widths[1]),
+                      pad(spec.out_features))
+    need = cfg.packed_bytes(spec.n_layers)
+    if need > SLM_BYTES:
+        return None, (f"{spec.n_layers} layers' weights ({need // 1024} KiB packed) over the "
+                      f"{SLM_BYTES // 1024} KiB of shared local memory a work-group")
+    return cfg, (f"ESIMD dpas kernel {cfg.suffix} (widths padded on chip to {cfg.IN}/{cfg.H}/"
+                 f"{cfg.OUT}, {need // 1024} KiB of weights in SLM)")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "1") != "0"
+
+
+# --- sources and builds ------------------------------------------------------------------
+def source(configs, kinds=("fwd", "bwd", "wgrad")) -> bytes:
+    """The kernel source with ``configs`` instantiated (wgrad once per dtype)."""
+    text = SOURCE.read_text()
+    seen_wgrad = set()
+    for c in configs:
+        ks = tuple(k for k in kinds if k != "wgrad" or c.dtype not in seen_wgrad)
+        if "wgrad" in ks:
+            seen_wgrad.add(c.dtype)
+        text += "\n" + c.instantiation(ks)
+    return text.encode()
+
+
+def includes() -> dict[str, bytes]:
+    return {name: (KERNEL_DIR / name).read_bytes() for name in INCLUDES}
+
+
+def build_options(emulate: bool) -> list[str]:
+    return ["-DFMLP_ESIMD_EMULATE"] if emulate else ["-DFMLP_ESIMD_LARGE_GRF"]
+
+
+_bundles: dict[tuple, object] = {}
+_lock = threading.Lock()
+
+
+def _spirv_module(names: list[str]) -> bytes | None:
+    """The SPIR-V module of $FUSEDMLP_SYCL_SPIRV_DIR that holds every kernel ``names``."""
+    d = os.environ.get(SPIRV_DIR_ENV)
+    if not d:
+        return None
+    for f in sorted(Path(d).glob("*.spv")):
+        data = f.read_bytes()
+        if all(n.encode() in data for n in names):
+            return data
+    raise RuntimeError(f"sycl backend: no SPIR-V module in {SPIRV_DIR_ENV}={d} holds "
+                       f"{', '.join(names)}")
+
+
+def bundle(sh, queue: int, key, cfg: EsimdConfig, emulate: bool):
+    """The built kernels of ``cfg`` for the queue's device (``key`` names the device)."""
+    k = (key, cfg, emulate)
+    with _lock:
+        if k not in _bundles:
+            names = cfg.names()
+            spv = _spirv_module(names)
+            if spv is not None:
+                _bundles[k] = sh.build(queue, spv, names, spirv=True,
+                                       options=[] if emulate else ["-ze-opt-large-register-file"])
+            else:
+                _bundles[k] = sh.build(queue, source([cfg]), names, includes=includes(),
+                                       options=build_options(emulate))
+        return _bundles[k]
+
+
+# --- the host side ------------------------------------------------------------------------
+class Args(ctypes.Structure):
+    """FmlpEsimdArgs of fused_mlp_esimd.h."""
+    _fields_ = [("src", ctypes.c_void_p), ("src_rs", ctypes.c_int64), ("src_cs", ctypes.c_int64),
+                ("dst", ctypes.c_void_p), ("wpack", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("z", ctypes.c_void_p), ("dz", ctypes.c_void_p), ("z_rs", ctypes.c_int64),
+                ("dz_rs", ctypes.c_int64), ("n_rows", ctypes.c_int64),
+                ("wpack_words", ctypes.c_int32), ("n_layers", ctypes.c_int32),
+                ("in_w", ctypes.c_int32), ("hid_w", ctypes.c_int32), ("out_w", ctypes.c_int32),
+                ("act", ctypes.c_int32), ("out_act", ctypes.c_int32), ("pad_", ctypes.c_int32)]
+
+
+class WgradArgs(ctypes.Structure):
+    """FmlpEsimdWgradArgs of fused_mlp_esimd.h."""
+    _fields_ = [("dz", ctypes.c_void_p), ("src", ctypes.c_void_p), ("gw", ctypes.c_void_p),
+                ("gb", ctypes.c_void_p), ("dz_rs", ctypes.c_int64), ("src_rs", ctypes.c_int64),
+                ("src_cs", ctypes.c_int64), ("n_rows", ctypes.c_int64),
+                ("rows_per_group", ctypes.c_int64), ("out_w", ctypes.c_int32),
+                ("in_w", ctypes.c_int32), ("out_pad", ctypes.c_int32), ("in_pad", ctypes.c_int32),
+                ("src_act", ctypes.c_int32), ("pad_", ctypes.c_int32)]
+
+
+def pack_tiles(m: torch.Tensor, n_pad: int, k_pad: int) -> torch.Tensor:
+    """dpas B tiles of the product with m^T: m [N, K] (zero-padded to [n_pad, k_pad]) as
+    tiles (n, k) in that order, each 16 x 16 in VNNI order: B[k][n] = m[n][k] at
+    (k // 2) * 32 + n * 2 + k % 2. Returns the flat tiles."""
+    p = m.new_zeros(n_pad, k_pad)
+    p[: m.shape[0], : m.shape[1]] = m
+    nt, kt = n_pad // 16, k_pad // 16
+    t = p.view(nt, 16, kt, 16).permute(0, 2, 3, 1)          # [nt, kt, k, n]
+    return t.reshape(nt, kt, 8, 2, 16).permute(0, 1, 2, 4, 3).reshape(-1)  # [.., k/2, n, k%2]
+
+
+def _pads(cfg: EsimdConfig, n_layers: int) -> list[tuple[int, int]]:
+    """(padded out, padded in) of each layer."""
+    ins = [cfg.IN] + [cfg.H] * (n_layers - 1)
+    outs = [cfg.H] * (n_layers - 1) + [cfg.OUT]
+    return list(zip(outs, ins))
+
+
+def pack_forward(weights, cfg: EsimdConfig) -> torch.Tensor:
+    pads = _pads(cfg, len(weights))
+    return torch.cat([pack_tiles(w, o, i) for w, (o, i) in zip(weights, pads)])
+
+
+def pack_backward(weights, cfg: EsimdConfig) -> torch.Tensor:
+    """W itself (g_{l-1} = g_l W_l) as B tiles, last layer first."""
+    pads = _pads(cfg, len(weights))
+    return torch.cat([pack_tiles(weights[l].t(), pads[l][1], pads[l][0])
+                      for l in reversed(range(len(weights)))])
+
+
+def pack_biases(biases, like: torch.Tensor) -> torch.Tensor:
+    out = like.new_zeros(len(biases), BIAS_STRIDE)
+    for l, b in enumerate(biases):
+        out[l, : b.shape[0]] = b
+    return out
+
+
+def _groups(blocks: int, device: torch.device) -> int:
+    """Work-groups of a row kernel: enough to fill the device, each looping over blocks."""
+    if device.type == "xpu":
+        props = torch.xpu.get_device_properties(device)
+        cores = getattr(props, "gpu_subslice_count", 0) or 64
+        limit = 4 * cores
+    else:
+        limit = 4 * (os.cpu_count() or 1)
+    return max(1, min(math.ceil(blocks / WG), limit))
+
+
+def _rows_args(cfg, spec, n, lau, src, dst_ptr, wpack, z_ptr, z_rs, dz_ptr=None, dz_rs=0,
+               bias_ptr=None) -> Args:
+    src_ptr, (rs, cs) = lau.input(src)
+    return Args(src=src_ptr, src_rs=rs, src_cs=cs, dst=dst_ptr,
+                wpack=lau.input(wpack)[0], bias=bias_ptr, z=z_ptr, dz=dz_ptr, z_rs=z_rs,
+                dz_rs=dz_rs, n_rows=n, wpack_words=wpack.numel() // 2,
+                n_layers=spec.n_layers, in_w=spec.in_features, hid_w=spec.widths[1],
+                out_w=spec.out_features, act=spec.activation_id,
+                out_act=spec.output_activation_id)
+
+
+def forward(sh, lau, key, emulate, x, weights, biases, spec, cfg, save):
+    n = x.shape[0]
+    y = memory.new_empty(n, spec.out_features, like=x)
+    widths = saved_widths(spec)
+    saved = memory.new_empty(n, sum(widths), like=x) if save else None
+    if n == 0:
+        return y, saved
+    b = bundle(sh, lau.queue, key, cfg, emulate)
+    bias_ptr = None if biases is None else lau.input(pack_biases(biases, x))[0]
+    z_ptr = lau.output(saved) if save and saved.shape[1] else None
+    args = _rows_args(cfg, spec, n, lau, x, lau.output(y), pack_forward(weights, cfg), z_ptr,
+                      saved.shape[1] if save else 0, bias_ptr=bias_ptr)
+    blocks = math.ceil(n / (8 * row_groups(cfg.H)))
+    b.launch(lau.queue, cfg.kernel("fwd"), _groups(blocks, x.device) * WG, WG, args)
+    lau.finish()
+    return y, saved
+
+
+def backward(sh, lau, key, emulate, grad_y, x, weights, biases, saved, spec, cfg, needs):
+    need_x, need_w, need_b = needs
+    need_b = need_b and biases is not None
+    n, L = x.shape[0], spec.n_layers
+    gx = memory.new_empty(n, spec.in_features, like=x) if need_x else None
+    if n == 0:
+        gw = [torch.zeros_like(w) for w in weights] if need_w else []
+        gb = [torch.zeros_like(w[:, 0]) for w in weights] if need_b else []
+        return gx, gw, gb
+    b = bundle(sh, lau.queue, key, cfg, emulate)
+    z_rs = saved.shape[1]
+    z_ptr = lau.input(saved)[0] if z_rs else None
+    dz_rs = (L - 1) * spec.widths[1] + spec.out_features
+    dz = memory.new_empty(n, dz_rs, like=x) if need_w or need_b else None
+    dz_ptr = lau.output(dz) if dz is not None else None
+    args = _rows_args(cfg, spec, n, lau, grad_y, lau.output(gx) if need_x else None,
+                      pack_backward(weights, cfg), z_ptr, z_rs, dz_ptr, dz_rs)
+    blocks = math.ceil(n / (8 * row_groups(cfg.H)))
+    b.launch(lau.queue, cfg.kernel("bwd"), _groups(blocks, x.device) * WG, WG, args)
+    partials = []
+    if dz is not None:
+        lau.finish()  # dz back in the tensor (CPU: out of USM) before it is read again
+        rows_per_group = 16 * math.ceil(n / 16 / min(256, math.ceil(n / 16)))
+        groups = math.ceil(n / rows_per_group)
+        x_ptr, (x_rs, x_cs) = lau.input(x)
+        dz_in = lau.input(dz)[0]
+        z_in = z_ptr if z_ptr is None else lau.input(saved)[0]
+        esize = x.element_size()
+        for l in range(L):
+            out_w, in_w = spec.widths[l + 1], spec.widths[l]
+            out_pad, in_pad = 32 * math.ceil(out_w / 32), 32 * math.ceil(in_w / 32)
+            pw = memory.new_empty(groups, out_pad, in_pad, like=x, dtype=torch.float32)
+            pb = memory.new_empty(groups, out_pad, 16, like=x, dtype=torch.float32) \
+                if need_b else None
+            src, rs, cs, act = (x_ptr, x_rs, x_cs, 0) if l == 0 else \
+                (z_in + (l - 1) * spec.widths[1] * esize, z_rs, 1, spec.activation_id)
+            wargs = WgradArgs(dz=dz_in + l * spec.widths[1] * esize, src=src,
+                              gw=lau.output(pw), gb=lau.output(pb) if pb is not None else None,
+                              dz_rs=dz_rs, src_rs=rs, src_cs=cs, n_rows=n,
+                              rows_per_group=rows_per_group, out_w=out_w, in_w=in_w,
+                              out_pad=out_pad, in_pad=in_pad, src_act=act)
+            b.launch(lau.queue, cfg.kernel("wgrad"), groups * WG, WG, wargs)
+            partials.append((pw, pb, out_w, in_w))
+    lau.finish()
+    gw = [pw.sum(0)[:o, :i].to(x.dtype) for pw, _, o, i in partials] if need_w else []
+    gb = [pb.sum((0, 2))[:o].to(x.dtype) for _, pb, o, _ in partials] if need_b else []
+    return gx, gw, gb
