@@ -221,6 +221,9 @@ def test_select_views_and_masks(driver, tmp_path):
     np.testing.assert_array_equal(get(tmp_path, "merge.bin", np.float32), np.where(m, a, -1))
     np.testing.assert_array_equal(get(tmp_path, "neg.bin", np.float32), -a)
     np.testing.assert_array_equal(get(tmp_path, "compound.bin", np.float32), (3 * (a + 1) - a) / 2)
+    ec = np.ones(8, np.float16)
+    ec[0] = 1 + 2.0 ** -10
+    np.testing.assert_array_equal(get(tmp_path, "elem_compound.bin", np.float16), ec)
 
 
 # --- global memory at the edges -------------------------------------------------------------

@@ -280,20 +280,17 @@ public:
     return *this;
   }
   elem_ref &operator=(const elem_ref &o) { return *this = static_cast<T>(o); }
-  template <class U> elem_ref &operator+=(U v) {
-    return *this = detail::apply<detail::op::add>(static_cast<T>(*this), detail::cvt<T>(v));
-  }
-  template <class U> elem_ref &operator-=(U v) {
-    return *this = detail::apply<detail::op::sub>(static_cast<T>(*this), detail::cvt<T>(v));
-  }
-  template <class U> elem_ref &operator*=(U v) {
-    return *this = detail::apply<detail::op::mul>(static_cast<T>(*this), detail::cvt<T>(v));
-  }
-  template <class U> elem_ref &operator/=(U v) {
-    return *this = detail::apply<detail::op::div>(static_cast<T>(*this), detail::cvt<T>(v));
-  }
+  // x[i] op= v is x[i] = x[i] op v in the computation type, rounded to T once
+  template <class U> elem_ref &operator+=(U v) { return compound<detail::op::add>(v); }
+  template <class U> elem_ref &operator-=(U v) { return compound<detail::op::sub>(v); }
+  template <class U> elem_ref &operator*=(U v) { return compound<detail::op::mul>(v); }
+  template <class U> elem_ref &operator/=(U v) { return compound<detail::op::div>(v); }
 
 private:
+  template <detail::op O, class U> elem_ref &compound(U v) {
+    using R = detail::comp_t<T, U>;
+    return *this = detail::apply<O, R>(detail::cvt<R>(static_cast<T>(*this)), detail::cvt<R>(v));
+  }
   unsigned char *p_;
 };
 

@@ -175,6 +175,11 @@ void views() {
   simd<float, 8> c = a;
   c += 1.0f, c *= 3.0f, c -= a, c /= 2.0f; // (3(a+1) - a) / 2
   write("compound.bin", c);
+  // an element's op= rounds once: 1 + (2^-11 + 2^-22) in float, then to half (1 + 2^-10);
+  // rounding the addend to half first (2^-11, a tie) would give 1
+  simd<half, 8> h = 1.0f;
+  h[0] += 0.00048828125f + 2.384185791015625e-07f;
+  write("elem_compound.bin", h);
 }
 
 // ---- global memory: src.bin (f32, n) ----------------------------------------------------
