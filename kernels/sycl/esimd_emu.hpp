@@ -17,18 +17,20 @@
 //    out but nobody wrote read as poison: NaN for floating types, 0 for integers
 //    (SLM bytes are 0xFF: NaN as float, half and bfloat16);
 //  - a block load/store whose address breaks the default alignment the real API
-//    assumes (4 bytes for global memory, 16 for SLM), or an SLM access past what
-//    slm_init declared: on the host build the program stops with a message; on a
-//    device the load returns poison and the store writes poison.
+//    assumes (4 bytes for global memory, 16 for SLM), an SLM access past what slm_init
+//    declared (on a device: past the 128 KiB), a select past the end of its simd: on the
+//    host build the program stops with a message; on a device such a load returns
+//    poison, a global store writes poison and an SLM store writes nothing.
 //
 // Arithmetic follows ESIMD's type rules (detail/operators.hpp, computation_type):
 // simd<half> + simd<half> is simd<half>, simd<half> * 2.0f is simd<float> (the scalar
 // takes part in the promotion), simd<int16_t> + simd<int16_t> is simd<int>. half and
 // bfloat16 operations are computed in float and rounded to nearest even once, which
 // for + - * / gives the same result as native half arithmetic (float has 24 >= 2*11+2
-// bits). Conversions to half/bfloat16 round to nearest even with subnormals kept; they
-// are done here bit by bit rather than by sycl::half's host conversion, which
-// truncates below 2^-13.
+// bits). Conversions to half/bfloat16 round to nearest even with subnormals kept: on a
+// device by the compiler's own half conversions, on the host bit by bit here (the host
+// conversion of sycl::half truncates below 2^-13). xmx::dpas: fp16/bf16 operands, float
+// C and result, execution size 16 (PVC); see its comment for the rounding model.
 //
 // Not emulated: timing, the register file (no spills, no GRF limits), bank conflicts,
 // the hardware's scheduling, cache hints and property lists, 2-D block messages.
@@ -960,12 +962,13 @@ template <class T> constexpr dpas_argument_type precision_of() {
 // Result[m, n] = C[m, n] + sum_k A[m, k] * B[k, n] for m < RepeatCount, n < 16, k < 16.
 // A: RepeatCount x 16 row-major; B: 16 x 16 packed VNNI, (k, n) at (k/2)*32 + n*2 + k%2;
 // C and the result: RepeatCount x 16 row-major. The model of the arithmetic: each
-// product of two fp16/bf16 values is exact in fp32 (11+11 or 8+8 significant bits), and
-// they are added to the fp32 accumulator one k at a time in order, from C, each sum
-// rounded to nearest even. Intel does not publish the systolic array's internal adder
-// precision or order; this model is the one a kernel author can reason with, and its
-// error bound (K roundings of the partial sums) covers an order-independent check
-// against float64. fp32 subnormals are kept (the hardware may flush them).
+// product of two fp16/bf16 values is exact in fp32 (11+11 or 8+8 significant bits; a
+// bf16 product can still leave fp32's exponent range), and they are added to the fp32
+// accumulator one k at a time in order, from C, each sum rounded to nearest even. Intel
+// does not publish the systolic array's internal adder precision or order; this model is
+// one a kernel author can reason with, and its error bound (16 roundings of partial sums
+// no larger than |C| + sum |a b|) is what an order-independent check against float64
+// can use. fp32 subnormals are kept (the hardware may flush them).
 template <int RepeatCount, class AT, class BT, int N, int BN, int AN> inline void check() {
   static_assert(std::is_same_v<AT, BT> && (std::is_same_v<AT, half> || std::is_same_v<AT, bf16>),
                 "dpas emulation: A and B must both be sycl::half or both bfloat16");
