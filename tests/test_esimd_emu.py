@@ -250,6 +250,7 @@ def test_gather_scatter_block_edges(driver, tmp_path):
     np.testing.assert_array_equal(gathered[live], src[idx[live]])
     assert np.isnan(gathered[~live]).all(), "masked-off gather lanes must read as poison"
     np.testing.assert_array_equal(get(tmp_path, "gather_all.bin", np.float32), src[idx])
+    np.testing.assert_array_equal(get(tmp_path, "gather_view.bin", np.float32), gathered)
 
     want = dst.copy()
     want[idx[live]] = vals[live]

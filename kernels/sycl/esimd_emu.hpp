@@ -852,6 +852,24 @@ inline void scatter(T *p, simd<OffsetT, N> byte_offsets, simd<T, N> vals) {
   scatter<T, N, OffsetT>(p, byte_offsets, vals, simd_mask<N>(1));
 }
 
+// The same with the offsets in a view (a region of a larger simd), as ESIMD accepts.
+template <class T, int N, class OffsetT>
+inline simd<T, N> gather(const T *p, simd_view<OffsetT, N> byte_offsets, simd_mask<N> mask) {
+  return gather<T, N, OffsetT>(p, byte_offsets.read(), mask);
+}
+template <class T, int N, class OffsetT>
+inline simd<T, N> gather(const T *p, simd_view<OffsetT, N> byte_offsets) {
+  return gather<T, N, OffsetT>(p, byte_offsets.read());
+}
+template <class T, int N, class OffsetT>
+inline void scatter(T *p, simd_view<OffsetT, N> byte_offsets, simd<T, N> vals, simd_mask<N> mask) {
+  scatter<T, N, OffsetT>(p, byte_offsets.read(), vals, mask);
+}
+template <class T, int N, class OffsetT>
+inline void scatter(T *p, simd_view<OffsetT, N> byte_offsets, simd<T, N> vals) {
+  scatter<T, N, OffsetT>(p, byte_offsets.read(), vals);
+}
+
 // ---- shared local memory and the barrier ---------------------------------------------
 namespace detail {
 #if FMLP_EMU_SYCL

@@ -61,6 +61,11 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((sycl::ext::oneapi::experimental::n
   esimd::simd<bf16, 16> gl = esimd::block_load<bf16, 16>(g);
   esimd::scatter<float, 16>(y, offs, l, m);
   esimd::scatter<float, 16>(y + 1, offs, l);
+  esimd::simd<uint32_t, 32> offs2(0, 4);
+  l += esimd::gather<float, 16>(x, offs2.select<16, 2>(0), m) +
+       esimd::gather<float, 16>(x, offs2.select<16, 1>(16));
+  esimd::scatter<float, 16>(y, offs2.select<16, 2>(0), l.select<16, 1>(0), m);
+  esimd::scatter<float, 16>(y, offs2.select<16, 1>(0), l);
   esimd::block_store<float, 16>(y, l + hl + gl + s + back + lane);
   esimd::block_store<float, 16>(y, 128,
                                 c + (float(r[0]) + float(bits[0]) + float(hbits[0]) + float(m4[0]) +

@@ -196,6 +196,9 @@ void memory() {
     offs[i] = off[i], m[i] = msk[i];
   write("gather.bin", esimd::gather<float, 16>(src.data(), offs, m));
   write("gather_all.bin", esimd::gather<float, 16>(src.data(), offs));
+  simd<uint32_t, 32> spread = 0xFFFFFFF0u; // offsets in the even lanes, junk in the odd
+  spread.select<16, 2>(0) = offs;
+  write("gather_view.bin", esimd::gather<float, 16>(src.data(), spread.select<16, 2>(0), m));
 
   auto dst = read<float>("dst.bin");
   simd<float, 16> vals;
