@@ -186,7 +186,7 @@ def _spirv_module(names: list[str]) -> bytes | None:
         return None
     for f in sorted(Path(d).glob("*.spv")):
         data = f.read_bytes()
-        if all(n.encode() in data for n in names):
+        if all(f"__sycl_kernel_{n}".encode() in data for n in names):
             return data
     raise RuntimeError(f"sycl backend: no SPIR-V module in {SPIRV_DIR_ENV}={d} holds "
                        f"{', '.join(names)}")

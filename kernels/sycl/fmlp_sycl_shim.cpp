@@ -317,9 +317,11 @@ int fmlp_sycl_build(void *queue, int language, const char *source, int64_t sourc
     }();
     auto bundle = std::make_unique<Bundle>(Bundle{q.get_context(), q.get_device(), {}});
     for (const auto &n : kernel_names) {
-      if (!exe.ext_oneapi_has_kernel(n))
+      // SPIR-V names a free-function kernel by its entry point, __sycl_kernel_<name>
+      std::string found = exe.ext_oneapi_has_kernel(n) ? n : "__sycl_kernel_" + n;
+      if (!exe.ext_oneapi_has_kernel(found))
         throw std::runtime_error("kernel " + n + " not in the built bundle");
-      bundle->kernels.emplace(n, exe.ext_oneapi_get_kernel(n));
+      bundle->kernels.emplace(n, exe.ext_oneapi_get_kernel(found));
     }
     std::lock_guard<std::mutex> lock(g_mutex);
     g_bundles.push_back(std::move(bundle));
