@@ -456,7 +456,7 @@ def environment(workdir: Path) -> dict:
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                          capture_output=True, text=True)
     driver = ver.read_text().strip("\x00 \n") if ver.exists() else None
-    return {"device": DEVICE, "ocloc_driver": driver, "intel_sycl_rt": rt,
+    return {"machine": "pvc", "device": DEVICE, "ocloc_driver": driver, "intel_sycl_rt": rt,
             "commit": git.stdout.strip() or None,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
@@ -537,7 +537,8 @@ def main(argv=None) -> int:
         print(format_row(r))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        table = {"environment": env, "kernels": rows}
+        # a run of the pvc results table: python -m fusedmlp_xpu.bench.results add OUT
+        table = {"schema": "fusedmlp-pvc-isa/1", "environment": env, "kernels": rows}
         args.out.write_text(json.dumps(table, indent=1) + "\n")
     bad = errors + failures(rows)
     for b in bad:

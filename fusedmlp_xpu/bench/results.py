@@ -34,12 +34,13 @@ KINDS = ("measurement", "run", "log")
 #: the fields every record has (tests/test_results.py checks them)
 REQUIRED = ("run", "kind", "date", "env")
 #: the keys under which harnesses list their measurements, in the order looked for
-LIST_KEYS = ("records", "rows", "results", "tunings")
+LIST_KEYS = ("records", "rows", "results", "tunings", "kernels")
 _TOP = ("run", "kind", "date", "commit", "commit_note", "machine", "schema", "env")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 #: what each harness's schema is, for a run that says nothing more
 SCHEMAS = {
+    "fusedmlp-pvc-isa/1": "ci/aot_sycl.py (the ESIMD kernels compiled for pvc: ISA counts)",
     "fusedmlp-bench/1": "fusedmlp bench (narrow configs, or --suite wide)",
     "fusedmlp-bench-wide/1": "fusedmlp bench --suite wide",
     "fusedmlp-bench-steps/1": "fusedmlp bench --suite steps (whole training steps)",

@@ -292,6 +292,21 @@ inline simd<float, 16> bias16(const T *bias, int l, int nt) {
   return simd<float, 16>(esimd::block_load<T, 16>(bias + l * FMLP_ESIMD_MAX_WIDTH + nt * 16));
 }
 
+// Stage every layer's weights in SLM, then body(r0, rows) for each block of R rows this
+// thread owns (blocks dealt round-robin over all threads of the grid; `rows` counts the
+// rows from r0 to the end, so a block past it masks what it reads and writes).
+template <int R, class Body>
+inline void for_each_row_block(const FmlpEsimdArgs &p, Body &&body) {
+  esimd::slm_init<kSlmBytes>();
+  auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const int lid = static_cast<int>(it.get_local_id(0));
+  stage_weights(static_cast<const uint32_t *>(p.wpack), p.wpack_words, lid);
+  const int64_t blocks = (p.n_rows + R - 1) / R;
+  const int64_t stride = static_cast<int64_t>(it.get_group_range(0)) * kWG;
+  for (int64_t blk = static_cast<int64_t>(it.get_group(0)) * kWG + lid; blk < blocks; blk += stride)
+    body(blk * R, p.n_rows - blk * R);
+}
+
 // ---- forward -----------------------------------------------------------------------------
 // The epilogue of a layer's column tile nt: bias added in fp32, rounded to T (z), saved
 // where training asks, kept as the next layer's input (the activation follows per layer).
@@ -314,20 +329,12 @@ template <typename T, int IN, int H, int OUT>
 inline void forward(const FmlpEsimdArgs &p) {
   constexpr int RG = row_groups<H>(), R = 8 * RG;
   constexpr int KI = IN / 16, KH = H / 16, NO = OUT / 16;
-  esimd::slm_init<kSlmBytes>();
-  auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-  const int lid = static_cast<int>(it.get_local_id(0));
-  stage_weights(static_cast<const uint32_t *>(p.wpack), p.wpack_words, lid);
-
   const T *x = static_cast<const T *>(p.src);
   T *y = static_cast<T *>(p.dst);
   const T *bias = static_cast<const T *>(p.bias);
   T *z = static_cast<T *>(p.z);
   const int L = p.n_layers;
-  const int64_t blocks = (p.n_rows + R - 1) / R;
-  const int64_t stride = static_cast<int64_t>(it.get_group_range(0)) * kWG;
-  for (int64_t blk = static_cast<int64_t>(it.get_group(0)) * kWG + lid; blk < blocks; blk += stride) {
-    const int64_t r0 = blk * R, rows = p.n_rows - r0;
+  for_each_row_block<R>(p, [&](int64_t r0, int64_t rows) {
     T *zr = z ? z + r0 * p.z_rs : nullptr;  // this block's saved z, layer l at l * hid_w
     simd<T, RG * KH * kTile> h;
     {
@@ -359,7 +366,7 @@ FMLP_UNROLL
       for (int nt = 0; nt < NO; ++nt)
         store_tile<T>(y + r0 * p.out_w, p.out_w, rows, p.out_w, rg, nt,
                       yt.template select<kTile, 1>((rg * NO + nt) * kTile));
-  }
+  });
 }
 
 // ---- row backward -------------------------------------------------------------------------
@@ -379,20 +386,12 @@ template <typename T, int IN, int H, int OUT>
 inline void backward_rows(const FmlpEsimdArgs &p) {
   constexpr int RG = row_groups<H>(), R = 8 * RG;
   constexpr int KI = IN / 16, KH = H / 16, KO = OUT / 16;
-  esimd::slm_init<kSlmBytes>();
-  auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-  const int lid = static_cast<int>(it.get_local_id(0));
-  stage_weights(static_cast<const uint32_t *>(p.wpack), p.wpack_words, lid);
-
   const T *gy = static_cast<const T *>(p.src);
   T *gx = static_cast<T *>(p.dst);
   const T *z = static_cast<const T *>(p.z);
   T *dz = static_cast<T *>(p.dz);
   const int L = p.n_layers;
-  const int64_t blocks = (p.n_rows + R - 1) / R;
-  const int64_t stride = static_cast<int64_t>(it.get_group_range(0)) * kWG;
-  for (int64_t blk = static_cast<int64_t>(it.get_group(0)) * kWG + lid; blk < blocks; blk += stride) {
-    const int64_t r0 = blk * R, rows = p.n_rows - r0;
+  for_each_row_block<R>(p, [&](int64_t r0, int64_t rows) {
     const T *zr = z + r0 * p.z_rs;
     T *dzr = dz ? dz + r0 * p.dz_rs : nullptr;
     simd<T, RG * KO * kTile> go = load_tiles<T, RG, KO>(gy + r0 * p.src_rs, p.src_rs, p.src_cs, rows, p.out_w);
@@ -420,7 +419,7 @@ FMLP_UNROLL
           store_tile<T>(gx + r0 * p.in_w, p.in_w, rows, p.in_w, rg, nt,
                         gi.template select<kTile, 1>((rg * KI + nt) * kTile));
     }
-  }
+  });
 }
 
 // ---- weight gradients -------------------------------------------------------------------
