@@ -235,6 +235,7 @@ def gated_mlp(x, w_gate, w_up, w_down, biases, activation, backend):
 
 @gated_mlp.register_fake
 def _(x, w_gate, w_up, w_down, biases, activation, backend):
+    op.keep_fused_under_inductor()
     return x.new_empty(*x.shape[:-1], w_down.shape[0])
 
 
@@ -247,6 +248,7 @@ def gated_mlp_train(x, w_gate, w_up, w_down, biases, activation, backend):
 
 @gated_mlp_train.register_fake
 def _(x, w_gate, w_up, w_down, biases, activation, backend):
+    op.keep_fused_under_inductor()
     lead, hidden = x.shape[:-1], w_gate.shape[0]
     return (x.new_empty(*lead, w_down.shape[0]), x.new_empty(*lead, hidden),
             x.new_empty(*lead, hidden))
@@ -272,6 +274,8 @@ def gated_mlp_backward(grad_y, x, w_gate, w_up, w_down, biases, saved, activatio
 @gated_mlp_backward.register_fake
 def _(grad_y, x, w_gate, w_up, w_down, biases, saved, activation, backend, need_x, need_w,
       need_b):
+    op.keep_fused_under_inductor()
+
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 

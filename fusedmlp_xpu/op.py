@@ -12,6 +12,7 @@ casts x, weights and biases to the region's dtype before the op (like nn.Linear)
 from __future__ import annotations
 
 import math
+import sys
 
 from collections.abc import Iterable
 from typing import Sequence
@@ -55,6 +56,25 @@ def _run_forward(x, weights, biases, spec, backend, save, be=None):
     return (y, saved.reshape(*lead, saved.shape[-1])) if save else y
 
 
+#: the package's ops (op.py, gated.py)
+FUSED_OPS = ("fusedmlp::mlp", "fusedmlp::mlp_train", "fusedmlp::mlp_backward",
+             "fusedmlp::gated_mlp", "fusedmlp::gated_mlp_train", "fusedmlp::gated_mlp_backward")
+
+
+def keep_fused_under_inductor() -> None:
+    """Tell inductor that its fallback to these ops (the fused kernels) is meant.
+
+    fusedmlp_xpu.export registers decompositions of them for the exporters, and inductor's
+    implicit fallback for an op that has one raises where the environment sets CI ("a
+    decomposition exists, we should switch to it"), so a user's CI compiling a model with
+    fused MLPs would fail. Its allow list is the way to keep such an op whole. Called from
+    the fake implementations, which inductor's tracing runs before lowering; a dictionary
+    lookup when inductor is not loaded or the ops are already listed."""
+    low = sys.modules.get("torch._inductor.lowering")
+    if low is not None and FUSED_OPS[0] not in low.FALLBACK_ALLOW_LIST:
+        low.FALLBACK_ALLOW_LIST.update(FUSED_OPS)
+
+
 # --- forward (recompute in backward) -------------------------------------------------
 @torch.library.custom_op("fusedmlp::mlp", mutates_args=(), device_types=DEVICE_TYPES,
                          schema=f"({_FWD_ARGS}) -> Tensor")
@@ -65,6 +85,7 @@ def mlp(x, weights, biases, activation, output_activation, backend):
 
 @mlp.register_fake
 def _(x, weights, biases, activation, output_activation, backend):
+    keep_fused_under_inductor()
     return x.new_empty(*x.shape[:-1], weights[-1].shape[0])
 
 
@@ -78,6 +99,7 @@ def mlp_train(x, weights, biases, activation, output_activation, backend):
 
 @mlp_train.register_fake
 def _(x, weights, biases, activation, output_activation, backend):
+    keep_fused_under_inductor()
     lead = x.shape[:-1]
     spec = _spec(x, weights, biases, activation, output_activation)
     return x.new_empty(*lead, spec.out_features), x.new_empty(*lead, sum(saved_widths(spec)))
@@ -120,6 +142,7 @@ def _own(ts) -> list[torch.Tensor]:
 @mlp_backward.register_fake
 def _(grad_y, x, weights, biases, saved, activation, output_activation, backend,
       need_x, need_w, need_b):
+    keep_fused_under_inductor()
     gx = [torch.empty_like(x, memory_format=torch.contiguous_format)] if need_x else []
     gw = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights] if need_w else []
     gb = [torch.empty_like(b) for b in biases] if need_b and biases is not None else []

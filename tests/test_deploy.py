@@ -14,6 +14,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -200,6 +201,22 @@ def test_compile_keeps_the_fused_op():
         y, codes = run_and_get_code(torch.compile(m), x)
         torch.testing.assert_close(y, m(x), **TOL)
     assert "torch.ops.fusedmlp.mlp.default(" in "".join(codes)
+
+
+def test_compile_with_ci_set_keeps_the_fused_ops(tmp_path):
+    """Where the environment sets CI, inductor refuses an implicit fallback to an op that
+    has a decomposition unless the op is on its allow list (op.FUSED_OPS): a fresh
+    process (an op lowered once stays lowered) compiles a training step of each module."""
+    code = (
+        "import torch, fusedmlp_xpu as fm\n"
+        "for m in (fm.FusedMLP(8, 4, 16, 2, bias=True), fm.GatedMLP(8, 16, activation='silu')):\n"
+        "    x = torch.randn(5, 8, requires_grad=True)\n"
+        "    torch.compile(m)(x).sum().backward()\n"
+        "    assert x.grad is not None\n")
+    env = dict(os.environ, CI="true", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
 
 
 def _op_args(bias: bool, act="gelu_tanh", out_act="softplus"):
