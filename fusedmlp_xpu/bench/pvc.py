@@ -78,14 +78,15 @@ def rows(isa: dict | None = None, dtype: str = "bf16") -> list[dict]:
 
 def markdown(isa: dict | None = None, dtype: str = "bf16") -> str:
     head = ("| config | rows | floor ms (GEMM rate) | floor ms (peak) | bound | dpas a row "
-            "| useful MACs | bytes a row | kernel | GRF | spills | static dpas |\n"
+            "| useful MACs | bytes a row | forward kernel | GRF | spills | static dpas |\n"
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     body = "".join(
         f"| `{r['config']}` | 2^{math.log2(r['rows']):.0f}"
         f"{'+' + str(r['rows'] - 2 ** int(math.log2(r['rows']))) if r['rows'] & (r['rows'] - 1) else ''} "
         f"| {r['floor_ms']:.3f} | {r['floor_at_peak_ms']:.3f} | {r['bound']} "
         f"| {r['dpas_per_row']:g} | {r['useful_fraction']:.0%} | {r['bytes_per_row']} "
-        f"| `{r['kernel']}` | {r['grf'] or '—'} "
+        f"| {r['kernel'].removeprefix('fmlp_esimd_fwd_').replace('_', ' ', 1).replace('_', '/')} "
+        f"| {r['grf'] or '—'} "
         f"| {'—' if r['spill_bytes'] is None else r['spill_bytes']} "
         f"| {r['static_dpas'] or '—'} |\n" for r in rows(isa, dtype))
     return head + body
