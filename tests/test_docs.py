@@ -42,6 +42,10 @@ def test_python_blocks_run(page, tmp_path):
     script.write_text("\n".join(parts))
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.environ.get(
         "TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor")))
+    # the page runs in tmp_path: a relative PYTHONPATH (the GPU machine runs the suite
+    # from the tree with PYTHONPATH=.) must still find the package
+    env["PYTHONPATH"] = os.pathsep.join(
+        [ROOT] + [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("--- block ")]

@@ -470,8 +470,10 @@ def cache_dir() -> Path:
 
 
 def compile_options(defines: dict[str, int], arch: str) -> list[str]:
-    # -v: ptxas's registers, spills and shared memory go to the program log (aot_cuda.py)
-    return [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v",
+    # -v: ptxas's registers, spills and shared memory go to the program log (aot_cuda.py);
+    # -default-device: unannotated functions are device code, as the generic lambdas of
+    # the backward need (the H200's NVRTC rejected them as host functions in JIT mode)
+    return [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v", "-default-device",
             *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
 
 
