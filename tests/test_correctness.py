@@ -382,6 +382,52 @@ def test_split_backward_partial_grads(backend, monkeypatch, one_kernel):
     test_partial_grads(backend)
 
 
+@pytest.mark.parametrize("widths", [(17, 33, 33, 33, 9), (16, 128, 128, 3)],
+                         ids=["2hidden-odd", "1hidden-128"])
+@pytest.mark.parametrize("out_act", ["none", "tanh"])
+def test_split_backward_in_row_chunks(backend, widths, out_act, monkeypatch):
+    """The split backward storing g a chunk of rows at a time (tuning.g_chunk_rows): 1037
+    rows as four chunks of 256 and one of 13, each with its chain, weight-gradient kernel
+    and reduction, the chunks' sums added in fp32; every gradient against the reference."""
+    name, dev = backend
+    if name != "triton":
+        pytest.skip("the Triton narrow kernel's variant")
+    split = n_tuning.Split(64, 4, 2, g_block_m=64, g_warps=4, g_per_sm=1, g_unroll=True,
+                           g_stages=2)
+    monkeypatch.setattr(n_tuning, "_split_backward", lambda device, spec: split)
+    monkeypatch.setattr(n_launchers, "_n_programs", lambda device, n_blocks, per_sm=1:
+                        max(1, min(n_blocks, 3)))
+    monkeypatch.setattr(n_tuning, "_CHUNK_ALIGN", 256)
+    monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "0.001")  # below one row block's g
+    launched = []
+    for mode in ("g", "dw", "reduce"):
+        la = n_launchers._launcher(mode)
+        monkeypatch.setattr(la, "launch", lambda *a, _l=la.launch, _m=mode, **k:
+                            launched.append(_m) or _l(*a, **k))
+    run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=True, grad=True,
+        lead=(1037,))
+    assert launched == ["g", "dw", "reduce"] * 5, launched
+
+
+def test_g_chunk_rows(monkeypatch):
+    """The split backward's g chunks: whole within the budget; else the budget's rows,
+    at most G_MAX_CHUNKS chunks, aligned; FUSEDMLP_G_CHUNK_MB=0 keeps g whole; a bad
+    value names the variable."""
+    monkeypatch.delenv("FUSEDMLP_G_CHUNK_MB", raising=False)
+    row = 1024  # narrow-w128's g row in fp16: 4 layers x 128 x 2 bytes
+    assert n_tuning.g_chunk_rows(1 << 18, row) == 1 << 18
+    assert n_tuning.g_chunk_rows(1 << 20, row) == 1 << 18  # 256 MiB of g
+    assert n_tuning.g_chunk_rows(1 << 22, row) == 1 << 19  # at most 8 chunks
+    assert n_tuning.g_chunk_rows((1 << 20) + 37, row) % n_tuning._CHUNK_ALIGN == 0
+    monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "0")
+    assert n_tuning.g_chunk_rows(1 << 22, row) == 1 << 22
+    monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "64")
+    assert n_tuning.g_chunk_rows(1 << 19, row) == 1 << 16
+    monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "lots")
+    with pytest.raises(ValueError, match="FUSEDMLP_G_CHUNK_MB"):
+        n_tuning.g_chunk_rows(1 << 20, row)
+
+
 @pytest.mark.parametrize("resident", [False, True], ids=["per-block", "resident"])
 @pytest.mark.parametrize("act", ["softplus", "relu"])
 def test_x_only_backward_from_saved_z_runs_the_chain_alone(backend, resident, act,

@@ -16,7 +16,7 @@ from ..launch import int_key
 from . import launchers, reduce, tuning
 from .launchers import NUM_STAGES, _fits, _launch_meta
 from .operands import _ALIGN, _aligned, _dense, _gluon_operands, _stacked
-from .reduce import _reduce_grads, _reduce_launch
+from .reduce import _reduce_flat, _reduce_grads, _reduce_launch
 from .tuning import (GLUON_MIN_ROWS, Split, _chain_pads, _dw_pads, _narrow,
                      _one_kernel, _one_kernel_pads, _tuning)
 
@@ -73,6 +73,43 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
     gx = memory.new_empty(M, IN, like=x) if need_x else x
     # per program and layer: the padded weight tile's partial sum, then the bias's
     W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
+    store_g = split is not None and not x_only
+    g_width = (L_HID + 1) * H + (OUT if spec.output_activation != "none" else 0)
+    # the split stores g for a chunk of rows at a time (tuning.g_chunk_rows), so that the
+    # g buffer beside the saved z stays small: then the weight-gradient kernel and the
+    # reduction for that chunk, the chunks' sums added in fp32
+    chunk = tuning.g_chunk_rows(M, g_width * x.element_size()) if store_g else M
+    g_buf = memory.new_empty(min(chunk, M), g_width, like=x) if store_g else None
+    total = None
+    for r0 in range(0, max(M, 1), max(chunk, 1)):
+        rows = slice(r0, min(M, r0 + chunk))
+        acc = _chain_and_dw(grad_y[rows], x[rows], weights, wh, z[rows],
+                            gx[rows] if need_x else x, g_buf, spec, meta, split, needs,
+                            x_only, W_SLOT, SLOT)
+        if not need_wb:
+            continue
+        if chunk >= M:
+            gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
+            return (gx if need_x else None), gws, gbs
+        layout, part = _reduce_flat(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, acc)
+        total = part if total is None else total.add_(part)
+    gws, gbs = [], []
+    if need_wb:
+        gws, gbs = layout.views(total.to(x.dtype))
+    return (gx if need_x else None), gws, gbs
+
+
+def _chain_and_dw(grad_y, x, weights, wh, z, gx, g_buf, spec, meta, split, needs, x_only,
+                  W_SLOT, SLOT):
+    """The fused kernel, or the split's input-gradient chain (storing g into ``g_buf``
+    unless x's gradient is all that is wanted) and its weight-gradient kernel, over the
+    rows of ``x`` -> the per-program partial sums [P, layers, SLOT] (``grad_y`` as a
+    placeholder when no weight or bias gradient is wanted)."""
+    need_x, need_w, need_b = needs
+    need_wb = need_w or need_b
+    M = x.shape[0]
+    IN, H, OUT = spec.in_features, spec.widths[1], spec.out_features
+    L_HID = spec.n_layers - 2
     block_m, warps, stages = _tuning(x.device, spec, "bwd" if split is None else "g")
     if split is not None:  # the input-gradient chain's rows and warps are the split's
         block_m, warps = split.g_block_m, split.g_warps
@@ -84,8 +121,7 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
                                   split.g_per_sm if split is not None else 1)
     g = acc = grad_y  # placeholders for pointers a launch does not use
     if split is not None and not x_only:
-        g = memory.new_empty(M, (L_HID + 1) * H + (
-            OUT if spec.output_activation != "none" else 0), like=x)
+        g = g_buf[:M]
     elif need_wb:  # every program adds into its slot: zeros first
         acc = torch.zeros(P, spec.n_layers, SLOT, device=x.device, dtype=torch.float32)
     if M > 0:
@@ -110,10 +146,7 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
             if split is not None and not x_only:
                 acc = _split_weight_grads(grad_y, x, z, g, spec, meta, split, need_b,
                                           W_SLOT, SLOT)
-    gws, gbs = [], []
-    if need_wb:
-        gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
-    return (gx if need_x else None), gws, gbs
+    return acc
 
 
 @functools.lru_cache(maxsize=512)

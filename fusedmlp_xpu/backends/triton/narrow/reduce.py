@@ -69,13 +69,20 @@ def _reduce_launch(acc, out, layout: _ReduceLayout, IN, H, OUT, L_HID, device):
                                layout.consts, device, num_warps=4, num_stages=1)
 
 
+def _reduce_flat(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, like):
+    """Every gradient from the partials into one flat buffer of ``like``'s dtype ->
+    (its layout, the buffer)."""
+    layout = _reduce_layout(spec, T_P, W_SLOT, SLOT, need_w, need_b, like.device.type)
+    out = memory.new_empty(layout.numel, like=like)
+    with device_guard(like):
+        _reduce_launch(acc, out, layout, spec.in_features, spec.widths[1],
+                       spec.out_features, spec.n_layers - 2, like.device)
+    return layout, out
+
+
 def _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x):
     """Every layer's weight and bias gradient from the backward's per-program partials:
     one kernel writing them, unpadded and in x's dtype, as views of one buffer (a sum and
     two copies a layer before: ~10 small launches a train step)."""
-    layout = _reduce_layout(spec, T_P, W_SLOT, SLOT, need_w, need_b, x.device.type)
-    out = memory.new_empty(layout.numel, like=x)
-    with device_guard(x):
-        _reduce_launch(acc, out, layout, spec.in_features, spec.widths[1],
-                       spec.out_features, spec.n_layers - 2, x.device)
+    layout, out = _reduce_flat(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
     return layout.views(out)

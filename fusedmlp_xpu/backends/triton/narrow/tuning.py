@@ -10,7 +10,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..common import pow2
+from .... import envvars
+from ..common import cdiv, pow2
 from . import launchers
 from .launchers import NUM_STAGES, _launch_meta
 
@@ -365,6 +366,30 @@ def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int, int]:
     """(BLOCK_M, num_warps, num_stages of the layer loop) of a launch in ``mode``, looked up
     once per (device type, spec, mode)."""
     return _tuning_cached(device.type, spec, mode)
+
+
+# The split backward's g buffer (every layer's g for the rows it holds) sits beside the
+# saved pre-activations, which are as large: stored whole, narrow-w128's train step
+# peaked at 2346 MB at 2^20 rows against eager's 1664 (H200, fp16). It is stored for
+# G_CHUNK_BYTES of rows at a time (at most G_MAX_CHUNKS chunks, each a weight-gradient
+# launch and a reduction more); FUSEDMLP_G_CHUNK_MB overrides the budget, 0 stores g whole.
+G_CHUNK_BYTES = 256 << 20
+G_MAX_CHUNKS = 8
+_CHUNK_ALIGN = 1024  # rows: a multiple of every row block, and 16-byte aligned slices
+
+
+def g_chunk_rows(M: int, row_bytes: int) -> int:
+    """Rows of g the split backward stores at a time for an M-row call (M: g whole)."""
+    mb = envvars.get("FUSEDMLP_G_CHUNK_MB")
+    try:
+        budget = G_CHUNK_BYTES if mb is None else int(float(mb) * (1 << 20))
+    except ValueError:
+        raise ValueError(f"FUSEDMLP_G_CHUNK_MB must be a number of MiB, got {mb!r}") from None
+    if budget <= 0 or M * row_bytes <= budget:
+        return M
+    rows = max(budget // row_bytes, cdiv(M, G_MAX_CHUNKS))
+    rows = cdiv(rows, _CHUNK_ALIGN) * _CHUNK_ALIGN
+    return min(rows, M)
 
 
 def _split_backward(device: torch.device, spec) -> Split | None:
