@@ -410,6 +410,13 @@ def test_targets_are_checked_over_every_case_and_pass():
         rec("wide-swiglu", 8192, "train", "triton", "python", 13.0, x_bare=1.01,
             peak_mem_MB=1520.0),
         rec("wide-swiglu", 8192, "train", "eager", "python", 13.3, x_bare=1.04, peak_mem_MB=1520.0),
+        # w128 train peak memory at 2^20 rows, per dtype against eager's of that dtype
+        rec("narrow-w128", 2**20, "train", "triton", "python", 1.8, 2.0, peak_mem_MB=1500.0),
+        rec("narrow-w128", 2**20, "train", "eager", "python", 2.0, 2.2, peak_mem_MB=1664.0),
+        rec("narrow-w128", 2**20, "train", "triton", "python", 1.8, 2.0, dtype="bfloat16",
+            peak_mem_MB=1700.0),
+        rec("narrow-w128", 2**20, "train", "eager", "python", 2.0, 2.2, dtype="bfloat16",
+            peak_mem_MB=2000.0),
         rec("wide-gelu", 16, "inference", "triton", "python", 0.078),
         rec("wide-gelu", 16, "inference", "eager", "python", 0.080),
         rec("wide-gelu", 16, "train", "triton", "python", 0.50),
@@ -437,6 +444,8 @@ def test_targets_are_checked_over_every_case_and_pass():
     assert got[("wide train, M 8192", "wide-swiglu")].status == "met"
     mem = "wide train peak memory"
     assert [got[(mem, c)].status for c in ("wide-gelu", "wide-swiglu")] == ["met", "missed"]
+    v = got[("narrow-w128 train peak memory, 2^20 rows", "narrow-w128")]
+    assert (v.python, v.status) == ((0.85, 1500 / 1664), "met"), v
     assert got[("wide inference, M 16", "wide-gelu")].status == "met"
     assert got[("wide train, M 16", "wide-gelu")].status == "missed"
     assert ("narrow inference, N >= 2^20", "narrow-w32") not in got  # nothing measured

@@ -300,10 +300,11 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
     for name, model in models.items():
         run = _runner(model, xs, mode, grads)
         try:
+            peak = _peak_mb(run, device) if mode == "train" else None
             for p in range(1, passes + 1):
                 med, lo, hi = timer(run)
                 records.append(_record(cfg, N, dtype_name, mode, name, "python", p, med, lo, hi,
-                                       spec, floor, errs.get(name)))
+                                       spec, floor, errs.get(name), peak))
             if N <= GRAPH_MAX_N and device.type == "cuda" and name != "compile":
                 gms = _graph_ms(run, device, timer)
                 if gms is not None:
@@ -315,13 +316,28 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
     return records
 
 
-def _record(cfg, N, dtype_name, mode, backend, timing, p, med, lo, hi, spec, floor, err):
+def _peak_mb(run, device) -> float | None:
+    """MiB a train step allocates at its peak above what was allocated before it (CUDA;
+    after one warm step, so compiles and autotuning are not counted)."""
+    if device.type != "cuda":
+        return None
+    run(0)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run(1)
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def _record(cfg, N, dtype_name, mode, backend, timing, p, med, lo, hi, spec, floor, err,
+            peak=None):
     flops = spec.flops(N) * (3 if mode == "train" else 1)
     return {"config": cfg.name, "N": N, "dtype": dtype_name, "mode": mode, "backend": backend,
             "timing": timing, "pass": p, "median_ms": med, "min_ms": lo, "max_ms": hi,
             "rows_per_s": N / med * 1e3, "tflops": flops / med / 1e9,
             "floor_ms": floor, "x_floor": (med / floor) if floor else None,
-            "max_rel_error": err, "peak_mem_MB": None}
+            "max_rel_error": err, "peak_mem_MB": peak}
 
 
 def run_bench(args, checkpoint=None) -> dict:

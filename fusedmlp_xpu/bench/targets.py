@@ -146,17 +146,22 @@ def _wide(records) -> list[Verdict]:
         for config, vals in sorted(xb.items()):
             v.append(_verdict(f"wide {mode}, M 8192: <= 1.02x the bare matmuls", config, vals,
                               None, "x bare", 1.02, True))
-    mem = defaultdict(dict)
-    for r in records:
-        if (r["config"] in WIDE and r["mode"] == "train" and r["N"] == 8192
-                and r.get("peak_mem_MB") and r["timing"] == "python"):
-            mem[r["config"]][r["backend"]] = r["peak_mem_MB"]
-    for config, m in sorted(mem.items()):
-        ours = [mb for b, mb in m.items() if b not in BASELINES]
-        if ours and "eager" in m:
-            v.append(_verdict("wide train peak memory: below eager's", config,
-                              [mb / m["eager"] for mb in ours], None, "x eager's", 1.0, True,
-                              strict=True))
+    for configs, rows, name, strict in ((WIDE, 8192, "wide train peak memory: below eager's",
+                                         True),
+                                        (("narrow-w128",), 1 << 20,
+                                         "narrow-w128 train peak memory, 2^20 rows: <= eager's",
+                                         False)):
+        mem = defaultdict(lambda: defaultdict(dict))
+        for r in records:
+            if (r["config"] in configs and r["mode"] == "train" and r["N"] == rows
+                    and r.get("peak_mem_MB") and r["timing"] == "python"):
+                mem[r["config"]][r["dtype"]][r["backend"]] = r["peak_mem_MB"]
+        for config, by_dtype in sorted(mem.items()):
+            ratios = [mb / m["eager"] for m in by_dtype.values() if "eager" in m
+                      for b, mb in m.items() if b not in BASELINES]
+            if ratios:
+                v.append(_verdict(name, config, ratios, None, "x eager's", 1.0, True,
+                                  strict=strict))
     for mode in ("inference", "train"):
         for config, vals in sorted(_ratios(records, lambda c: c in WIDE, mode, "eager", "python",
                                            lambda n: n == 16).items()):
