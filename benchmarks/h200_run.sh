@@ -90,6 +90,14 @@ for s in $steps; do
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6; done ;;
     # train steps from Python and from a CUDA graph, triton and cuda forced side by side
     cuda-bwd-bench) FUSEDMLP_CUDA_BACKWARD=1 timeout 200 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode train --backends triton cuda --out "$T" --run "$M-bench-cuda-train-narrow-w64-$STAMP" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
+    # narrow-w128 train steps at 2^20 and 2^22 rows with the split backward's g stored whole
+    # (FUSEDMLP_G_CHUNK_MB=0) and in chunks (the default): time and peak memory beside eager
+    w128-mem) for mb in 0 256; do
+             FUSEDMLP_G_CHUNK_MB=$mb timeout ${W128_S:-200} python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w128 --mode train --batch 1048576 --batch 4194304 --backends triton --compile none --out "$T" --run "$M-w128-train-gchunk$mb-$STAMP" > "$OUT/w128-gchunk$mb.txt" 2>&1
+             echo "g chunk $mb MiB rc=$?"
+             python3 -c "import sys; from fusedmlp_xpu.bench import results as R
+for m in R.documents(R.read(sys.argv[1])).get(sys.argv[2], {}).get('records', []):
+    print(m['backend'], m['N'], m['dtype'], m['timing'], m['pass'], round(m['median_ms'], 3), m.get('x_floor') and round(m['x_floor'], 2), m.get('peak_mem_MB') and round(m['peak_mem_MB']))" "$T" "$M-w128-train-gchunk$mb-$STAMP"; done ;;
     *) echo "unknown step $s" ;;
   esac
 done
