@@ -236,3 +236,23 @@ def test_report_reads_runs_from_a_table(tmp_path, capsys):
     assert "argument --run: not in the results given: nope" in capsys.readouterr().err
     assert cli.main(["report", table, "--run", "other", "--out", str(out)]) == 2
     assert "argument --run: run other: expected schema" in capsys.readouterr().err
+
+
+def test_a_device_log_is_appended_as_one_log_record(tmp_path, capsys):
+    """``results log``: a raw log as one record (only the lines --keep matches), listed
+    in the index with its file; the same run id twice is refused."""
+    log = tmp_path / "tests.log"
+    log.write_text("tests/a.py::t1 PASSED\ntests/a.py::t2 FAILED\n== 1 failed, 1 passed ==\n")
+    table = str(tmp_path / "h200.jsonl")
+    argv = ["log", str(log), "--run", "h200-tests-x", "--what", "the GPU suite",
+            "--machine", "h200", "--date", "2026-12-05", "--keep", "FAILED|passed",
+            "--table", table]
+    assert results.main(argv) == 0
+    (r,) = results.read(table)
+    assert (r["kind"], r["run"], r["file"], r["date"]) == ("log", "h200-tests-x", "tests.log",
+                                                           "2026-12-05")
+    assert r["text"] == "tests/a.py::t2 FAILED\n== 1 failed, 1 passed ==\n"
+    assert "| `h200-tests-x` | 2026-12-05 | 0 | the GPU suite; log `tests.log` |" in \
+        results.index([table])
+    assert results.main(argv) == 2
+    assert "already in" in capsys.readouterr().err

@@ -331,6 +331,23 @@ def _add_table(path: str, table: str | None) -> None:
         print(f"{path} -> {t} (run {run}, {len(recs)} records)")
 
 
+def log_record(path: str, run: str, what: str, machine_name: str, date: str,
+               keep: str | None = None, commit: str | None = None) -> dict:
+    """A ``log`` record of the text file at ``path`` (only its lines matching the regular
+    expression ``keep``, if given: a verbose test log's failures and summary)."""
+    check_run_id(run)
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines()
+    if keep is not None:
+        pat = re.compile(keep)
+        lines = [ln for ln in lines if pat.search(ln)]
+    return {"run": run, "kind": "log", "date": date, "commit": commit,
+            "machine": machine_name, "schema": None,
+            "env": {"machine": machine_name, "unrecorded": "a raw log: its environment is in "
+                    "its text"}, "what": what, "file": os.path.basename(path),
+            "text": "\n".join(lines) + "\n"}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fusedmlp_xpu.bench.results",
                                 description=__doc__.split("\n\n")[0])
@@ -343,10 +360,30 @@ def main(argv=None) -> int:
     a.add_argument("--what", default=None, help="what the run was (default: its harness)")
     i = sub.add_parser("index", help="the Markdown index of the tables' runs, on stdout")
     i.add_argument("tables", nargs="+")
+    lg = sub.add_parser("log", help="append a raw log (a device run's test or sanitizer "
+                        "output) as one log record")
+    lg.add_argument("file")
+    lg.add_argument("--run", required=True, metavar="ID")
+    lg.add_argument("--what", required=True, help="what the log is of")
+    lg.add_argument("--machine", required=True, help="the machine it ran on (its table)")
+    lg.add_argument("--date", default=None, help="YYYY-MM-DD (default: today)")
+    lg.add_argument("--keep", default=None, metavar="REGEX",
+                    help="keep only the lines matching this (default: every line)")
+    lg.add_argument("--table", default=None)
     args = p.parse_args(argv)
     try:
         if args.cmd == "index":
             print(index(args.tables))
+            return 0
+        if args.cmd == "log":
+            table = args.table or os.path.join(RESULTS_DIR, args.machine + SUFFIX)
+            check_table_path(table, "--table")
+            if args.run in run_ids(table):
+                raise ValueError(f"run id already in {table}: {args.run}")
+            date = args.date or datetime.date.today().isoformat()
+            append(table, [log_record(args.file, args.run, args.what, args.machine, date,
+                                      args.keep, commit_here())])
+            print(f"{args.file} -> {table} (run {args.run}, log)")
             return 0
         for path in args.files:
             if path.endswith(SUFFIX):  # another table (a device run's): its runs as they are
