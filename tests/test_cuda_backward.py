@@ -316,6 +316,23 @@ def test_training_only_when_switched_on(h200, monkeypatch):
     assert not ok and "sm_90 (wgmma) only" in why
 
 
+def test_a_measured_train_win_trains_unforced(h200, monkeypatch):
+    """A spec in MEASURED_TRAIN_WINS trains on the cuda backend unforced and without
+    FUSEDMLP_CUDA_BACKWARD, and the explanation names the run; other specs do not."""
+    spec = _spec(W64)
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setitem(cuda_backend.MEASURED_TRAIN_WINS, cuda_backend.win_key((9, 0), spec),
+                        "h200-run-x")
+    ex = dispatch.explain_choice(h200, spec, None, train=True)
+    c = next(c for c in ex.considered if c.name == "cuda")
+    assert ex.backend == "cuda" and "for training (h200-run-x)" in c.reason, str(ex)
+    other = _spec(W64, bias=False) if spec.bias else _spec(W64, bias=True)
+    ex = dispatch.explain_choice(h200, other, None, train=True)
+    assert ex.backend != "cuda"
+    ex = dispatch.explain_choice(h200, other, "cuda", train=True)
+    assert ex.backend is None and "FUSEDMLP_CUDA_BACKWARD=1" in ex.considered[0].reason
+
+
 # --- on an sm_90 GPU (not yet run) -------------------------------------------------------------
 def _sm90_or_skip(monkeypatch):
     if not torch.cuda.is_available():

@@ -60,6 +60,12 @@ from . import Backend, cuda_build, device_guard, memory, notes
 #: Biases and other activations were not timed.
 MEASURED_WINS: dict[tuple, str] = {}
 
+#: Measured train-step wins over triton (the forward and the backward kernel), keyed as
+#: MEASURED_WINS: the run that showed it. A spec in it trains here unforced, without
+#: FUSEDMLP_CUDA_BACKWARD; every other spec trains here only forced, with it. Empty until
+#: the backward has passed compute-sanitizer and been timed beside triton on an H200.
+MEASURED_TRAIN_WINS: dict[tuple, str] = {}
+
 
 def win_key(capability: tuple[int, int], spec) -> tuple:
     """The MEASURED_WINS key of ``spec`` on a device of ``capability``."""
@@ -335,9 +341,10 @@ def _backward_config(spec, device: torch.device, need_x: bool, need_wb: bool):
     """The backward kernel's configuration for ``spec`` on ``device`` and these
     gradients, or (None, why it does not train here): off unless FUSEDMLP_CUDA_BACKWARD=1,
     sm_90 only, the kernel's specs (cuda_build.backward_config)."""
-    if envvars.get(BACKWARD_ENV) != "1":
-        return None, _TRAINING
     cap, _, smem = device_info(device)
+    if (envvars.get(BACKWARD_ENV) != "1"
+            and win_key(cap, spec) not in MEASURED_TRAIN_WINS):
+        return None, _TRAINING
     if tuple(cap) != (9, 0):
         return None, (f"sm_{cap[0]}{cap[1]}: the backward kernel is sm_90 (wgmma) only; "
                       "inference only here")
@@ -401,9 +408,13 @@ class CudaBackend(Backend):
     def preferred(self, spec, device, train=False):
         cap = torch.cuda.get_device_capability(device)
         arch = f"sm_{cap[0]}{cap[1]}"
-        if train:  # MEASURED_WINS are inference wins; the backward has no measurement yet
-            return False, (f"its backward is not measured against triton's on {arch}: "
-                           "trains only when forced (with FUSEDMLP_CUDA_BACKWARD=1)")
+        if train:
+            src = MEASURED_TRAIN_WINS.get(win_key(cap, spec))
+            if src is None:
+                return False, (f"its train step is not measured faster than triton's on "
+                               f"{arch} for this spec: trains only when forced (with "
+                               "FUSEDMLP_CUDA_BACKWARD=1)")
+            return True, f"measured faster than triton on {arch} for training ({src})"
         src = MEASURED_WINS.get(win_key(cap, spec))
         if src is None:
             return False, (f"compiled, not measured faster than triton on {arch} for this "
