@@ -338,11 +338,11 @@ def test_training_raises_clearly(stubbed, monkeypatch):
     with pytest.raises(NotImplementedError, match="recompute=False is not supported"):
         be.forward(x, ws, bs, spec, True)
     assert not be.saves and be.recomputes(spec, torch.device("cuda"))
-    # off unless FUSEDMLP_CUDA_BACKWARD=1 (not yet run on a GPU)
+    # off unless FUSEDMLP_CUDA_BACKWARD=1 (not yet sanitized or timed on a GPU)
     with pytest.raises(NotImplementedError, match="inference only .* FUSEDMLP_CUDA_BACKWARD=1"):
         be.backward(torch.randn(4, 8).half(), x, ws, bs, None, spec, (True, True, True))
     ok, why = be.train_support(spec, torch.device("cuda", 0))
-    assert not ok and "has not run on a GPU yet" in why
+    assert not ok and "not yet sanitized or timed" in why
 
 
 # --- the dispatcher's view (CPU, device properties stubbed) ---------------------------

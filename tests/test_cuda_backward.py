@@ -299,7 +299,7 @@ def test_training_only_when_switched_on(h200, monkeypatch):
     assert ex.backend is None and "FUSEDMLP_CUDA_BACKWARD=1" in ex.considered[0].reason
     monkeypatch.setenv(ENV, "1")
     ex = dispatch.explain_choice(h200, spec, "cuda", train=True)
-    assert ex.backend == "cuda" and "not yet run on a GPU" in ex.considered[0].reason
+    assert ex.backend == "cuda" and "not yet sanitized or timed" in ex.considered[0].reason
     # unforced, its backward is not measured: training takes triton (or the next backend),
     # even where an inference win is on record for the spec
     monkeypatch.setitem(cuda_backend.MEASURED_WINS, cuda_backend.win_key((9, 0), spec), "x")
@@ -333,7 +333,7 @@ def test_a_measured_train_win_trains_unforced(h200, monkeypatch):
     assert ex.backend is None and "FUSEDMLP_CUDA_BACKWARD=1" in ex.considered[0].reason
 
 
-# --- on an sm_90 GPU (not yet run) -------------------------------------------------------------
+# --- on an sm_90 GPU -------------------------------------------------------------
 def _sm90_or_skip(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
