@@ -374,7 +374,8 @@ def test_misuse_stops_the_host_build(driver, tmp_path, what, message):
 
 # --- one source, real ESIMD or the emulation ---------------------------------------------------
 def include_files() -> dict[str, bytes]:
-    return {n: (KERNELS / n).read_bytes() for n in ("esimd_emu.hpp", "esimd_select.hpp")}
+    return {n: (KERNELS / n).read_bytes() for n in ("esimd_emu.hpp", "esimd_emu_simd.hpp",
+                                                   "esimd_select.hpp")}
 
 
 @needs_sycl_cpu

@@ -41,7 +41,7 @@ from .kernel_files import kernel_dir
 KERNEL_DIR = kernel_dir("sycl")
 SOURCE = KERNEL_DIR / "fused_mlp_esimd.cpp"
 HEADER = KERNEL_DIR / "fused_mlp_esimd.h"
-INCLUDES = ("fused_mlp_esimd.h", "esimd_select.hpp", "esimd_emu.hpp")
+INCLUDES = ("fused_mlp_esimd.h", "esimd_select.hpp", "esimd_emu.hpp", "esimd_emu_simd.hpp")
 
 #: the widths a configuration pads to (dpas tiles are 16 wide)
 PADS = (16, 32, 64, 128)
