@@ -8,9 +8,12 @@ results table.
         [--config narrow-w64] [--rows 4194304] [--dtype float16]
 
 Sets FUSEDMLP_CUDA_BACKWARD=1 for itself (the kernel is off by default until its GPU
-tests pass). Check: grad_x, every weight and bias gradient, each as max |error| over the
-largest |value| of the float64 gradient, within the suite's tolerance of the dtype; the
-outputs are poisoned (NaN-filled grad_x) so a value the kernel never wrote fails. A wrong
+tests pass). Check: grad_x, every weight and bias gradient, each as the norm of its error
+over the norm of the float64 gradient, within the suite's tolerance of the dtype (the max
+|error| over the largest |value| is recorded too, not gated on: at 2^22 rows some relu
+pre-activations round to the other side of 0 in 16 bits, and those units' gradients
+differ from float64's whole; on the H200 triton and cuda both read 0.29 there, equal to
+the last digit, h200-cuda-bwd-narrow-w64-float16-20261205b); the outputs are poisoned (NaN-filled grad_x) so a value the kernel never wrote fails. A wrong
 backend is reported WRONG and not timed. Times: device events, back-to-back calls, the
 median of --repeats runs after warm-up; the floor is fusedmlp bench's (the train step's
 FLOPs at the 8192^3 matmul rate, or its minimal bytes at the copy rate, measured here).
@@ -56,11 +59,20 @@ def errors(got, want) -> dict:
     rx, rw, rb = want
 
     def rel(a, b):
-        return ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
     out = {"grad_x": rel(gx, rx)}
     out.update({f"grad_w{i}": rel(a, b) for i, (a, b) in enumerate(zip(gw, rw))})
     out.update({f"grad_b{i}": rel(a, b) for i, (a, b) in enumerate(zip(gb, rb))})
     return out
+
+
+def max_errors(got, want) -> dict:
+    """The largest |error| of each gradient over its largest |value| (recorded only)."""
+    names = ["grad_x"] + [f"grad_w{i}" for i in range(len(got[1]))] + [
+        f"grad_b{i}" for i in range(len(got[2]))]
+    pairs = [(got[0], want[0]), *zip(got[1], want[1]), *zip(got[2], want[2])]
+    return {n: ((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+            for n, (a, b) in zip(names, pairs)}
 
 
 def main(argv=None) -> int:
@@ -129,6 +141,7 @@ def main(argv=None) -> int:
             memory.new_empty = real
         torch.cuda.synchronize(device)
         rec["errors"] = errors(got, want)
+        rec["max_errors"] = max_errors(got, want)
         rec["ok"] = max(rec["errors"].values()) <= TOLERANCE[dtype]
         if rec["ok"]:
             rec["backward_ms"] = median_ms(device, backward, args.repeats)

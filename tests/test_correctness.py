@@ -398,6 +398,7 @@ def test_split_backward_in_row_chunks(backend, widths, out_act, monkeypatch):
     monkeypatch.setattr(n_launchers, "_n_programs", lambda device, n_blocks, per_sm=1:
                         max(1, min(n_blocks, 3)))
     monkeypatch.setattr(n_tuning, "_CHUNK_ALIGN", 256)
+    monkeypatch.setattr(n_tuning, "G_MAX_CHUNKS", 8)
     monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "0.001")  # below one row block's g
     launched = []
     for mode in ("g", "dw", "reduce"):
@@ -406,7 +407,9 @@ def test_split_backward_in_row_chunks(backend, widths, out_act, monkeypatch):
                             launched.append(_m) or _l(*a, **k))
     run(backend, widths, torch.float16, act="gelu", out_act=out_act, bias=True, grad=True,
         lead=(1037,))
-    assert launched == ["g", "dw", "reduce"] * 5, launched
+    # (on a GPU the first chain is also launched once by _fits, the check that it fits)
+    assert [m for m in launched if m != "g"] == ["dw", "reduce"] * 5, launched
+    assert launched.count("g") in (5, 6), launched
 
 
 def test_g_chunk_rows(monkeypatch):
@@ -417,12 +420,12 @@ def test_g_chunk_rows(monkeypatch):
     row = 1024  # narrow-w128's g row in fp16: 4 layers x 128 x 2 bytes
     assert n_tuning.g_chunk_rows(1 << 18, row) == 1 << 18
     assert n_tuning.g_chunk_rows(1 << 20, row) == 1 << 18  # 256 MiB of g
-    assert n_tuning.g_chunk_rows(1 << 22, row) == 1 << 19  # at most 8 chunks
+    assert n_tuning.g_chunk_rows(1 << 22, row) == 1 << 20  # at most 4 chunks
     assert n_tuning.g_chunk_rows((1 << 20) + 37, row) % n_tuning._CHUNK_ALIGN == 0
     monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "0")
     assert n_tuning.g_chunk_rows(1 << 22, row) == 1 << 22
     monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "64")
-    assert n_tuning.g_chunk_rows(1 << 19, row) == 1 << 16
+    assert n_tuning.g_chunk_rows(1 << 18, row) == 1 << 16
     monkeypatch.setenv("FUSEDMLP_G_CHUNK_MB", "lots")
     with pytest.raises(ValueError, match="FUSEDMLP_G_CHUNK_MB"):
         n_tuning.g_chunk_rows(1 << 20, row)

@@ -472,9 +472,11 @@ def cache_dir() -> Path:
 def compile_options(defines: dict[str, int], arch: str) -> list[str]:
     # -v: ptxas's registers, spills and shared memory go to the program log (aot_cuda.py);
     # -default-device: unannotated functions are device code, as the generic lambdas of
-    # the backward need (the H200's NVRTC rejected them as host functions in JIT mode)
+    # the backward need (the H200's NVRTC rejected them as host functions in JIT mode);
+    # -lineinfo: compute-sanitizer names source lines, not only SASS offsets (the backward's
+    # racecheck report on the H200 gave offsets alone); it leaves the code unchanged
     return [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v", "-default-device",
-            *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
+            "-lineinfo", *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
 
 
 def cache_key(source: bytes, headers: dict[str, bytes], options: list[str],

@@ -374,7 +374,7 @@ def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int, int]:
 # G_CHUNK_BYTES of rows at a time (at most G_MAX_CHUNKS chunks, each a weight-gradient
 # launch and a reduction more); FUSEDMLP_G_CHUNK_MB overrides the budget, 0 stores g whole.
 G_CHUNK_BYTES = 256 << 20
-G_MAX_CHUNKS = 8
+G_MAX_CHUNKS = 4
 _CHUNK_ALIGN = 1024  # rows: a multiple of every row block, and 16-byte aligned slices
 
 
