@@ -49,11 +49,13 @@ from . import Backend, cuda_build, device_guard, memory, notes
 #: - narrow-w64 (hidden 64, relu, no bias): 0.331 / 0.314 against 0.367 / 0.351; from a CUDA
 #:   graph at 2^16-2^20 rows 2-9% faster (h200-bench-narrow-w64-inference-cuda-20261204a.json);
 #:   paper-table1 (11 hidden layers, 2^20 rows) 0.172 against 0.205, nerf-density (in 32,
-#:   out 16, one hidden layer) 0.033 against 0.037. But from Python a call then took ~0.10
-#:   ms of host time against triton's ~0.05 (the same bench), and the ctypes launch that
-#:   replaced the bindings' (launch(), below) has not run on a GPU yet: not taken until it
-#:   has been timed. The entries to take then: ((9, 0), torch.float16 / torch.bfloat16, 64,
-#:   "relu", "none", False).
+#:   out 16, one hidden layer) 0.033 against 0.037. With the ctypes launch (launch(),
+#:   below), fusedmlp bench, fp16 / bf16, ms a call (h200-bench-cuda-narrow-w64-20261205b):
+#:   from Python 0.080 / 0.091 against 0.051 / 0.059 at 2^16 rows, 0.099 / 0.053 against
+#:   0.063 / 0.032 at 2^18, 0.094 / 0.089 against 0.098 / 0.086 at 2^20, 0.353 / 0.344
+#:   against 0.379 / 0.373 at 2^22; from a CUDA graph slower at 2^16-2^20 (0.0134 against
+#:   0.0101 at 2^16). A call still costs ~25 us more host time than triton's and wins only
+#:   where the device time is long: not taken.
 #: - narrow-w128 (hidden 128): 0.798 / 0.766 against 0.840 / 0.820 at 2^22 rows, but slower
 #:   from a graph at 2^16 (0.021 against 0.017 ms) and 2^18 (0.061 against 0.058): the
 #:   choice is per spec, not per row count, so not taken.
@@ -63,8 +65,13 @@ MEASURED_WINS: dict[tuple, str] = {}
 
 #: Measured train-step wins over triton (the forward and the backward kernel), keyed as
 #: MEASURED_WINS: the run that showed it. A spec in it trains here unforced, without
-#: FUSEDMLP_CUDA_BACKWARD; every other spec trains here only forced, with it. Empty until
-#: the backward has passed compute-sanitizer and been timed beside triton on an H200.
+#: FUSEDMLP_CUDA_BACKWARD; every other spec trains here only forced, with it. Empty: on the
+#: H200 narrow-w64's train step (relu, no bias) ran slower than triton's at every row count,
+#: fp16 / bf16, ms: from a CUDA graph 0.076 / 0.076 against 0.050 / 0.049 at 2^16 rows,
+#: 0.146 / 0.147 against 0.113 / 0.113 at 2^18, 0.409 / 0.401 against 0.378 / 0.372 at
+#: 2^20; from Python 1.544 / 1.482 against 1.479 / 1.437 at 2^22
+#: (h200-bench-cuda-train-narrow-w64-20261205c); and racecheck reported hazards in it
+#: (h200-cuda-bwd-racecheck-20261205a).
 MEASURED_TRAIN_WINS: dict[tuple, str] = {}
 
 
