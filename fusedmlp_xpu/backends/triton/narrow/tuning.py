@@ -369,10 +369,15 @@ def _tuning(device: torch.device, spec, mode: str) -> tuple[int, int, int]:
 
 
 # The split backward's g buffer (every layer's g for the rows it holds) sits beside the
-# saved pre-activations, which are as large: stored whole, narrow-w128's train step
-# peaked at 2346 MB at 2^20 rows against eager's 1664 (H200, fp16). It is stored for
-# G_CHUNK_BYTES of rows at a time (at most G_MAX_CHUNKS chunks, each a weight-gradient
-# launch and a reduction more); FUSEDMLP_G_CHUNK_MB overrides the budget, 0 stores g whole.
+# saved pre-activations, which are as large. It is stored for G_CHUNK_BYTES of rows at a
+# time (at most G_MAX_CHUNKS chunks, each a chain, a weight-gradient launch and a
+# reduction); FUSEDMLP_G_CHUNK_MB overrides the budget, 0 stores g whole. narrow-w128
+# fp16 train step on the H200, peak MB above inputs and parameters / ms, g whole against
+# chunked (h200-w128-train-gchunk0-20261205d, h200-w128-train-gchunk4-20261205e), eager:
+#   2^20 rows: 2218 / 2.18 against 1492 / 2.34 (4 chunks); eager 1664 / 3.27
+#   2^22 rows: 8746 / 8.52 against 5716 / 8.67 (4 chunks); eager 6144 / 12.62
+# 8 chunks at 2^22: 5204 MB, 8.88 ms (h200-w128-train-gchunk256-20261205d): 4 keep the
+# peak below eager's at half the cost.
 G_CHUNK_BYTES = 256 << 20
 G_MAX_CHUNKS = 4
 _CHUNK_ALIGN = 1024  # rows: a multiple of every row block, and 16-byte aligned slices
