@@ -26,7 +26,7 @@ import torch
 
 import fusedmlp_xpu as fm
 from . import configs, results
-from .tools import calls_ms, environment, lean_launches_note
+from .tools import calls_ms, environment, lean_launches_note, peak_mb
 from .tools import sync as _sync
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -300,7 +300,7 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
     for name, model in models.items():
         run = _runner(model, xs, mode, grads)
         try:
-            peak = _peak_mb(run, device) if mode == "train" else None
+            peak = peak_mb(run, device) if mode == "train" else None
             for p in range(1, passes + 1):
                 med, lo, hi = timer(run)
                 records.append(_record(cfg, N, dtype_name, mode, name, "python", p, med, lo, hi,
@@ -314,20 +314,6 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
             log(f"  {name} failed: {type(e).__name__}: {str(e)[:200]}")
     del xs, grads
     return records
-
-
-def _peak_mb(run, device) -> float | None:
-    """MiB a train step allocates at its peak above what was allocated before it (CUDA;
-    after one warm step, so compiles and autotuning are not counted)."""
-    if device.type != "cuda":
-        return None
-    run(0)
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    run(1)
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 def _record(cfg, N, dtype_name, mode, backend, timing, p, med, lo, hi, spec, floor, err,

@@ -73,6 +73,21 @@ def sync(device):
         torch.xpu.synchronize(device)
 
 
+def peak_mb(step, device) -> float | None:
+    """MiB a train step ``step(i)`` allocates at its peak above what was allocated before
+    it (CUDA; None elsewhere), after one warm step so that compiles and autotuning are not
+    counted."""
+    if device.type != "cuda":
+        return None
+    step(0)
+    sync(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step(1)
+    sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def calls_ms(device, fn, n: int, start: int = 0, lead: bool = False) -> float:
     """ms per call of fn(i) for i in start..start+n-1, back to back: device events on GPUs,
     a host clock between two synchronizations elsewhere. ``lead``: one untimed call first

@@ -34,8 +34,7 @@ import fusedmlp_xpu as fm
 from fusedmlp_xpu import dispatch
 from fusedmlp_xpu.backends import Backend
 from . import results
-from .tools import calls_ms, environment, lean_launches_note
-from .tools import sync as _sync
+from .tools import calls_ms, environment, lean_launches_note, peak_mb
 
 SCHEMA = "fusedmlp-bench/1"
 L2_BYTES = 60 * 2**20  # H200; inputs rotate over at least twice this
@@ -338,15 +337,7 @@ def run_config(config, dims, m, args, device, dtype, ceil, notes, t_start, backe
                     records.append(_record(config, m, dtype, mode, backend, "python", 0, None,
                                            floor, flops, err, None))
                     continue
-            peak = None
-            if mode == "train" and device.type == "cuda":
-                step(0)  # warm (autotuning, compile) before the measured step
-                _sync(device)
-                base = torch.cuda.memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                step(1)
-                _sync(device)
-                peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+            peak = peak_mb(step, device) if mode == "train" else None
             steps[backend], errs[backend], peaks[backend] = step, err, peak
         # each pass takes the backends' batches in turn (time_interleaved), so that x_bare
         # compares times taken within a second or so, and a clock that drifts

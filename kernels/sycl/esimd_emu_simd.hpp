@@ -211,20 +211,16 @@ template <op O, class R> inline R apply(R a, R b) {
 
 // ---- float math, through SYCL on a device and <cmath> on the host --------------------
 #if FMLP_EMU_SYCL
-inline float f_exp2(float x) { return sycl::exp2(x); }
-inline float f_log2(float x) { return sycl::log2(x); }
-inline float f_sqrt(float x) { return sycl::sqrt(x); }
-inline float f_fmax(float a, float b) { return sycl::fmax(a, b); }
-inline float f_fmin(float a, float b) { return sycl::fmin(a, b); }
-inline float f_fabs(float x) { return sycl::fabs(x); }
+namespace fmath = sycl;
 #else
-inline float f_exp2(float x) { return std::exp2(x); }
-inline float f_log2(float x) { return std::log2(x); }
-inline float f_sqrt(float x) { return std::sqrt(x); }
-inline float f_fmax(float a, float b) { return std::fmax(a, b); }
-inline float f_fmin(float a, float b) { return std::fmin(a, b); }
-inline float f_fabs(float x) { return std::fabs(x); }
+namespace fmath = std;
 #endif
+inline float f_exp2(float x) { return fmath::exp2(x); }
+inline float f_log2(float x) { return fmath::log2(x); }
+inline float f_sqrt(float x) { return fmath::sqrt(x); }
+inline float f_fmax(float a, float b) { return fmath::fmax(a, b); }
+inline float f_fmin(float a, float b) { return fmath::fmin(a, b); }
+inline float f_fabs(float x) { return fmath::fabs(x); }
 
 struct uninit_t {}; // internal: a simd every lane of which is written next
 template <class T> struct is_proxy : std::false_type {};

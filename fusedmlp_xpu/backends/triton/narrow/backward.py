@@ -73,29 +73,27 @@ def backward(grad_y, x, weights, biases, saved, spec, needs, forward):
     gx = memory.new_empty(M, IN, like=x) if need_x else x
     # per program and layer: the padded weight tile's partial sum, then the bias's
     W_SLOT, SLOT = T_P * T_P, T_P * T_P + T_P
-    store_g = split is not None and not x_only
+    store_g = split is not None and not x_only  # then a weight or bias gradient is wanted
     g_width = (L_HID + 1) * H + (OUT if spec.output_activation != "none" else 0)
     # the split stores g for a chunk of rows at a time (tuning.g_chunk_rows), so that the
-    # g buffer beside the saved z stays small: then the weight-gradient kernel and the
-    # reduction for that chunk, the chunks' sums added in fp32
+    # g buffer beside the saved z stays small
     chunk = tuning.g_chunk_rows(M, g_width * x.element_size()) if store_g else M
-    g_buf = memory.new_empty(min(chunk, M), g_width, like=x) if store_g else None
-    total = None
-    for r0 in range(0, max(M, 1), max(chunk, 1)):
-        rows = slice(r0, min(M, r0 + chunk))
-        acc = _chain_and_dw(grad_y[rows], x[rows], weights, wh, z[rows],
-                            gx[rows] if need_x else x, g_buf, spec, meta, split, needs,
+    g_buf = memory.new_empty(chunk, g_width, like=x) if store_g else None
+    if chunk >= M:  # every row at once (the usual case: no slices on this path)
+        acc = _chain_and_dw(grad_y, x, weights, wh, z, gx, g_buf, spec, meta, split, needs,
                             x_only, W_SLOT, SLOT)
-        if not need_wb:
-            continue
-        if chunk >= M:
-            gws, gbs = _reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
-            return (gx if need_x else None), gws, gbs
+        gws, gbs = (_reduce_grads(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, x)
+                    if need_wb else ([], []))
+        return (gx if need_x else None), gws, gbs
+    # chunk by chunk: its chain, weight-gradient kernel and reduction, the sums added in fp32
+    total = None
+    for r0 in range(0, M, chunk):
+        rows = slice(r0, r0 + chunk)
+        acc = _chain_and_dw(grad_y[rows], x[rows], weights, wh, z[rows], gx[rows], g_buf,
+                            spec, meta, split, needs, x_only, W_SLOT, SLOT)
         layout, part = _reduce_flat(acc, spec, T_P, W_SLOT, SLOT, need_w, need_b, acc)
         total = part if total is None else total.add_(part)
-    gws, gbs = [], []
-    if need_wb:
-        gws, gbs = layout.views(total.to(x.dtype))
+    gws, gbs = layout.views(total.to(x.dtype))
     return (gx if need_x else None), gws, gbs
 
 
