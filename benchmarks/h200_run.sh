@@ -90,6 +90,24 @@ for s in $steps; do
     cuda-bwd-san) for tool in memcheck racecheck; do
             FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool $tool --report-api-errors no python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "against_float64 and fp16 and widths0 and 1037" > "$OUT/cuda-bwd-$tool.log" 2>&1
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6; done ;;
+    # racecheck and synccheck over the backward's kernel shapes (2 chains, 3 chains, odd
+    # widths loaded element by element), every hazard with both accesses' source lines
+    # (NVRTC's -lineinfo); RACE_K narrows the cases
+    cuda-bwd-race) for tool in racecheck synccheck; do
+            FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACE_S:-150} compute-sanitizer --tool $tool --report-api-errors no --print-limit 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "${RACE_K:-against_float64 and fp16 and 1037 and (widths0 or widths2 or widths6 or widths7)}" > "$OUT/cuda-bwd-$tool.log" 2>&1
+            echo "$tool rc=$?"; grep -E "SUMMARY|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6
+            grep -E "(Race reported|access at|Barrier error|Warning|Error:)" "$OUT/cuda-bwd-$tool.log" | sed 's/0x[0-9a-f]*/0x_/g' | sort | uniq -c | sort -rn | head -24; done ;;
+    # the wide sweep, one process a dtype (WIDE_DTYPES), both configs on released models' d/hidden
+    wide-sweep) for dt in ${WIDE_DTYPES:-bfloat16 float16}; do
+            timeout ${SWEEP_S:-200} python3 -m fusedmlp_xpu.cli bench --suite wide --sweep --dtype $dt --out "$T" --run "$M-wide-sweep-$dt-$STAMP" > "$OUT/wide-sweep-$dt.txt" 2>&1
+            echo "wide sweep $dt rc=$?"
+            python3 benchmarks/wide_routes.py "$T" "$M-wide-sweep-$dt-$STAMP" 2>&1 | tail -30; done ;;
+    # the sdf-eikonal step at 2^16, 2^18, 2^20 rows (fp16, 100 steps, no compile), then
+    # where a 2^18-row step's host and device time go (host_step.py), fused and eager
+    eikonal) timeout ${EIK_S:-200} python3 -m fusedmlp_xpu.cli bench --suite steps --configs sdf-eikonal --batch 65536 --batch 262144 --batch 1048576 --dtype float16 --steps ${EIK_STEPS:-100} --compile none --out "$T" --run "$M-steps-sdf-eikonal-$STAMP" > "$OUT/eikonal.txt" 2>&1
+             echo "eikonal rc=$?"; grep -vE "Warn|warn" "$OUT/eikonal.txt" | tail -22
+             timeout ${HOST_S:-90} python3 benchmarks/host_step.py --config sdf-eikonal --batch ${EIK_HOST_ROWS:-262144} --steps 50 --out "$T" --run "$M-host-step-sdf-eikonal-$STAMP" > "$OUT/eikonal-host.txt" 2>&1
+             echo "host step rc=$?"; grep -E "ms a step|Error" "$OUT/eikonal-host.txt" ;;
     # train steps from Python and from a CUDA graph, triton and cuda forced side by side
     cuda-bwd-bench) FUSEDMLP_CUDA_BACKWARD=1 timeout 200 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode train --backends triton cuda --out "$T" --run "$M-bench-cuda-train-narrow-w64-$STAMP" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
     # narrow-w128 train steps at 2^20 and 2^22 rows with the split backward's g stored whole
