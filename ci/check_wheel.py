@@ -6,7 +6,8 @@ Builds the sdist and the wheel (``python -m build``: the wheel is built from the
 so a file the sdist forgets is missing from the wheel too) into a temporary directory,
 runs ``twine check`` on both, installs the wheel (no dependencies, not editable) into a
 fresh venv that sees this interpreter's site-packages (torch, dpctl, cuda-bindings come
-from there, nothing is downloaded), and from that venv, in a directory outside the
+from there, nothing is downloaded; from a system Python or from inside a venv alike, and
+without an editable install of the checkout), and from that venv, in a directory outside the
 checkout and with an empty kernel cache, checks that:
 
 - ``fusedmlp_xpu`` is imported from the venv, not from the checkout, and its kernel
@@ -37,6 +38,27 @@ def run(cmd: list, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+def see_parent_packages(python: Path) -> None:
+    """Give the venv this interpreter's packages, after its own.
+
+    Not ``venv --system-site-packages``: run from inside a venv, that gives the base
+    interpreter's packages, not this environment's (no torch there). A .pth file instead:
+    plain paths, whose own .pth files are not run (so an editable install of the checkout
+    here stays out of the venv), and this prefix added to ``site.PREFIXES``, so that
+    ``site.getsitepackages()`` lists these folders too (cuda-pathfinder looks for NVRTC's
+    library there, as it would in a venv made with --system-site-packages)."""
+    import site
+
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    if site.ENABLE_USER_SITE and site.getusersitepackages() in sys.path:
+        dirs.append(site.getusersitepackages())
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    lines = dirs + [f"import site; site.PREFIXES.append({sys.prefix!r})"]
+    Path(purelib, "_fusedmlp_parent_env.pth").write_text("".join(f"{ln}\n" for ln in lines))
+
+
 def build_and_install(work: Path) -> Path:
     """Build, check and install the wheel into ``work/venv``; return the venv's python."""
     dist = work / "dist"
@@ -51,8 +73,9 @@ def build_and_install(work: Path) -> Path:
                          f"{[p.name for p in dist.iterdir()]}")
     run([sys.executable, "-m", "twine", "check", "--strict", *wheels, *sdists])
     venv = work / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
+    see_parent_packages(python)
     # the system's pip, run by the venv's interpreter, installs into the venv
     run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheels[0]])
     return python

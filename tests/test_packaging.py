@@ -9,6 +9,7 @@ compiles and runs the kernels from there.
 from __future__ import annotations
 
 import importlib
+import os
 import importlib.resources
 import re
 import subprocess
@@ -142,3 +143,50 @@ def test_kernel_locator_without_an_install(monkeypatch):
 def test_kernel_dir_names_the_bad_family():
     with pytest.raises(ValueError, match="family must be one of .*'rocm'"):
         kernel_files.kernel_dir("rocm")
+
+
+def _venv(path: Path, python: str | Path = sys.executable) -> Path:
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(path)], check=True)
+    return path / "bin" / "python"
+
+
+def _purelib(python: Path) -> Path:
+    return Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True, capture_output=True, text=True).stdout.strip())
+
+
+def test_check_wheel_venv_sees_the_calling_venv(tmp_path):
+    """ci/check_wheel.py run from inside a venv: its fresh venv sees that venv's packages
+    (`venv --system-site-packages` saw the base interpreter's: no torch), its
+    ``site.getsitepackages()`` lists them (NVRTC is looked up there), and an editable
+    install of the checkout stays out. The calling venv is one made here, holding a
+    module of its own, on top of this interpreter's packages."""
+    sys.path.insert(0, str(REPO / "ci"))
+    try:
+        check_wheel = importlib.import_module("check_wheel")
+    finally:
+        sys.path.remove(str(REPO / "ci"))
+    outer = _venv(tmp_path / "outer")
+    check_wheel.see_parent_packages(outer)  # the outer venv: torch from this interpreter
+    (_purelib(outer) / "outer_only_module.py").write_text("WHERE = 'outer'\n")
+    inner = tmp_path / "inner"
+    subprocess.run([str(outer), "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "import check_wheel, pathlib, subprocess; "
+                    "subprocess.run([sys.executable, '-m', 'venv', '--without-pip', sys.argv[2]], "
+                    "check=True); "
+                    "check_wheel.see_parent_packages(pathlib.Path(sys.argv[2], 'bin', 'python'))",
+                    str(REPO / "ci"), str(inner)], check=True, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run(
+        [str(inner / "bin" / "python"), "-c",
+         "import site, sys, importlib.util, outer_only_module, torch; "
+         "print(sys.prefix); print(repr(site.getsitepackages())); "
+         "print(importlib.util.find_spec('fusedmlp_xpu') is not None)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert probe.returncode == 0, f"the inner venv lacks the outer's packages:\n{probe.stderr}"
+    prefix, sitepackages, finds_package = probe.stdout.splitlines()
+    assert Path(prefix) == inner
+    assert str(_purelib(outer)) in sitepackages, sitepackages
+    if Path(fusedmlp_xpu.__file__).resolve().is_relative_to(REPO):  # editable or the tree
+        assert finds_package == "False", "the checkout's fusedmlp_xpu leaked into the venv"
