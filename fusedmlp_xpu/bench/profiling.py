@@ -299,6 +299,22 @@ def _idle_fraction(events) -> float | None:
     return max(0.0, 1.0 - busy / window) if window > 0 else None
 
 
+def per_call(events, calls: int) -> dict:
+    """What one call costs, read from the events of a profile whose ``calls`` calls each
+    ran under ``record_function(STEP)``: ``launches`` (kernels on a GPU; outermost aten
+    ops on the CPU, whose own kernels the profiler does not see), ``device_ms`` (kernel
+    time; on the CPU the ops' self time), ``idle`` (the share of the window with no kernel
+    running; None on the CPU) and ``top_ops`` ((name, share of that time), the top 3)."""
+    on_gpu = any(_is_kernel(e) for e in events)
+    top, total_us = _top_ops(events, on_gpu)
+    if on_gpu:
+        launches, idle = sum(_is_kernel(e) for e in events), _idle_fraction(events)
+    else:
+        launches, idle, total_us = _outermost_aten(events), None, _cpu_op_us(events)
+    return {"launches": launches / calls, "device_ms": total_us / calls / 1e3,
+            "idle": idle, "top_ops": top}
+
+
 def _profiler_peak_bytes(prof) -> float | None:
     """Peak of live CPU bytes the profiler saw allocated during the session, relative to
     its start (so: working memory, not weights or inputs). The CPU allocator keeps no
@@ -390,7 +406,6 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
     log(f"  first call {row.warmup_s:.1f} s; profiling {_PROFILED_STEPS} "
         f"{'steps' if train else 'calls'} ...")
 
-    on_gpu = device.type != "cpu"
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -424,15 +439,9 @@ def _measure(row: Row, module, x, params, device, train, grad_y, trace_dir, trac
     if trace_dir:
         traces.append(_export_chrome(prof, trace_dir, row.name))
 
-    events = prof.events()
-    row.top_ops, total_us = _top_ops(events, on_gpu)
-    if on_gpu:
-        row.device_ms = total_us / _PROFILED_STEPS / 1e3
-        row.launches = sum(_is_kernel(e) for e in events) / _PROFILED_STEPS
-        row.idle = _idle_fraction(events)
-    else:
-        row.device_ms = _cpu_op_us(events) / _PROFILED_STEPS / 1e3
-        row.launches = _outermost_aten(events) / _PROFILED_STEPS
+    s = per_call(prof.events(), _PROFILED_STEPS)
+    row.top_ops, row.device_ms, row.launches, row.idle = (
+        s["top_ops"], s["device_ms"], s["launches"], s["idle"])
     return fwd, step
 
 
