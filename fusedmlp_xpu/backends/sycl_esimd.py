@@ -21,7 +21,17 @@ takes this path for the nets ``config_for`` covers and its portable kernels for 
 The backward reads the forward's saved pre-activations (the portable kernels' contract):
 at these widths saving z costs 2 bytes a value written and read once, against a second
 pass of every layer's dpas work; the weight-gradient sums stay in registers per
-work-group and the host adds the groups' partials (the one cross-group reduction).
+work-group, and one reduction on the device adds every layer's group partials.
+
+The packed weights (``pack_forward``/``pack_backward``: ~4 torch ops a layer, ~50 launches
+at paper-table1, more than Intel's 83 us for the whole call) are kept between calls,
+keyed on each weight's address, version counter, shape and strides, and held only while
+the weight itself lives (a weak reference: a freed temporary's address reused by a new
+tensor is a miss). In-place updates move a tensor's version counter, so the next call
+packs again; every ``optimizer.step()`` also drops the kept packs (a global step hook),
+because the fused optimizers (``fused=True``: ``torch._fused_adamw_``) write parameters
+without moving their version counters (torch 2.13). Writes through ``.data`` bypass the
+counter too; after those, ``clear_packs()``.
 """
 from __future__ import annotations
 
@@ -30,10 +40,13 @@ import math
 import os
 import re
 import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import memory, saved_widths
 from .kernel_files import kernel_dir
@@ -260,6 +273,53 @@ def pack_backward(weights, cfg: EsimdConfig) -> torch.Tensor:
                       for l in reversed(range(len(weights)))])
 
 
+#: packs kept (forward and backward of a few nets); each holds at most the 128 KiB of SLM
+PACK_CACHE_SIZE = 16
+_packs: OrderedDict = OrderedDict()
+_packs_lock = threading.Lock()  # not _lock: that one is held through builds
+_PACKERS = {"fwd": pack_forward, "bwd": pack_backward}
+
+
+def _identity(weights) -> tuple | None:
+    """What a pack of ``weights`` depends on, or None where a weight has no version
+    counter to go by (inference tensors, tensor subclasses without storage): those pack
+    every call."""
+    try:
+        return tuple((w.data_ptr(), w._version, tuple(w.shape), w.stride()) for w in weights)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def packed(kind: str, weights, cfg: EsimdConfig) -> torch.Tensor:
+    """``pack_forward`` (kind "fwd") or ``pack_backward`` ("bwd") of ``weights``, from the
+    cache while every weight is the same live tensor at the same address and version."""
+    ident = _identity(weights)
+    if ident is None:
+        return _PACKERS[kind](weights, cfg)
+    key = (kind, cfg, weights[0].device, ident)
+    with _packs_lock:
+        hit = _packs.get(key)
+        if hit is not None and all(r() is w for r, w in zip(hit[0], weights)):
+            _packs.move_to_end(key)
+            return hit[1]
+    pack = _PACKERS[kind](weights, cfg)
+    with _packs_lock:
+        _packs[key] = (tuple(weakref.ref(w) for w in weights), pack)
+        while len(_packs) > PACK_CACHE_SIZE:
+            _packs.popitem(last=False)
+    return pack
+
+
+def clear_packs(*_) -> None:
+    """Drop every kept pack (after writing weights through ``.data``; every optimizer
+    step calls it)."""
+    with _packs_lock:
+        _packs.clear()
+
+
+_step_hook = register_optimizer_step_post_hook(clear_packs)
+
+
 def pack_biases(biases, like: torch.Tensor) -> torch.Tensor:
     out = like.new_zeros(len(biases), BIAS_STRIDE)
     for l, b in enumerate(biases):
@@ -299,7 +359,7 @@ def forward(sh, lau, key, emulate, x, weights, biases, spec, cfg, save):
     b = bundle(sh, lau.queue, key, cfg, emulate)
     bias_ptr = None if biases is None else lau.input(pack_biases(biases, x))[0]
     z_ptr = lau.output(saved) if save and saved.shape[1] else None
-    args = _rows_args(cfg, spec, n, lau, x, lau.output(y), pack_forward(weights, cfg), z_ptr,
+    args = _rows_args(cfg, spec, n, lau, x, lau.output(y), packed("fwd", weights, cfg), z_ptr,
                       saved.shape[1] if save else 0, bias_ptr=bias_ptr)
     blocks = math.ceil(n / (8 * row_groups(cfg.H)))
     b.launch(lau.queue, cfg.kernel("fwd"), _groups(blocks, x.device) * WG, WG, args)
@@ -323,10 +383,10 @@ def backward(sh, lau, key, emulate, grad_y, x, weights, biases, saved, spec, cfg
     dz = memory.new_empty(n, dz_rs, like=x) if need_w or need_b else None
     dz_ptr = lau.output(dz) if dz is not None else None
     args = _rows_args(cfg, spec, n, lau, grad_y, lau.output(gx) if need_x else None,
-                      pack_backward(weights, cfg), z_ptr, z_rs, dz_ptr, dz_rs)
+                      packed("bwd", weights, cfg), z_ptr, z_rs, dz_ptr, dz_rs)
     blocks = math.ceil(n / (8 * row_groups(cfg.H)))
     b.launch(lau.queue, cfg.kernel("bwd"), _groups(blocks, x.device) * WG, WG, args)
-    partials = []
+    partials = (None, None)
     if dz is not None:
         lau.finish()  # dz back in the tensor (CPU: out of USM) before it is read again
         rows_per_group = 16 * math.ceil(n / 16 / min(256, math.ceil(n / 16)))
@@ -335,22 +395,43 @@ def backward(sh, lau, key, emulate, grad_y, x, weights, biases, saved, spec, cfg
         dz_in = lau.input(dz)[0]
         z_in = z_ptr if z_ptr is None else lau.input(saved)[0]
         esize = x.element_size()
+        # every layer's partials in one buffer, each layer padded to the widest layer's
+        # tile grid (the kernel writes its own tiles, strided by out_pad/in_pad), so one
+        # reduction on the device adds them all
+        out_pad = max(32 * math.ceil(w / 32) for w in spec.widths[1:])
+        in_pad = max(32 * math.ceil(w / 32) for w in spec.widths[:-1])
+        pw = memory.new_empty(L, groups, out_pad, in_pad, like=x, dtype=torch.float32)
+        pb = memory.new_empty(L, groups, out_pad, 16, like=x, dtype=torch.float32) \
+            if need_b else None
+        pw_ptr = lau.output(pw)
+        pb_ptr = lau.output(pb) if pb is not None else None
         for l in range(L):
-            out_w, in_w = spec.widths[l + 1], spec.widths[l]
-            out_pad, in_pad = 32 * math.ceil(out_w / 32), 32 * math.ceil(in_w / 32)
-            pw = memory.new_empty(groups, out_pad, in_pad, like=x, dtype=torch.float32)
-            pb = memory.new_empty(groups, out_pad, 16, like=x, dtype=torch.float32) \
-                if need_b else None
             src, rs, cs, act = (x_ptr, x_rs, x_cs, 0) if l == 0 else \
                 (z_in + (l - 1) * spec.widths[1] * esize, z_rs, 1, spec.activation_id)
             wargs = WgradArgs(dz=dz_in + l * spec.widths[1] * esize, src=src,
-                              gw=lau.output(pw), gb=lau.output(pb) if pb is not None else None,
+                              gw=pw_ptr + l * pw[0].numel() * 4,
+                              gb=None if pb is None else pb_ptr + l * pb[0].numel() * 4,
                               dz_rs=dz_rs, src_rs=rs, src_cs=cs, n_rows=n,
-                              rows_per_group=rows_per_group, out_w=out_w, in_w=in_w,
-                              out_pad=out_pad, in_pad=in_pad, src_act=act)
+                              rows_per_group=rows_per_group, out_w=spec.widths[l + 1],
+                              in_w=spec.widths[l], out_pad=out_pad, in_pad=in_pad, src_act=act)
             b.launch(lau.queue, cfg.kernel("wgrad"), groups * WG, WG, wargs)
-            partials.append((pw, pb, out_w, in_w))
+        partials = (pw, pb)
     lau.finish()
-    gw = [pw.sum(0)[:o, :i].to(x.dtype) for pw, _, o, i in partials] if need_w else []
-    gb = [pb.sum((0, 2))[:o].to(x.dtype) for _, pb, o, _ in partials] if need_b else []
-    return gx, gw, gb
+    return (gx, *reduce_partials(partials, spec, x.dtype, need_w, need_b))
+
+
+def reduce_partials(partials, spec, dtype, need_w: bool, need_b: bool):
+    """(weight gradients, bias gradients) from the weight-gradient kernel's work-group
+    partials ``(pw [L, groups, out_pad, in_pad], pb [L, groups, out_pad, 16] or None)``,
+    fp32: one sum on the device over the groups of every layer, then each layer's real
+    widths cut out in the operand dtype."""
+    pw, pb = partials
+    widths = spec.widths
+    gw = gb = []
+    if need_w:
+        sums = pw.sum(1)  # [L, out_pad, in_pad]
+        gw = [sums[l, :o, :i].to(dtype) for l, (o, i) in enumerate(zip(widths[1:], widths))]
+    if need_b:
+        sums = pb.sum((1, 3))  # [L, out_pad]
+        gb = [sums[l, :o].to(dtype) for l, o in enumerate(widths[1:])]
+    return gw, gb
