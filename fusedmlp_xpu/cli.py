@@ -1,4 +1,5 @@
-"""The ``fusedmlp`` command: info, profile, report (subcommands register in ``COMMANDS``)."""
+"""The ``fusedmlp`` command. Subcommands register in ``COMMANDS``; ``DESCRIPTION`` is what
+``fusedmlp --help`` opens with."""
 from __future__ import annotations
 
 import argparse
@@ -145,7 +146,10 @@ def _bench(args) -> int:
             results.check_table_path(args.out, "argument --out")
         if args.run:
             results.check_run_id(args.run, "argument --run")
-            if args.out and args.run in results.run_ids(args.out):
+            if not args.out:
+                raise ValueError("argument --run: a run id names a run in a results table: "
+                                 "give the table with --out")
+            if args.run in results.run_ids(args.out):
                 raise ValueError(f"argument --run: {args.run!r} is already in {args.out} "
                                  "(run ids are unique)")
     except (OSError, ValueError) as e:
@@ -166,6 +170,83 @@ def _bench_arguments(p):
 
 
 _bench.add_arguments = _bench_arguments
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    """--widths: in,hidden...,out as whole numbers, e.g. 64,64,64,16."""
+    from .spec import MAX_WIDTH
+
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if len(widths) < 2 or not all(1 <= w <= MAX_WIDTH for w in widths):
+        raise argparse.ArgumentTypeError(
+            f"expected at least two comma-separated widths in [1, {MAX_WIDTH}] "
+            f"(in,hidden...,out, e.g. 64,64,64,16), got {text!r}")
+    return widths
+
+
+def cmd_explain(args) -> int:
+    import fusedmlp_xpu as fm
+    from .bench import configs
+    from .bench.profiling import resolve_device
+
+    check_device(args.device)
+    device = resolve_device(args.device)
+    if args.config and args.widths:
+        raise UsageError("argument --widths: not with --config (which gives the widths)")
+    if args.config:
+        for arg, value in (("--activation", args.activation),
+                           ("--output-activation", args.output_activation),
+                           ("--bias", args.bias or None)):
+            if value is not None:
+                raise UsageError(f"argument {arg}: --config {args.config} sets it; give a "
+                                 "net of your own with --widths")
+        cfg = configs.get(args.config)
+        widths, act, out_act, bias = cfg.widths, cfg.activation, cfg.output_activation, cfg.bias
+    else:
+        widths = args.widths or configs.get(configs.DEFAULT_CONFIG).widths
+        act, out_act = args.activation or "relu", args.output_activation or "none"
+        bias = args.bias
+    names = [b.name for b in fm.backends()]
+    if args.backend and args.backend not in names:
+        raise UsageError(f"argument --backend: expected one of {', '.join(names)}, "
+                         f"got {args.backend!r}")
+    dtype = configs.DTYPES[args.dtype] if args.dtype else (
+        torch.float32 if device.type == "cpu" else torch.float16)
+    spec = fm.MLPSpec(tuple(widths), act, out_act, bias, dtype)
+    x = torch.empty(1, widths[0], device=device, dtype=dtype)
+    print(fm.explain(spec, x, args.backend, train=args.train))
+    return 0
+
+
+def _explain_arguments(p) -> None:
+    from . import activations
+    from .bench import configs
+
+    acts = sorted(activations.ACTIVATIONS)
+    p.add_argument("--config", choices=list(configs.CONFIGS), metavar="NAME",
+                   help="a standard config (one of: " + ", ".join(configs.CONFIGS) + "); "
+                        f"default without --widths: {configs.DEFAULT_CONFIG}")
+    p.add_argument("--widths", type=_widths, metavar="IN,H,...,OUT",
+                   help="a net of your own: every layer's width, e.g. 64,64,64,64,16")
+    p.add_argument("--activation", choices=acts, metavar="NAME",
+                   help=f"hidden activation with --widths (default relu; one of: {', '.join(acts)})")
+    p.add_argument("--output-activation", choices=acts, metavar="NAME",
+                   help="output activation with --widths (default none)")
+    p.add_argument("--bias", action="store_true", help="with --widths: layers with bias")
+    p.add_argument("--dtype", choices=list(configs.DTYPES),
+                   help="default: float16 on a GPU, float32 on the CPU")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"],
+                   help="default: %(default)s (a GPU when present, else the CPU)")
+    p.add_argument("--train", action="store_true",
+                   help="the choice for training calls (forward and backward)")
+    p.add_argument("--backend", metavar="NAME",
+                   help="ask about this backend only, as FUSEDMLP_BACKEND=NAME would force it")
+
+
+cmd_explain.add_arguments = _explain_arguments
 
 def cmd_profile(args) -> int:
     import json
@@ -228,18 +309,28 @@ cmd_report.add_arguments = _report_arguments
 
 
 COMMANDS = {
-    "info": (cmd_info, "devices, versions and the backends table with reasons"),
-    "profile": (cmd_profile, "eager vs torch.compile vs FusedMLP under torch.profiler"),
-    "bench": (_bench, "benchmark sweeps (protocol: README.md) -> the machine's results table"),
-    "report": (cmd_report, "bench runs from one or more machines' tables -> report.md with plots"),
+    "info": (cmd_info, "devices, versions, and every backend: usable here or why not"),
+    "explain": (cmd_explain, "which backend runs a given MLP on this device, and why not "
+                             "the others"),
+    "profile": (cmd_profile, "eager nn.Linear vs torch.compile vs FusedMLP under "
+                             "torch.profiler, in one table"),
+    "bench": (_bench, "timed benchmark sweeps, checked against float64 (protocol: "
+                      "docs/benchmarks.md); --out appends them to a results table"),
+    "report": (cmd_report, "bench runs from one or more results tables -> report.md with "
+                           "plots"),
 }
+
+DESCRIPTION = ("fusedmlp_xpu's command line: fused MLPs on cuda, xpu and cpu. What runs "
+               "here, which kernel a net gets and why, and how fast it is against eager "
+               "PyTorch and torch.compile. Commands: " + ", ".join(COMMANDS) + "; "
+               "'fusedmlp COMMAND --help' for each.")
 
 
 def main(argv=None) -> int:
-    parser = _Parser(prog="fusedmlp", description=__doc__)
+    parser = _Parser(prog="fusedmlp", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (fn, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
         getattr(fn, "add_arguments", lambda p: None)(p)
         p.set_defaults(fn=fn)
     args = parser.parse_args(argv)

@@ -229,3 +229,156 @@ def test_kineto_status_lines_are_held_back(capfd):
     err = capfd.readouterr().err
     assert "profiler_start" not in err and "USDT" not in err
     assert "a real warning" in err
+
+
+# --- the help texts --------------------------------------------------------------------
+def test_top_level_help_is_for_users(capsys):
+    """`fusedmlp --help` opens with what the command is for and names every subcommand;
+    no internal docstring, no reStructuredText markup."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    description = out.split("positional arguments")[0]
+    for name in cli.COMMANDS:
+        assert name in description, f"the description does not name {name!r}"
+    assert "``" not in out and "COMMANDS" not in out and "register" not in out
+
+
+def _bench_parser():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    cli._bench.add_arguments(p)
+    return p
+
+
+@pytest.mark.parametrize("flag", ["--config", "--batch", "--dtype", "--mode", "--passes",
+                                  "--repeats", "--suite", "--device", "--out"])
+def test_bench_flags_have_help_and_defaults(flag):
+    (action,) = [a for a in _bench_parser()._actions if flag in a.option_strings]
+    assert action.help and "default" in action.help, f"{flag}: {action.help!r}"
+
+
+def test_bench_help_points_to_the_protocol(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert "docs/benchmarks.md" in out and "README.md" not in out
+
+
+def test_bench_takes_every_config_profile_takes():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    profiling.add_arguments(p)
+    (profile_config,) = [a for a in p._actions if "--config" in a.option_strings]
+    assert "wide-gelu" in profile_config.choices
+    for name in profile_config.choices:
+        assert _bench_parser().parse_args(["--config", name]).config == [name]
+
+
+# --- bench: where the run goes ----------------------------------------------------------
+@pytest.fixture
+def quick_bench(monkeypatch, tmp_path):
+    """bench's harness with every case timed as a stub (the cases it is asked for are
+    kept in ``cases``), run from an empty folder."""
+    from fusedmlp_xpu.bench import narrow
+
+    cases = []
+
+    def bench_one(cfg, N, dtype_name, mode, *args, **kw):
+        cases.append((cfg, N, dtype_name, mode))
+        return [{"config": cfg.name, "N": N, "dtype": dtype_name, "mode": mode,
+                 "backend": "eager", "timing": "python", "pass": 1, "median_ms": 1.0,
+                 "min_ms": 1.0, "max_ms": 1.0, "rows_per_s": N * 1e3, "tflops": None,
+                 "floor_ms": None, "x_floor": None, "max_rel_error": None,
+                 "peak_mem_MB": None}]
+    monkeypatch.setattr(narrow, "bench_one", bench_one)
+    monkeypatch.setattr(narrow, "host_overhead_us", lambda *a, **k: (1.0, 1.0))
+    monkeypatch.chdir(tmp_path)
+    return cases
+
+
+def test_bench_without_out_writes_nothing(quick_bench, tmp_path, capsys):
+    assert cli.main(["bench", "--config", "nerf-density", "--batch", "8", "--mode",
+                     "inference", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "nerf-density" in out and "not recorded: add --out" in out
+    assert list(tmp_path.iterdir()) == [], "bench wrote files without --out"
+    assert [(c.name, n) for c, n, _, _ in quick_bench] == [("nerf-density", 8)]
+
+
+def test_bench_with_out_appends_and_says_where(quick_bench, tmp_path, capsys):
+    from fusedmlp_xpu.bench import results
+
+    table = tmp_path / "t" / "cpu.jsonl"
+    assert cli.main(["bench", "--config", "narrow-w32", "--batch", "8", "--mode", "train",
+                     "--device", "cpu", "--out", str(table), "--run", "r1"]) == 0
+    assert f"appended run r1 to {table}" in capsys.readouterr().out
+    assert results.documents(results.read(str(table)))["r1"]["records"][0]["config"] \
+        == "narrow-w32"
+
+
+def test_bench_runs_wide_gelu(quick_bench):
+    """wide-gelu, which profile takes, is a config of bench's harness too: its net as the
+    shared table gives it (GELU-tanh, bias)."""
+    assert cli.main(["bench", "--config", "wide-gelu", "--batch", "2", "--device", "cpu"]) == 0
+    modes = sorted(m for _, _, _, m in quick_bench)
+    assert modes == ["inference", "train"]
+    cfg = quick_bench[0][0]
+    assert cfg.widths == (4096, 16384, 4096) and cfg.activation == "gelu_tanh" and cfg.bias
+
+
+def test_bench_run_id_needs_a_table(capsys):
+    _user_error(capsys, ["bench", "--device", "cpu", "--run", "r1"], "--run")
+
+
+def test_device_scripts_name_their_tables():
+    """benchmarks/h200_run.sh records every `fusedmlp bench` it runs: each passes --out
+    (without it, bench prints and writes nothing)."""
+    script = open(os.path.join(ROOT, "benchmarks", "h200_run.sh")).read()
+    calls = [ln for ln in script.splitlines() if "fusedmlp_xpu.cli bench" in ln]
+    assert calls, "no fusedmlp bench call found in h200_run.sh"
+    for ln in calls:
+        assert '--out "$T"' in ln, f"h200_run.sh: a bench run recorded nowhere: {ln.strip()}"
+
+
+# --- explain ------------------------------------------------------------------------------
+def test_explain_a_net_given_on_the_command_line(capsys):
+    import fusedmlp_xpu as fm
+
+    assert cli.main(["explain", "--widths", "64,32,32,16", "--activation", "gelu",
+                     "--bias", "--dtype", "float32", "--device", "cpu", "--train"]) == 0
+    out = capsys.readouterr().out
+    spec = fm.MLPSpec((64, 32, 32, 16), "gelu", "none", True, torch.float32)
+    assert out.strip() == str(fm.explain(spec, torch.empty(1, 64), train=True)).strip()
+    assert "widths [64, 32, 32, 16]" in out and "for training" in out and "chosen:" in out
+
+
+def test_explain_a_config(capsys):
+    assert cli.main(["explain", "--config", "wide-gelu", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "widths [4096, 16384, 4096]" in out and "gelu_tanh" in out and "bias True" in out
+
+
+def test_explain_a_forced_backend_says_why_not(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert cli.main(["explain", "--device", "cpu", "--backend", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: NONE (forced by 'cuda')" in out
+
+
+@pytest.mark.parametrize("argv, argument", [
+    (["--widths", "64"], "--widths"),
+    (["--widths", "64,0,16"], "--widths"),
+    (["--widths", "a,b"], "--widths"),
+    (["--config", "narrow-w64", "--widths", "64,64"], "--widths"),
+    (["--config", "narrow-w64", "--activation", "gelu"], "--activation"),
+    (["--config", "narrow-w64", "--bias"], "--bias"),
+    (["--activation", "swish"], "--activation"),
+    (["--backend", "nope"], "--backend"),
+    (["--dtype", "float64"], "--dtype"),
+])
+def test_explain_bad_input(capsys, argv, argument):
+    _user_error(capsys, ["explain", "--device", "cpu", *argv], argument)

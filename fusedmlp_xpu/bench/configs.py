@@ -1,4 +1,4 @@
-"""The standard benchmark configs (benchmarks/README.md), in one table that profile and bench share.
+"""The standard benchmark configs (docs/benchmarks.md), in one table that profile and bench share.
 
 Names are the ones used in code, JSON and reports. Only configs a ``FusedMLP`` can
 express live here; ``wide-swiglu`` is a gated MLP and joins when the gated module does.

@@ -1,5 +1,6 @@
-"""`fusedmlp bench`: the benchmark harness (protocol: benchmarks/README.md), appending its
-records, tagged with the environment, to the machine's results table (results.py).
+"""`fusedmlp bench`: the benchmark harness (protocol: docs/benchmarks.md). It prints a
+table; with ``--out`` it appends its records, tagged with the environment, to that results
+table (results.py).
 
 Per config x batch x dtype x mode it times eager nn.Sequential, torch.compile and the fused
 op (the backend the dispatcher picks, named; or each of ``--backends`` forced, side by
@@ -20,7 +21,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -32,30 +32,9 @@ from .tools import sync as _sync
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-@dataclass(frozen=True)
-class NarrowConfig:
-    name: str
-    in_features: int
-    hidden: int
-    hidden_layers: int
-    out_features: int
-    batches: tuple[int, ...]
-
-    def module(self, device, dtype, backend=None):
-        return fm.FusedMLP(self.in_features, self.out_features, self.hidden, self.hidden_layers,
-                           activation="relu", output_activation="none", bias=False,
-                           device=device, dtype=dtype, backend=backend)
-
-
-_NS = (2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22)
-CONFIGS = {c.name: c for c in [
-    NarrowConfig("narrow-w32", 64, 32, 4, 64, _NS),
-    NarrowConfig("narrow-w64", 64, 64, 4, 64, _NS),
-    NarrowConfig("narrow-w128", 64, 128, 4, 64, _NS),
-    NarrowConfig("paper-table1", 64, 64, 11, 64, (2 ** 17,)),
-    NarrowConfig("nerf-density", 32, 64, 1, 16, (2 ** 20,)),
-    NarrowConfig("odd-batch", 64, 64, 4, 64, (2 ** 20 + 37,)),
-]}
+#: every config `fusedmlp profile` takes (bench/configs.py), wide-gelu included; the
+#: suites below name the narrow ones
+CONFIGS = configs.CONFIGS
 SUITES = {
     "narrow": ["narrow-w32", "narrow-w64", "narrow-w128", "paper-table1", "nerf-density",
                "odd-batch"],
@@ -274,7 +253,7 @@ def bench_one(cfg, N, dtype_name, mode, device, ceil, compile_ok, passes, timer,
     """Time one case: eager, the fused op (the dispatcher's backend, or each of
     ``backends`` forced, side by side) and, if ``compile_ok``, torch.compile."""
     dtype = DTYPES[dtype_name]
-    fused = cfg.module(device, dtype)
+    fused = cfg.make(device, dtype)
     seq = fused.to_sequential()
     spec = fused.spec(dtype)
     x0 = torch.randn(2, cfg.in_features, device=device, dtype=dtype)
@@ -364,8 +343,10 @@ def run_bench(args, checkpoint=None) -> dict:
                 f"partial: {i} of {len(plan)} cases timed; the run stopped before the rest"]))
     for cfg_name in names:
         cfg = CONFIGS[cfg_name]
+        if cfg.regime != "narrow":  # host time a call matters where kernels are short
+            continue
         for d in dtypes:
-            m = cfg.module(device, DTYPES[d])
+            m = cfg.make(device, DTYPES[d])
             us, linear_us = host_overhead_us(m, device, DTYPES[d])
             records.append({"config": cfg.name, "N": 1, "dtype": d, "mode": "inference",
                             "backend": fm.explain(m, torch.empty(1, cfg.in_features, device=device,
@@ -435,39 +416,57 @@ def cmd_bench(args) -> int:
         f" --{k} {' '.join(map(str, v))}" for k, v in
         (("config", args.config), ("batch", args.batch), ("dtype", args.dtype),
          ("mode", args.mode), ("backends", getattr(args, "backends", None))) if v)
-    writer = results.RunWriter(args.out, args.run, what, args.suite)
+    writer = results.run_writer(args.out, args.run, what, args.suite)
     write = writer.write  # after each case too: a run cut short keeps what it timed
 
     result = run_bench(args, checkpoint=write)
     write(result, final=True)
     print(summary(result))
-    print(f"appended run {writer.run} to {writer.path}")
+    print(results.where_written(writer))
     return 0
 
 
 def _add_arguments(p):
+    pos = configs.positive_int
     p.add_argument("--suite", default="narrow", choices=sorted(SUITES) + ["steps", "wide"],
-                   help="narrow configs (this harness), wide (bench/wide.py) or whole "
-                        "training steps (bench/steps.py)")
-    p.add_argument("--config", action="append", choices=sorted(CONFIGS))
-    p.add_argument("--batch", action="append", type=configs.positive_int)
-    p.add_argument("--dtype", action="append", choices=sorted(DTYPES))
-    p.add_argument("--mode", action="append", choices=["inference", "train"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"])
+                   help="narrow: the narrow configs (this harness); quick: narrow-w64 only; "
+                        "wide: wide-gelu and wide-swiglu (their own harness); steps: whole "
+                        "training steps (default: %(default)s)")
+    p.add_argument("--config", action="append", choices=sorted(CONFIGS), metavar="NAME",
+                   help="a config to time (repeat for more; default: the suite's). One of: "
+                        f"{', '.join(CONFIGS)} (docs/benchmarks.md: The configs)")
+    p.add_argument("--batch", action="append", type=pos, metavar="ROWS",
+                   help="rows per call (repeat for more; default: each config's own, e.g. "
+                        "2^16-2^22 for narrow-w64; at most 4096 on the CPU)")
+    p.add_argument("--dtype", action="append", choices=sorted(DTYPES),
+                   help="repeat for more (default: float16 and bfloat16 on a GPU, float32 on "
+                        "the CPU)")
+    p.add_argument("--mode", action="append", choices=["inference", "train"],
+                   help="inference: forward under inference_mode; train: forward + backward "
+                        "(repeat for both; default: both)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"],
+                   help="default: %(default)s (a GPU when present, else the CPU)")
     p.add_argument("--compile", default="largest", choices=["none", "largest", "all"],
-                   help="which cases also time torch.compile (it compiles per shape)")
-    p.add_argument("--passes", type=int, default=2, help="time each case this many times")
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--target-ms", type=float, default=20.0,
-                   help="length of one timed repeat (back-to-back calls; at most 200)")
+                   help="which cases also time torch.compile: it compiles per shape "
+                        "(default: %(default)s, each config's largest batch in the first dtype)")
+    p.add_argument("--passes", type=pos, default=2, metavar="N",
+                   help="time each case this many times; passes more than 5%% apart are "
+                        "noted (default: %(default)s)")
+    p.add_argument("--repeats", type=pos, default=9, metavar="N",
+                   help="timed repeats a pass, their median reported (default: %(default)s)")
+    p.add_argument("--target-ms", type=float, default=20.0, metavar="MS",
+                   help="length of one timed repeat: back-to-back calls, at most 200 "
+                        "(default: %(default)s)")
     p.add_argument("--backends", nargs="+", metavar="NAME",
                    help="time these backends forced, side by side, instead of the "
                         "dispatcher's choice (e.g. --backends triton cuda); each record "
                         "names its backend")
-    p.add_argument("--out", help="the results table to append to (.jsonl; default "
-                                 "benchmarks/results/<machine>.jsonl)")
+    p.add_argument("--out", metavar="TABLE.jsonl",
+                   help="append the run to this results table (in a checkout: "
+                        "benchmarks/results/<machine>.jsonl); default: print the table only")
     p.add_argument("--run", default=None, metavar="ID",
-                   help="the run's id in the table (default <machine>-<suite>-<date>-<time>)")
+                   help="with --out: the run's id in the table (default "
+                        "<machine>-<suite>-<date>-<time>)")
     p.add_argument("--sweep", action="store_true",
                    help="--suite wide: M 1-16384 on the d/hidden of six released models "
                         "and a HF Llama prefill (bench/wide.py --sweep --llama)")

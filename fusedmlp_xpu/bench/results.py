@@ -253,6 +253,40 @@ class RunWriter:
         self.done = final
 
 
+class Unrecorded:
+    """A run no table was asked for (``fusedmlp bench`` without ``--out``): the harness
+    prints its table and writes no file, so that a run from a user's project or from the
+    checkout leaves no results tree behind unasked. Same interface as ``RunWriter``."""
+
+    path = None
+
+    def __init__(self, what: str):
+        self.run, self.what = None, what
+
+    def write(self, doc: dict, final: bool = False) -> None:
+        pass
+
+
+def run_writer(out: str | None, run: str | None, what: str, prefix: str = "run"):
+    """The writer of ``fusedmlp bench``'s harnesses: a ``RunWriter`` appending to the table
+    ``out``, or, without ``out``, an ``Unrecorded`` run (``run`` then is an error: an id
+    names a run in a table)."""
+    if out:
+        return RunWriter(out, run, what, prefix)
+    if run:
+        raise ValueError("argument --run: a run id names a run in a results table: "
+                         "give the table with --out")
+    return Unrecorded(what)
+
+
+def where_written(writer) -> str:
+    """The harness's last line: where the run went."""
+    if writer.path is None:
+        return ("not recorded: add --out TABLE.jsonl to append this run to a results table "
+                "(docs/benchmarks.md: benchmarks/results/<machine>.jsonl in a checkout)")
+    return f"appended run {writer.run} to {writer.path}"
+
+
 def load_documents(paths: list[str], runs: list[str] | None = None) -> list[tuple[str, dict]]:
     """(run id, result) for each run in the tables (``.jsonl``) or result files (``.json``,
     a harness's own output) at ``paths``, in order; only the ``runs`` named, if given

@@ -488,13 +488,13 @@ def cmd_steps(args) -> int:
         f" --{k} {' '.join(map(str, v))}" for k, v in
         (("configs", args.configs), ("batch", args.batch), ("dtype", args.dtype)) if v) \
         + (" --tiny" if args.tiny else "")
-    writer = results.RunWriter(args.out, args.run, what, "steps")
+    writer = results.run_writer(args.out, args.run, what, "steps")
     write = writer.write  # after every case: a run cut short keeps what it timed
 
     result = run_steps(args, checkpoint=write)
     write(result, final=True)
     print(summary(result))
-    print(f"appended run {writer.run} to {writer.path}")
+    print(results.where_written(writer))
     return 0
 
 

@@ -4,8 +4,8 @@
     python -m fusedmlp_xpu.bench.wide [--rows 16 8192] [--configs ...] [--out T.jsonl]
     TRITON_INTERPRET=1 python -m fusedmlp_xpu.bench.wide --tiny --out w.jsonl  # CPU smoke run
 
-Each run is appended to the machine's results table (benchmarks/results/<machine>.jsonl,
-or --out) under its run id (--run).
+It prints its table; with --out the run is appended to that results table
+(benchmarks/results/<machine>.jsonl in a checkout) under its run id (--run).
 
 Per config, row count M (16, 8192), mode (inference, train = forward + backward for x
 and every weight and bias) and backend (eager, compile, triton = ours, bare = the same
@@ -516,10 +516,11 @@ def _shapes(config, dims_list, tiny):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="the results table to append to (.jsonl; "
-                   "default benchmarks/results/<machine>.jsonl)")
+    p.add_argument("--out", default=None, help="the results table to append the run to "
+                   "(.jsonl, e.g. benchmarks/results/<machine>.jsonl; default: print only)")
     p.add_argument("--run", default=None, metavar="ID",
-                   help="the run's id in the table (default <machine>-wide-<date>-<time>)")
+                   help="with --out: the run's id in the table (default "
+                        "<machine>-wide-<date>-<time>)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--rows", nargs="+", type=int, default=None, help="M values (default 16 8192)")
@@ -556,6 +557,9 @@ def main(argv=None) -> int:
             results.check_table_path(args.out)
         if args.run:
             results.check_run_id(args.run, "--run")
+            if not args.out:
+                raise ValueError("--run: a run id names a run in a results table: give the "
+                                 "table with --out")
     except ValueError as e:
         p.error(str(e))
     if args.sweep:
@@ -622,13 +626,13 @@ def main(argv=None) -> int:
     what = ("fusedmlp bench --suite wide" + (" --sweep" if args.sweep else "")
             + f" --configs {' '.join(args.configs)} --dtype {' '.join(args.dtype)}"
             + (" --tiny" if args.tiny else ""))
-    writer = results.RunWriter(args.out, args.run, what, "wide-sweep" if args.sweep else "wide")
+    writer = results.run_writer(args.out, args.run, what, "wide-sweep" if args.sweep else "wide")
     writer.write(out, final=True)
     print(table(records))
     print(f"ceilings: copy {copy:.0f} GB/s, bf16 matmul {mm:.1f} TFLOP/s")
     for n in notes:
         print("note:", n)
-    print(f"appended run {writer.run} to {writer.path} in {time.perf_counter() - t_start:.0f} s")
+    print(f"{results.where_written(writer)} ({time.perf_counter() - t_start:.0f} s)")
     return 0
 
 
