@@ -476,11 +476,29 @@ class GatedMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)) as one op. x: [..., in] -> [..., out].
 
     Children and state_dict keys as Llama's MLP: gate_proj, up_proj ([hidden, in]) and
-    down_proj ([out, hidden]). out_features defaults to in_features."""
+    down_proj ([out, hidden]).
+
+    Args:
+        in_features: width of the input's last dimension (a transformer's d).
+        hidden_features: width of the gate and up projections.
+        out_features: width of the output; default ``in_features``.
+        activation: the gate's activation: silu (SwiGLU), gelu or gelu_tanh (GEGLU).
+        bias: whether the three Linears have biases.
+        device: where the parameters are made, as for ``nn.Linear``.
+        dtype: the parameters' dtype, as for ``nn.Linear``.
+        backend: force a backend for this module; None lets the dispatcher choose.
+        recompute: True makes training recompute the gate and up products in backward
+            instead of saving them.
+
+    Raises:
+        ValueError: a size out of range, an activation the gated op lacks, an unknown
+            backend.
+    """
 
     def __init__(self, in_features: int, hidden_features: int, out_features: int | None = None,
-                 activation: str = "silu", bias: bool = False, device=None, dtype=None, *,
-                 backend: str | None = None, recompute: bool = False):
+                 activation: str = "silu", bias: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 *, backend: str | None = None, recompute: bool = False):
         super().__init__()
         out_features = in_features if out_features is None else out_features
         for name, v in (("in_features", in_features), ("hidden_features", hidden_features),
@@ -500,9 +518,12 @@ class GatedMLP(nn.Module):
 
     @property
     def has_bias(self) -> bool:
+        """Whether the Linears have biases."""
         return self.gate_proj.bias is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[..., in_features]`` -> ``[..., out_features]``, through the backend the
+        dispatcher picks (or ``backend``)."""
         # _modules / _parameters directly: nn.Module.__getattr__ costs ~1 us a lookup,
         # and a decode-sized call is all host time
         (wg, bg), (wu, bu), (wd, bd) = (op.linear_params(self, n)

@@ -19,19 +19,41 @@ from .spec import MAX_HIDDEN_LAYERS, MLPSpec, check_backend, check_recompute, ch
 class FusedMLP(nn.Module):
     """A whole MLP as one fused op. x: [..., in_features] -> [..., out_features].
 
-    ``hidden_layers`` counts hidden layers as tiny-cuda-nn does: hidden_layers + 1
-    matmuls (in->hidden, hidden_layers-1 x hidden->hidden, hidden->out); 0 gives a
-    single in->out layer. ``backend`` forces a backend for this module; ``recompute``:
-    True makes training recompute the hidden activations in backward instead of saving
-    them, False saves them, None (default) lets the backend choose (Triton on CUDA
-    recomputes where its backward is one kernel that does it on chip; the others save).
-    ``softplus_beta``: softplus as ``nn.Softplus(beta)`` (op.fold_softplus_beta).
+    The layers are ``nn.Linear`` children named as in the equivalent ``nn.Sequential``
+    (``"0"``, ``"2"``, ...), so a state_dict saved from that Sequential loads unchanged.
+
+    Args:
+        in_features: width of the input's last dimension.
+        out_features: width of the output's last dimension.
+        hidden_features: width of every hidden layer.
+        hidden_layers: hidden layers, counted as tiny-cuda-nn does: ``hidden_layers + 1``
+            matmuls (in->hidden, ``hidden_layers - 1`` x hidden->hidden, hidden->out);
+            0 gives a single in->out layer.
+        activation: the hidden layers' activation: none, relu, leaky_relu, gelu,
+            gelu_tanh, silu, sigmoid, tanh or softplus.
+        output_activation: the activation after the last layer (default none).
+        bias: whether every layer has a bias.
+        device: where the parameters are made, as for ``nn.Linear``.
+        dtype: the parameters' dtype, as for ``nn.Linear``.
+        backend: force a backend for this module (a name from ``fm.backends()``);
+            None lets the dispatcher choose. A forced backend that cannot run is an error.
+        recompute: True makes training recompute the hidden activations in backward
+            instead of saving them, False saves them, None lets the backend choose
+            (Triton on CUDA recomputes where its backward is one kernel that does it on
+            chip; the others save).
+        softplus_beta: softplus as ``nn.Softplus(beta)``, for ``activation`` or
+            ``output_activation`` softplus.
+
+    Raises:
+        ValueError: a size out of range, an unknown activation or backend.
+        TypeError: a size that is not an int.
     """
 
     def __init__(self, in_features: int, out_features: int, hidden_features: int,
                  hidden_layers: int, activation: str = "relu",
-                 output_activation: str = "none", bias: bool = True, device=None,
-                 dtype=None, *, backend: str | None = None, recompute: bool | None = None,
+                 output_activation: str = "none", bias: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 *, backend: str | None = None, recompute: bool | None = None,
                  softplus_beta: float = 1.0):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features),
@@ -107,20 +129,26 @@ class FusedMLP(nn.Module):
 
     @property
     def in_features(self) -> int:
+        """Width of the input's last dimension."""
         return self.widths[0]
 
     @property
     def out_features(self) -> int:
+        """Width of the output's last dimension."""
         return self.widths[-1]
 
     @property
     def linears(self) -> list[nn.Linear]:
+        """The layers, first to last: the ``nn.Linear`` children holding the parameters."""
         return [self._modules[n] for n in self._names]
 
     def weights(self) -> list[torch.Tensor]:
+        """Every layer's weight, first to last, in ``nn.Linear``'s ``[out, in]`` layout:
+        the tensors the op reads (``fm.fused_mlp(x, mlp.weights(), mlp.biases())``)."""
         return [op.linear_params(self, n)[0] for n in self._names]
 
     def biases(self) -> list[torch.Tensor] | None:
+        """Every layer's bias ``[out]``, first to last; None for a module without bias."""
         return self._params()[1]
 
     def _params(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
@@ -129,6 +157,11 @@ class FusedMLP(nn.Module):
         return [w for w, _ in wb], ([b for _, b in wb] if self.has_bias else None)
 
     def spec(self, dtype: torch.dtype | None = None) -> MLPSpec:
+        """The ``MLPSpec`` (widths, activations, bias, dtype) the dispatcher decides on.
+
+        Args:
+            dtype: the compute dtype; default the parameters' dtype.
+        """
         dtype = dtype or self._modules[self._names[0]].weight.dtype
         if torch.compiler.is_compiling():  # no cache: filling it would fail a guard of
             # the traced code and compile it a second time
@@ -141,6 +174,19 @@ class FusedMLP(nn.Module):
         return s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the MLP on ``x`` through the backend the dispatcher picks (or ``backend``).
+
+        Args:
+            x: ``[..., in_features]``, on the parameters' device; any leading dimensions.
+                Under ``torch.autocast`` the op computes in the autocast dtype.
+
+        Returns:
+            ``[..., out_features]``, in ``x``'s dtype (the autocast dtype under autocast).
+
+        Raises:
+            ValueError: ``x``'s last dimension is not ``in_features``, or ``x`` is on
+                another device or dtype than the parameters.
+        """
         if self.softplus_beta != 1.0:  # rescaled parameters every call: the op's full path
             try:
                 return op.fused_mlp(x, *self._params(), self.activation,
