@@ -192,3 +192,16 @@ def test_api_page_shows_constructor_signatures(site):
         params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
         lacking = [p for p in params if p not in heading]
         assert not lacking, f"{cls.__name__}'s rendered signature lacks {lacking}: {heading!r}"
+
+
+def test_performance_tables_fit_the_column():
+    """docs/performance.md's tables: at most 5 columns (wider ones ran off the page's
+    column) and no header twice in one table (which eager? which compile?)."""
+    text = open(os.path.join(DOCS, "performance.md")).read()
+    headers = [ln for i, ln in enumerate(text.splitlines()[:-1])
+               if ln.startswith("|") and re.match(r"^\|\s*-+", text.splitlines()[i + 1])]
+    assert headers, "no table found"
+    for ln in headers:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        assert len(cells) <= 5, f"{len(cells)} columns: {ln}"
+        assert len(set(cells)) == len(cells), f"a header repeats: {ln}"
