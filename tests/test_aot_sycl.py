@@ -108,6 +108,27 @@ def test_failures_name_the_kernel_and_the_reason(row, why):
         assert len(bad) == 1 and bad[0].startswith("k: ") and why in bad[0], bad
 
 
+def test_gather_share_and_instructions_a_dpas_fail_where_set():
+    sends = {"global_load": 8, "global_store": 2, "slm_load": 0, "slm_store": 0, "atomic": 0}
+    ok = _row(sends=sends, gathers=1, gather_share_max=0.10, inst_count=40,
+              inst_per_dpas_max=10)
+    assert aot.failures([ok]) == []
+    bad = aot.failures([dict(ok, gathers=2)])
+    assert len(bad) == 1 and "2 of its 10 memory messages are gathers" in bad[0], bad
+    bad = aot.failures([dict(ok, inst_count=44)])
+    assert len(bad) == 1 and "11.0 instructions a dpas, target 10" in bad[0], bad
+    assert aot.failures([dict(ok, gathers=9, gather_share_max=None, inst_per_dpas_max=None)]) == []
+
+
+@pytest.mark.parametrize("grf,slm,wg,want", [
+    (256, 0, 16, 4), (128, 0, 16, 8),
+    (256, 128 * 1024, 16, 2),   # one 16-thread group an Xe-core: 2 threads a vector engine
+    (256, 32 * 1024, 16, 4), (128, 32 * 1024, 16, 8), (128, 64 * 1024, 16, 4),
+])
+def test_threads_per_vector_engine(grf, slm, wg, want):
+    assert aot.threads_per_eu(grf, slm, wg) == want
+
+
 def test_config_from_a_backend_object_and_its_errors():
     class Cfg:  # the attributes a backend configuration gives
         kernel_name, dpas_per_block, instantiation, source_defines, grf = "f", 12, "x", ["A=1"], 256
@@ -318,3 +339,22 @@ def test_the_script_checks_every_esimd_configuration(tmp_path):
     rows = json.loads(out.read_text())["kernels"]
     assert rows and all(r["dpas"] == r["dpas_expected"] > 0 and r["spill_bytes"] == 0
                         for r in rows), rows
+    assert all(r["threads_per_eu"] == 4 for r in rows), rows
+    # where every surface allows them, the rows move by 2-D block messages only
+    full = [r for r in rows if r["kernel"].endswith("_io7")]
+    assert full and all(r["gathers"] == 0 and r["block2d"] > 0 for r in full), full
+
+
+def test_every_kernel_compiles_alone(tmp_path):
+    """ci/aot_sycl.py --alone: every kernel in a SPIR-V module of its own, as the runtime
+    builds it (one kernel a module). The bf16 64/64/64 backward once failed in IGC built
+    alone ("Src opnd in BF mixed mode") while it compiled beside the forward."""
+    if importlib.util.find_spec("fusedmlp_xpu.backends.sycl_esimd") is None:
+        pytest.skip("no ESIMD backend (fusedmlp_xpu.backends.sycl_esimd) in this tree yet")
+    _toolchain_or_skip()
+    out = tmp_path / "alone.json"
+    r = subprocess.run([sys.executable, str(ROOT / "ci" / "aot_sycl.py"), "--alone", "--out",
+                        str(out)], capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rows = json.loads(out.read_text())["kernels"]
+    assert rows and all(r["alone"] for r in rows)

@@ -262,6 +262,11 @@ def cpu_queue():
             # each hold register tiles of thousands of elements; off, the build takes ~12 s
             # and the portable kernels stay correct (this device is for verification).
             os.environ.setdefault("CL_CONFIG_CPU_VECTORIZER_MODE", "1")
+            # The emulated ESIMD kernels hold their register tiles on each work-item's
+            # stack: the h128 backward (2 row groups x 8 tiles, and their temporaries)
+            # overran the CPU runtime's default stack now and then (an abort in the
+            # kernel); 128 MiB a thread, reserved, not touched
+            os.environ.setdefault("CL_CONFIG_STACK_SIZE", str(128 << 20))
             try:
                 import dpctl
             except ImportError:

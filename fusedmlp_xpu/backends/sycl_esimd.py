@@ -1,6 +1,6 @@
 """The ESIMD kernels of the ``sycl`` backend (kernels/sycl/fused_mlp_esimd.cpp): every
 layer's matmul on the Max 1550's XMX engines (``xmx::dpas``), rows carried through the
-layers in registers, the weights staged once per work-group in shared local memory.
+layers in registers, the weights read as dpas B tiles through L1 by 2-D block loads.
 
 Kernel chain: ``fmlp_esimd_fwd_<t>_<IN>_<H>_<OUT>`` / ``fmlp_esimd_bwd_...`` /
 ``fmlp_esimd_wgrad_<t>`` -> ``forward`` / ``backward`` here -> ``SyclBackend``, which
@@ -8,8 +8,9 @@ takes this path for the nets ``config_for`` covers and its portable kernels for 
 
 - One configuration per (dtype, padded input, hidden and output width): widths are padded
   on chip to 16/32/64/128 (the x columns past in_features load as 0; the host packs zero
-  weights there), never in memory. The runtime compiles a configuration's three kernels
-  when a net first needs them, once per process and device.
+  weights there), never in memory. A kernel is one configuration, activation pair and I/O
+  mode (which of x, y and z go through 2-D block messages, ``io_mode``; the rest gather):
+  the runtime compiles it when a call first needs it, once per process and device.
 - On an ``xpu`` device (a Max 1550) the source compiles as ESIMD with the large register
   file; ``ci/aot_sycl.py`` compiles every configuration for ``pvc`` with ``ocloc`` and
   checks its ISA. On the CPU the same source compiles against ``esimd_emu.hpp`` (plain
@@ -42,7 +43,7 @@ import re
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -73,29 +74,53 @@ def _define(name: str) -> int:
 
 
 WG = _define("FMLP_ESIMD_WG")
-SLM_BYTES = _define("FMLP_ESIMD_SLM_BYTES")
 BIAS_STRIDE = _define("FMLP_ESIMD_MAX_WIDTH")
 #: the weight-gradient kernel's thread tile (MR x 8 outputs, NR x 16 inputs)
 WGRAD_MR, WGRAD_NR = 4, 2
 
 
+def slm_bytes(kind: str) -> int:
+    """Shared local memory a work-group of ``kind`` declares: none (the weights come
+    through L1 by 2-D block loads), so the register file alone sets the threads a vector
+    engine holds (4 at 256 GRF)."""
+    return 0
+
+
 def row_groups(hidden: int) -> int:
     """Row groups of 8 a thread carries (fused_mlp_esimd.cpp row_groups<H>)."""
-    return 1 if hidden >= 128 else 2
+    return 2 if hidden >= 128 else 4
 
 
 def pad(width: int) -> int:
     return next(p for p in PADS if p >= width)
 
 
+#: I/O mode bits (fused_mlp_esimd.cpp): surfaces that go through 2-D block messages
+IO_X, IO_Y, IO_Z = 1, 2, 4
+
+
+def standard_io(IN: int, OUT: int) -> int:
+    """The I/O mode of contiguous tensors whose widths are the padded ones: x and y by 2-D
+    block messages where a row is at least 64 bytes (32 elements), z always."""
+    return (IO_X if IN >= 32 else 0) | (IO_Y if OUT >= 32 else 0) | IO_Z
+
+
 @dataclass(frozen=True)
 class EsimdConfig:
-    """One compiled configuration: operand dtype and the padded widths."""
+    """One compiled configuration: operand dtype, the padded widths, the activation ids
+    (hidden, output) and the I/O mode (``standard_io`` unless given)."""
 
     dtype: torch.dtype
     IN: int
     H: int
     OUT: int
+    act: int = 1
+    out_act: int = 0
+    io: int = -1
+
+    def __post_init__(self):
+        if self.io < 0:
+            object.__setattr__(self, "io", standard_io(self.IN, self.OUT))
 
     @property
     def tag(self) -> str:
@@ -107,15 +132,15 @@ class EsimdConfig:
 
     def kernel(self, kind: str) -> str:
         return f"fmlp_esimd_wgrad_{self.tag}" if kind == "wgrad" else \
-            f"fmlp_esimd_{kind}_{self.suffix}"
+            f"fmlp_esimd_{kind}_{self.suffix}_a{self.act}_{self.out_act}_io{self.io}"
 
     def names(self) -> list[str]:
         return [self.kernel(k) for k in ("fwd", "bwd", "wgrad")]
 
     def instantiation(self, kinds=("fwd", "bwd", "wgrad")) -> str:
         tag, ctype = HALF[self.dtype]
-        lines = [f"FMLP_ESIMD_{k.upper()}({tag}, {ctype}, {self.IN}, {self.H}, {self.OUT})"
-                 for k in kinds if k != "wgrad"]
+        lines = [f"FMLP_ESIMD_{k.upper()}({tag}, {ctype}, {self.IN}, {self.H}, {self.OUT}, "
+                 f"{self.act}, {self.out_act}, {self.io})" for k in kinds if k != "wgrad"]
         if "wgrad" in kinds:
             lines.append(f"FMLP_ESIMD_WGRAD({tag}, {ctype})")
         return "\n".join(lines) + "\n"
@@ -154,13 +179,10 @@ def config_for(spec) -> tuple[EsimdConfig | None, str]:
     if max(spec.widths) > PADS[-1]:
         return None, f"width {max(spec.widths)} over {PADS[-1]}"
     cfg = EsimdConfig(spec.dtype, pad(spec.in_features), pad(spec.widths[1]),
-                      pad(spec.out_features))
+                      pad(spec.out_features), spec.activation_id, spec.output_activation_id)
     need = cfg.packed_bytes(spec.n_layers)
-    if need > SLM_BYTES:
-        return None, (f"{spec.n_layers} layers' weights ({need // 1024} KiB packed) over the "
-                      f"{SLM_BYTES // 1024} KiB of shared local memory a work-group")
     return cfg, (f"ESIMD dpas kernel {cfg.suffix} (widths padded on chip to {cfg.IN}/{cfg.H}/"
-                 f"{cfg.OUT}, {need // 1024} KiB of weights in SLM)")
+                 f"{cfg.OUT}, {max(1, need // 1024)} KiB of weights read through L1)")
 
 
 def enabled() -> bool:
@@ -205,19 +227,20 @@ def _spirv_module(names: list[str]) -> bytes | None:
                        f"{', '.join(names)}")
 
 
-def bundle(sh, queue: int, key, cfg: EsimdConfig, emulate: bool):
-    """The built kernels of ``cfg`` for the queue's device (``key`` names the device)."""
-    k = (key, cfg, emulate)
+def bundle(sh, queue: int, key, cfg: EsimdConfig, emulate: bool, kind: str):
+    """The built ``kind`` kernel of ``cfg`` for the queue's device (``key`` names the
+    device): one kernel a module, as ``ci/aot_sycl.py --alone`` compiles it."""
+    k = (key, cfg if kind != "wgrad" else cfg.dtype, kind, emulate)
     with _lock:
         if k not in _bundles:
-            names = cfg.names()
+            names = [cfg.kernel(kind)]
             spv = _spirv_module(names)
             if spv is not None:
                 _bundles[k] = sh.build(queue, spv, names, spirv=True,
                                        options=[] if emulate else ["-ze-opt-large-register-file"])
             else:
-                _bundles[k] = sh.build(queue, source([cfg]), names, includes=includes(),
-                                       options=build_options(emulate))
+                _bundles[k] = sh.build(queue, source([cfg], (kind,)), names,
+                                       includes=includes(), options=build_options(emulate))
         return _bundles[k]
 
 
@@ -273,7 +296,7 @@ def pack_backward(weights, cfg: EsimdConfig) -> torch.Tensor:
                       for l in reversed(range(len(weights)))])
 
 
-#: packs kept (forward and backward of a few nets); each holds at most the 128 KiB of SLM
+#: packs kept (forward and backward of a few nets; a pack is its net's weights in fp16/bf16)
 PACK_CACHE_SIZE = 16
 _packs: OrderedDict = OrderedDict()
 _packs_lock = threading.Lock()  # not _lock: that one is held through builds
@@ -320,9 +343,11 @@ def clear_packs(*_) -> None:
 _step_hook = register_optimizer_step_post_hook(clear_packs)
 
 
-def pack_biases(biases, like: torch.Tensor) -> torch.Tensor:
-    out = like.new_zeros(len(biases), BIAS_STRIDE)
-    for l, b in enumerate(biases):
+def pack_biases(biases, like: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """[n_layers][BIAS_STRIDE] biases, zeros where the net has none (the kernels add them
+    unconditionally: no branch in the epilogue)."""
+    out = like.new_zeros(n_layers, BIAS_STRIDE)
+    for l, b in enumerate(biases or []):
         out[l, : b.shape[0]] = b
     return out
 
@@ -336,6 +361,36 @@ def _groups(blocks: int, device: torch.device) -> int:
     else:
         limit = 4 * (os.cpu_count() or 1)
     return max(1, min(math.ceil(blocks / WG), limit))
+
+
+def block_surface(ptr: int | None, rs: int, cs: int, width: int, esize: int) -> bool:
+    """Whether rows of ``width`` elements at ``ptr`` (row stride rs, column stride cs, in
+    elements) can be a 2-D block message surface: contiguous rows of at least 64 bytes, a
+    whole number of dwords, the pitch a multiple of 16 bytes, the base 64-byte aligned
+    (row blocks start at multiples of 8 rows, so each block's base stays aligned)."""
+    return (ptr is not None and (cs == 1 or width == 1) and width * esize >= 64
+            and width * esize % 4 == 0 and rs >= width and rs * esize % 16 == 0
+            and ptr % 64 == 0)
+
+
+def io_mode(x_surface, y_surface, z_surfaces, hid_w: int, esize: int) -> int:
+    """A kernel's I/O mode: (ptr, rs, cs, width) of its x-like and y-like surfaces (None:
+    not accessed), the (ptr, rs) of z and dz (every hidden layer's columns side by side,
+    so the hidden width must be a whole number of 16-column tiles)."""
+    io = 0
+    if x_surface is None or block_surface(*x_surface, esize):
+        io |= IO_X
+    if y_surface is None or block_surface(*y_surface, esize):
+        io |= IO_Y
+    if hid_w % 16 == 0 and all(block_surface(ptr, rs, 1, rs, esize) for ptr, rs in z_surfaces):
+        io |= IO_Z
+    return io
+
+
+def _launch_rows(sh, lau, key, emulate, cfg, kind, args, n, device):
+    b = bundle(sh, lau.queue, key, cfg, emulate, kind)
+    blocks = math.ceil(n / (8 * row_groups(cfg.H)))
+    b.launch(lau.queue, cfg.kernel(kind), _groups(blocks, device) * WG, WG, args)
 
 
 def _rows_args(cfg, spec, n, lau, src, dst_ptr, wpack, z_ptr, z_rs, dz_ptr=None, dz_rs=0,
@@ -356,13 +411,16 @@ def forward(sh, lau, key, emulate, x, weights, biases, spec, cfg, save):
     saved = memory.new_empty(n, sum(widths), like=x) if save else None
     if n == 0:
         return y, saved
-    b = bundle(sh, lau.queue, key, cfg, emulate)
-    bias_ptr = None if biases is None else lau.input(pack_biases(biases, x))[0]
+    bias_ptr = lau.input(pack_biases(biases, x, spec.n_layers))[0]
     z_ptr = lau.output(saved) if save and saved.shape[1] else None
-    args = _rows_args(cfg, spec, n, lau, x, lau.output(y), packed("fwd", weights, cfg), z_ptr,
-                      saved.shape[1] if save else 0, bias_ptr=bias_ptr)
-    blocks = math.ceil(n / (8 * row_groups(cfg.H)))
-    b.launch(lau.queue, cfg.kernel("fwd"), _groups(blocks, x.device) * WG, WG, args)
+    z_rs = saved.shape[1] if save else 0
+    y_ptr = lau.output(y)
+    args = _rows_args(cfg, spec, n, lau, x, y_ptr, packed("fwd", weights, cfg), z_ptr, z_rs,
+                      bias_ptr=bias_ptr)
+    io = io_mode((args.src, args.src_rs, args.src_cs, spec.in_features),
+                 (y_ptr, spec.out_features, 1, spec.out_features),
+                 [(z_ptr, z_rs)] if z_ptr else [], spec.widths[1], x.element_size())
+    _launch_rows(sh, lau, key, emulate, replace(cfg, io=io), "fwd", args, n, x.device)
     lau.finish()
     return y, saved
 
@@ -376,16 +434,20 @@ def backward(sh, lau, key, emulate, grad_y, x, weights, biases, saved, spec, cfg
         gw = [torch.zeros_like(w) for w in weights] if need_w else []
         gb = [torch.zeros_like(w[:, 0]) for w in weights] if need_b else []
         return gx, gw, gb
-    b = bundle(sh, lau.queue, key, cfg, emulate)
+    b = bundle(sh, lau.queue, key, cfg, emulate, "wgrad")
     z_rs = saved.shape[1]
     z_ptr = lau.input(saved)[0] if z_rs else None
     dz_rs = (L - 1) * spec.widths[1] + spec.out_features
     dz = memory.new_empty(n, dz_rs, like=x) if need_w or need_b else None
     dz_ptr = lau.output(dz) if dz is not None else None
-    args = _rows_args(cfg, spec, n, lau, grad_y, lau.output(gx) if need_x else None,
-                      packed("bwd", weights, cfg), z_ptr, z_rs, dz_ptr, dz_rs)
-    blocks = math.ceil(n / (8 * row_groups(cfg.H)))
-    b.launch(lau.queue, cfg.kernel("bwd"), _groups(blocks, x.device) * WG, WG, args)
+    gx_ptr = lau.output(gx) if need_x else None
+    args = _rows_args(cfg, spec, n, lau, grad_y, gx_ptr, packed("bwd", weights, cfg), z_ptr,
+                      z_rs, dz_ptr, dz_rs)
+    io = io_mode((gx_ptr, spec.in_features, 1, spec.in_features) if need_x else None,
+                 (args.src, args.src_rs, args.src_cs, spec.out_features),
+                 [(p, rs) for p, rs in ((z_ptr, z_rs), (dz_ptr, dz_rs)) if p],
+                 spec.widths[1], x.element_size())
+    _launch_rows(sh, lau, key, emulate, replace(cfg, io=io), "bwd", args, n, x.device)
     partials = (None, None)
     if dz is not None:
         lau.finish()  # dz back in the tensor (CPU: out of USM) before it is read again

@@ -33,7 +33,8 @@
 // C and result, execution size 16 (PVC); see its comment for the rounding model.
 //
 // Not emulated: timing, the register file (no spills, no GRF limits), bank conflicts,
-// the hardware's scheduling, cache hints and property lists, 2-D block messages.
+// the hardware's scheduling, cache hints and property lists, the 2-D block messages'
+// transposed and VNNI-transformed forms.
 #pragma once
 
 #include "esimd_emu_simd.hpp" // simd, simd_mask, simd_view, operators
@@ -260,6 +261,85 @@ inline void scatter(T *p, simd_view<OffsetT, N> byte_offsets, simd<T, N> vals, s
 template <class T, int N, class OffsetT>
 inline void scatter(T *p, simd_view<OffsetT, N> byte_offsets, simd<T, N> vals) {
   scatter<T, N, OffsetT>(p, byte_offsets.read(), vals);
+}
+
+// ---- 2-D block messages (experimental/esimd/memory.hpp: lsc_load_2d, lsc_store_2d) --
+// A surface: `Ptr` its base, rows of (SurfaceWidth + 1) bytes, (SurfacePitch + 1) bytes
+// apart, SurfaceHeight + 1 rows (each argument is the size minus 1, as ESIMD's). A block
+// is BlockWidth elements x BlockHeight rows at element column X, row Y; a load of NBlocks
+// reads that many blocks side by side and returns them one after another, each row-major,
+// rows padded to getNextPowerOf2(BlockWidth) elements and the row count rounded up to a
+// multiple of 4 / sizeof(T). Elements outside the surface load as 0 and are not stored
+// (the hardware's clipping); padding lanes load as 0 here. The surface's documented
+// limits (base 64-byte aligned, width and pitch at least 64 bytes, pitch a multiple of
+// 16 bytes, width a multiple of 4 bytes, width <= pitch) stop the host build when broken.
+namespace detail {
+constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+template <class T> constexpr int rows_2d(int h) {
+  return (h + (4 / int(sizeof(T))) - 1) / (4 / int(sizeof(T))) * (4 / int(sizeof(T)));
+}
+inline bool surface_ok(const void *p, unsigned w, unsigned pitch, const char *what) {
+  const bool ok = reinterpret_cast<uintptr_t>(p) % 64 == 0 && w + 1 >= 64 && (w + 1) % 4 == 0 &&
+                  pitch + 1 >= 64 && (pitch + 1) % 16 == 0 && w <= pitch;
+  if (!ok)
+    fail(what);
+  return ok;
+}
+} // namespace detail
+
+template <class T, int BlockWidth, int BlockHeight = 1, int NBlocks = 1, bool Transposed = false,
+          bool Transformed = false,
+          int N = detail::rows_2d<T>(BlockHeight) * detail::pow2_at_least(BlockWidth) * NBlocks>
+inline simd<T, N> lsc_load_2d(const T *Ptr, unsigned SurfaceWidth, unsigned SurfaceHeight,
+                              unsigned SurfacePitch, int X, int Y) {
+  static_assert(!Transposed && !Transformed,
+                "lsc_load_2d emulation: transposed and VNNI-transformed loads are not emulated");
+  static_assert((BlockWidth * sizeof(T)) % 4 == 0 && BlockWidth * NBlocks * sizeof(T) <= 64 &&
+                    BlockHeight <= 32 && N * sizeof(T) <= 2048,
+                "lsc_load_2d: block size out of the hardware's limits");
+  constexpr int W = detail::pow2_at_least(BlockWidth), RH = detail::rows_2d<T>(BlockHeight);
+  simd<T, N> r(T(0));
+  if (!detail::surface_ok(Ptr, SurfaceWidth, SurfacePitch, "lsc_load_2d: surface breaks the "
+                          "2-D block message limits (base 64 B aligned, width/pitch >= 64 B)"))
+    return simd<T, N>();
+  const unsigned char *base = reinterpret_cast<const unsigned char *>(Ptr);
+  const int64_t cols = (int64_t(SurfaceWidth) + 1) / int64_t(sizeof(T));
+  for (int b = 0; b < NBlocks; ++b)
+    for (int i = 0; i < BlockHeight; ++i)
+      for (int j = 0; j < BlockWidth; ++j) {
+        const int64_t x = int64_t(X) + b * BlockWidth + j, y = int64_t(Y) + i;
+        if (x < 0 || y < 0 || x >= cols || y > int64_t(SurfaceHeight))
+          continue;
+        T v;
+        __builtin_memcpy(&v, base + y * (int64_t(SurfacePitch) + 1) + x * int64_t(sizeof(T)),
+                         sizeof(T));
+        r[(b * RH + i) * W + j] = v;
+      }
+  return r;
+}
+
+template <class T, int BlockWidth, int BlockHeight = 1,
+          int N = detail::rows_2d<T>(BlockHeight) * detail::pow2_at_least(BlockWidth)>
+inline void lsc_store_2d(T *Ptr, unsigned SurfaceWidth, unsigned SurfaceHeight,
+                         unsigned SurfacePitch, int X, int Y, simd<T, N> Vals) {
+  static_assert((BlockWidth * sizeof(T)) % 4 == 0 && BlockWidth * sizeof(T) <= 64 &&
+                    BlockHeight <= 8 && N * sizeof(T) <= 512,
+                "lsc_store_2d: block size out of the hardware's limits");
+  constexpr int W = detail::pow2_at_least(BlockWidth);
+  if (!detail::surface_ok(Ptr, SurfaceWidth, SurfacePitch, "lsc_store_2d: surface breaks the "
+                          "2-D block message limits (base 64 B aligned, width/pitch >= 64 B)"))
+    return;
+  unsigned char *base = reinterpret_cast<unsigned char *>(Ptr);
+  const int64_t cols = (int64_t(SurfaceWidth) + 1) / int64_t(sizeof(T));
+  for (int i = 0; i < BlockHeight; ++i)
+    for (int j = 0; j < BlockWidth; ++j) {
+      const int64_t x = int64_t(X) + j, y = int64_t(Y) + i;
+      if (x < 0 || y < 0 || x >= cols || y > int64_t(SurfaceHeight))
+        continue;
+      const T t = Vals[i * W + j];
+      __builtin_memcpy(base + y * (int64_t(SurfacePitch) + 1) + x * int64_t(sizeof(T)), &t,
+                       sizeof(T));
+    }
 }
 
 // ---- shared local memory and the barrier ---------------------------------------------

@@ -6,7 +6,6 @@
 #include <stdint.h>
 
 #define FMLP_ESIMD_WG 16                 /* threads (work-items) a work-group */
-#define FMLP_ESIMD_SLM_BYTES 131072      /* PVC's shared local memory a work-group */
 #define FMLP_ESIMD_MAX_WIDTH 128         /* bias stride per layer in the packed biases */
 
 typedef struct FmlpEsimdArgs {
@@ -14,7 +13,7 @@ typedef struct FmlpEsimdArgs {
   int64_t src_rs, src_cs;
   void *dst;         /* y (forward) or dL/dx (backward, may be NULL): contiguous */
   const void *wpack; /* every layer's weights as dpas B tiles (see fused_mlp_esimd.cpp) */
-  const void *bias;  /* [n_layers][FMLP_ESIMD_MAX_WIDTH] biases, or NULL */
+  const void *bias;  /* [n_layers][FMLP_ESIMD_MAX_WIDTH] biases (zeros: none) */
   void *z;           /* saved pre-activations [n, z_rs], layer l at column l * hid_w; NULL */
   void *dz;          /* backward: dL/dz of every layer, same layout as z; NULL */
   int64_t z_rs, dz_rs, n_rows;

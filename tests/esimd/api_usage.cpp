@@ -70,6 +70,16 @@ extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((sycl::ext::oneapi::experimental::n
   esimd::block_store<float, 16>(y, 128,
                                 c + (float(r[0]) + float(bits[0]) + float(hbits[0]) + float(m4[0]) +
                                      float(u32[0]) + float(u16[0])));
+  // 2-D block messages (16-bit elements as the kernels use them, dwords for B tiles);
+  // 64-bit gather offsets
+  esimd::simd<half, 16 * 16 * 2> blk = xesimd::lsc_load_2d<half, 16, 16, 2>(h, 127, 63, 127, 16, 8);
+  esimd::simd<uint32_t, 16 * 8> bw =
+      xesimd::lsc_load_2d<uint32_t, 16, 8, 1>(reinterpret_cast<const uint32_t *>(h), 63, 7, 63, 0, 0);
+  esimd::simd<half, 128> b0 = blk.select<128, 1>(0);
+  esimd::simd<uint16_t, 128> b0bits = b0.bit_cast_view<uint16_t>();
+  xesimd::lsc_store_2d<uint16_t, 16, 8>(reinterpret_cast<uint16_t *>(y), 127, 7, 127, 0, 0, b0bits);
+  esimd::simd<uint64_t, 16> offs64(0, 8);
+  l += esimd::gather<float, 16>(x, offs64, m) + float(bw[3]);
   // shared local memory
   esimd::slm_block_store<float, 16>(0, a);
   esimd::barrier();

@@ -278,9 +278,35 @@ void math() {
   write("half_iota.bin", simd<half, 32>(half(1.0f), half(0.1f)));
 }
 
+// ---- 2-D block messages: block2d DIR W H P X Y --------------------------------------
+// surf.bin: H rows of P 16-bit words (the pitch), of which the first W are the surface's
+// columns; loads and a store at element column X, row Y (either may be negative).
+void block2d(int w, int h, int p, int x, int y) {
+  auto in = read<uint16_t>("surf.bin");
+  std::vector<uint16_t> store(in.size() + 32);
+  uint16_t *buf = store.data();
+  while (reinterpret_cast<uintptr_t>(buf) % 64)
+    ++buf;
+  std::memcpy(buf, in.data(), in.size() * 2);
+  const unsigned sw = w * 2 - 1, sh = h - 1, sp = p * 2 - 1;
+  write("ld_16x8x2.bin", xesimd::lsc_load_2d<uint16_t, 16, 8, 2>(buf, sw, sh, sp, x, y));
+  write("ld_16x1.bin", xesimd::lsc_load_2d<uint16_t, 16, 1, 1>(buf, sw, sh, sp, x, y));
+  write("ld_8x32.bin", xesimd::lsc_load_2d<uint16_t, 8, 32, 1>(buf, sw, sh, sp, x, y));
+  write("ld32_16x4.bin", xesimd::lsc_load_2d<uint32_t, 16, 4, 1>(
+                             reinterpret_cast<const uint32_t *>(buf), sw, sh, sp, x / 2, y));
+  xesimd::lsc_store_2d<uint16_t, 16, 8>(buf, sw, sh, sp, x, y,
+                                        simd<uint16_t, 128>(uint16_t(0x8000), uint16_t(1)));
+  write("st_16x8.bin", buf, in.size());
+}
+
 // ---- misuse the real API leaves undefined: the host build stops with a message -------
 int misuse(const std::string &what) {
   alignas(16) float buf[64] = {};
+  if (what == "surface_2d") {  // a pitch of 40 bytes: under 64 and not a multiple of 16
+    alignas(64) uint16_t surf[64] = {};
+    auto v = xesimd::lsc_load_2d<uint16_t, 16, 2>(surf, 31, 1, 39, 0, 0);
+    return static_cast<int>(v[0]);
+  }
   if (what == "block_load") {
     auto v = esimd::block_load<float, 8>(
         reinterpret_cast<const float *>(reinterpret_cast<const char *>(buf) + 2));
@@ -324,6 +350,9 @@ int main(int argc, char **argv) {
     slm();
   else if (cmd == "math")
     math();
+  else if (cmd == "block2d" && argc == 8)
+    block2d(std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
+            std::atoi(argv[7]));
   else if (cmd == "misuse" && argc == 4)
     return misuse(argv[3]);
   else {
