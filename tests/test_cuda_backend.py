@@ -572,7 +572,7 @@ def test_bench_times_named_backends_side_by_side():
     same module; one that cannot run the config is left out, saying why."""
     from fusedmlp_xpu.bench import narrow as bench
 
-    fused = bench.CONFIGS["narrow-w64"].module(torch.device("cpu"), torch.float32)
+    fused = bench.CONFIGS["narrow-w64"].make(torch.device("cpu"), torch.float32)
     logged = []
     models = bench._fused_models(fused, ["reference", "cuda"], torch.randn(2, 64),
                                  logged.append, False)
