@@ -119,6 +119,14 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
                :: "r"(bar) : "memory");
 }
 
+// The barrier's memory back to plain shared memory: every barrier a kernel initialized is
+// invalidated before the CTA exits (PTX requires it before the bytes are reused; without it
+// compute-sanitizer's racecheck took the next kernel's stores there for races with this
+// kernel's barriers, and synccheck overflowed its table of barriers).
+__device__ __forceinline__ void mbar_inval(unsigned bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
+
 // Wait until the phase of parity ``parity`` has completed. A fresh barrier is in phase 0:
 // a wait for parity 1 (the phase "before" it) returns at once.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {

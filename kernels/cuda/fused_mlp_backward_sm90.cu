@@ -275,6 +275,22 @@ __device__ __forceinline__ void sums(const FmlpBackwardParams& p, unsigned base,
   }
 }
 
+// The end of the CTA: invalidate the mbarriers once every warp is done with them. The
+// summing warpgroup arrives at named barrier 1 without waiting (it exits at once: a
+// __syncthreads there tipped its 232 registers into spills), the chains wait for it there
+// and their first threads invalidate the barriers.
+constexpr int kRetireBar = 1;  // barrier 0 is __syncthreads'
+__device__ __forceinline__ void sums_done() {
+  asm volatile("bar.arrive %0, %1;" :: "n"(kRetireBar), "n"(kWarps * 32) : "memory");
+}
+__device__ __forceinline__ void retire_barriers(unsigned base) {
+  asm volatile("bar.sync %0, %1;" :: "n"(kRetireBar), "n"(kWarps * 32) : "memory");
+  if (threadIdx.x < kChains * kGBufs) {  // warp 0, a chain's
+    mbar_inval(base + kOffBar + 16u * threadIdx.x);
+    mbar_inval(base + kOffBar + 16u * threadIdx.x + 8);
+  }
+}
+
 }  // namespace fmlp
 
 extern "C" __global__ void __launch_bounds__(FMLP_WARPS * 32, 1)
@@ -316,6 +332,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
   if (wg == kChains) {  // --- the summing warpgroup ---
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(kSumRegs));
     if (kNeedWB) sums(p, base, n_blocks, stride);
+    sums_done();
     return;
   }
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(kChainRegs));
@@ -417,6 +434,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
     if (kNeedX) {  // gx = g_0 W_0
       float d[kInP / 2];
       mma_group<kHP, kInP>(d, gh, base + kOffT0, false);
+      __syncwarp();  // every lane's ldmatrix of gy is done: gx goes through the same buffer
       unsigned o[1][kInP / 16][4];
 #pragma unroll
       for (int nb = 0; nb < kInP / 16; ++nb)
@@ -425,4 +443,5 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
       store_rows<kIn>(p.gx, p.ld_gx, p.n_rows, 4 * blk + wl, o, gbuf, lane);
     }
   }
+  retire_barriers(base);
 }
