@@ -271,3 +271,22 @@ def test_wide_routes_name_their_ranges(monkeypatch):
     for rules in routes.CUDA_RULES.values():  # every rule names its committed measurement
         assert all(r.rows and Path(r.source).stem in runs for r in rules), rules
         assert all(1 <= lo <= hi for r in rules for lo, hi in r.rows)
+
+
+def test_gated_inference_route_at_512_rows_is_the_measured_pair_only(monkeypatch):
+    """The H100 sweep's one gated inference case below 0.98x eager (2048/5632 at 512 rows)
+    runs as torch ops on sm_90; its neighbours the kernels won (2048/8192 at 512 rows,
+    4096/11008 at 128) keep the kernels."""
+    from fusedmlp_xpu.backends.triton import routes
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(routes, "_cache", {})
+    dev = torch.device("cuda", 0)
+
+    def routed(d, hidden, rows):
+        return any(lo <= rows <= hi for lo, hi in routes.torch_rows(dev, True, False, d, hidden))
+
+    assert routed(2048, 5632, 512)
+    assert not routed(2048, 8192, 512) and not routed(4096, 11008, 128)
+    assert not routed(2048, 5632, 256)
+    assert routed(4096, 14336, 256)  # the 1e10 rule, unchanged

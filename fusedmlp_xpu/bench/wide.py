@@ -544,7 +544,7 @@ def main(argv=None) -> int:
                         "'real' = the pairs of released models (REAL_DIMS)")
     p.add_argument("--sweep", action="store_true",
                    help="every M in SWEEP_M and d/hidden in REAL_DIMS (unless --rows/--dims "
-                        "say otherwise), one pass of 5 batches, no graphs, no compile")
+                        "say otherwise), one pass of 7 batches, no graphs, no compile")
     p.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=sorted(DTYPES))
     p.add_argument("--llama", action="store_true",
                    help="also time a HF Llama prefill (transformers, random weights), eager "
@@ -565,7 +565,9 @@ def main(argv=None) -> int:
     if args.sweep:
         args.rows = args.rows or list(SWEEP_M)
         args.dims = args.dims or ["real"]
-        args.passes, args.repeats = 1, min(args.repeats, 5)
+        # 7 batches, the protocol's least: with 5, train calls of 0.3-0.6 ms (host-bound)
+        # had eager's batch medians swing 30% in one run (h100-wide-sweep-*-20261205a)
+        args.passes, args.repeats = 1, min(args.repeats, 7)
         args.target_ms = min(args.target_ms, 10.0)
         args.no_graphs, args.compile = True, "none"
     dims_list = _parse_dims(p, args.dims)

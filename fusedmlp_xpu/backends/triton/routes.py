@@ -63,11 +63,18 @@ class Rule:
 #: the move, 5120/13824 at 256-2048 rows ran 0.996-1.007x eager
 #: (h200-sweep-gelu-5120-20261204.json). Routed train calls bind to the ops likewise
 #: (module._bind_train; h200-host-train-20261204b.json).
+#: Gated inference at 512-1023 rows where rows x d x hidden is 5e9-8e9 (H100, both dtypes,
+#: h100-wide-sweep-bfloat16-20261205a / h100-wide-sweep-float16-20261205a): the kernels
+#: ran 2048/5632 at 512 rows at 0.976x / 0.954x eager, the one gated inference case of
+#: either sweep below 0.98x; every other kernel case of the six pairs ran 1.04-1.28x
+#: (2048/8192 at 512 rows, 8.6e9 of work: 1.06x / 1.04x, so the bound stops under it).
 CUDA_RULES: dict[tuple[int, int] | None, tuple[Rule, ...]] = {
     None: (
         Rule(False, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
         Rule(True, True, ((1, 4096),), "h200-probe-small-train-20261201b.json"),
         Rule(True, False, ((1, 2048),), "h200-sweep-swiglu-bf16-20261203.json", min_work=1e10),
+        Rule(True, False, ((512, 1023),), "h100-wide-sweep-float16-20261205a", min_work=5e9,
+             max_work=8e9),
         Rule(False, False, ((1, 2048),), "h200-sweep-fp16-all-20261203.json", max_work=8e10),
     ),
 }
