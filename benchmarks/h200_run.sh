@@ -108,6 +108,17 @@ for s in $steps; do
              echo "eikonal rc=$?"; grep -vE "Warn|warn" "$OUT/eikonal.txt" | tail -22
              timeout ${HOST_S:-90} python3 benchmarks/host_step.py --config sdf-eikonal --batch ${EIK_HOST_ROWS:-262144} --steps 50 --out "$T" --run "$M-host-step-sdf-eikonal-$STAMP" > "$OUT/eikonal-host.txt" 2>&1
              echo "host step rc=$?"; grep -E "ms a step|Error" "$OUT/eikonal-host.txt" ;;
+    # the sdf-eikonal step at EIK_ROWS with the second order's default form and with
+    # FUSEDMLP_SECOND_ORDER_TUNING=each of EIK_TUNINGS (fp16, EIK_STEPS steps, no compile),
+    # then host_step.py's cProfile of the fused step at the first of EIK_ROWS
+    eikonal-so) for tu in default ${EIK_TUNINGS:-16x4x2m}; do
+             b=""; for r in ${EIK_ROWS:-65536 262144}; do b="$b --batch $r"; done
+             ( [ $tu != default ] && export FUSEDMLP_SECOND_ORDER_TUNING=$tu
+               timeout ${EIK_S:-120} python3 -m fusedmlp_xpu.cli bench --suite steps --configs sdf-eikonal $b --dtype float16 --steps ${EIK_STEPS:-60} --compile none --out "$T" --run "$M-steps-sdf-eikonal-so-$tu-$STAMP" > "$OUT/eikonal-$tu.txt" 2>&1 )
+             echo "eikonal $tu rc=$?"; grep -E "^sdf-eikonal .*(eager|fused) " "$OUT/eikonal-$tu.txt"; done
+           r0=$(echo ${EIK_ROWS:-65536} | cut -d' ' -f1)
+           timeout ${HOST_S:-60} python3 benchmarks/host_step.py --config sdf-eikonal --batch $r0 --steps 50 --out "$T" --run "$M-host-step-sdf-eikonal-$r0-$STAMP" > "$OUT/eikonal-host.txt" 2>&1
+           echo "host step rc=$?"; grep -E "ms a step|Error" "$OUT/eikonal-host.txt" ;;
     # train steps from Python and from a CUDA graph, triton and cuda forced side by side
     cuda-bwd-bench) FUSEDMLP_CUDA_BACKWARD=1 timeout 200 python3 -m fusedmlp_xpu.cli bench --suite narrow --config narrow-w64 --mode train --backends triton cuda --out "$T" --run "$M-bench-cuda-train-narrow-w64-$STAMP" 2>/dev/null | grep -E "^narrow" | grep -v eager ;;
     # narrow-w128 train steps at 2^20 and 2^22 rows with the split backward's g stored whole
