@@ -92,9 +92,11 @@ for s in $steps; do
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6; done ;;
     # racecheck and synccheck over the backward's kernel shapes (2 chains, 3 chains, odd
     # widths loaded element by element), every hazard with both accesses' source lines
-    # (NVRTC's -lineinfo); RACE_K narrows the cases
+    # (NVRTC's -lineinfo); RACE_K narrows the cases. --num-cuda-barriers: the sanitizer
+    # takes the count of mbarriers a kernel uses from nvcc's module data, which NVRTC's
+    # inline-PTX barriers lack; without it synccheck overflowed its table of barriers
     cuda-bwd-race) for tool in racecheck synccheck; do
-            FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACE_S:-150} compute-sanitizer --tool $tool --report-api-errors no --print-limit 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "${RACE_K:-against_float64 and fp16 and 1037 and (widths0 or widths2 or widths6 or widths7)}" > "$OUT/cuda-bwd-$tool.log" 2>&1
+            FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACE_S:-150} compute-sanitizer --tool $tool --report-api-errors no --num-cuda-barriers ${SAN_BARRIERS:-16} --print-limit 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "${RACE_K:-against_float64 and fp16 and 1037 and (widths0 or widths2 or widths6 or widths7)}" > "$OUT/cuda-bwd-$tool.log" 2>&1
             echo "$tool rc=$?"; grep -E "SUMMARY|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6
             grep -E "(Race reported|access at|Barrier error|Warning|Error:)" "$OUT/cuda-bwd-$tool.log" | sed 's/0x[0-9a-f]*/0x_/g' | sort | uniq -c | sort -rn | head -24; done ;;
     # the wide sweep, one process a dtype (WIDE_DTYPES), both configs on released models' d/hidden
