@@ -180,6 +180,20 @@ __device__ __forceinline__ void st_global_cs_v4(void* p, const unsigned (&v)[4])
 }
 
 // --- activations ---------------------------------------------------------------------
+// 1 / x with no call in the kernel: rcp.approx.f32 (subnormals kept: not .ftz; 1/inf = 0,
+// NaN stays NaN), as cuda_bf16.hpp's hrcp takes it. Every activation is packed to 16 bits
+// right after (act_pack2), far coarser than the approximation. IEEE's 1.f / x (NVRTC's
+// default -prec-div=true) compiles to a CALL of ptxas's rcp slow path at each use, and
+// with the calls ptxas gave the backward's chains (sigmoid hidden layers: 128 call
+// sites) R0-R119 of their 136 registers (R0-R127 of 144): the sigmoid/softplus
+// weight-gradient-only backward spilled 24 B (fp16) / 32 B (bf16) with NVRTC 13.x
+// (ci/aot_cuda.py), at 136 and at 144 registers alike; without the calls, none.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // By the registry's ids (fusedmlp_xpu/activations.py), on fp32; NaN stays NaN.
 enum Act { NONE = 0, RELU = 1, LEAKY_RELU = 2, GELU = 3, GELU_TANH = 4, SILU = 5,
            SIGMOID = 6, TANH = 7, SOFTPLUS = 8 };
@@ -199,7 +213,7 @@ __device__ __forceinline__ float act(float z) {
     return z / (1.f + expf(-2.f * u));
   }
   if (ACT == SILU) return z / (1.f + expf(-z));
-  if (ACT == SIGMOID) return 1.f / (1.f + expf(-z));
+  if (ACT == SIGMOID) return rcp_approx(1.f + expf(-z));
   if (ACT == TANH) return tanhf(z);
   if (ACT == SOFTPLUS) return z > 20.f ? z : log1pf(expf(z));  // torch's threshold 20
   return z;
