@@ -80,6 +80,17 @@ def test_docs_show_the_committed_model(committed):
     assert m and pvc.committed_model(m.group(1)) == committed
 
 
+def test_docs_show_the_committed_isa_table():
+    """docs/intel.md's ISA table is pvc.isa_markdown of the runs it names, every row's
+    counts from the committed table (not typed by hand)."""
+    page = (ROOT / "docs" / "intel.md").read_text()
+    now = re.search(r"From run `([A-Za-z0-9._+-]+)`", page)
+    before = re.search(r"`before` is run `([A-Za-z0-9._+-]+)`", page)
+    assert now and before, "docs/intel.md names no ISA run (From run `...`, `before` is run `...`)"
+    table = pvc.isa_markdown(pvc.load_isa(run=now.group(1)), pvc.load_isa(run=before.group(1)))
+    assert table in page
+
+
 _HAVE_TOOLS = shutil.which(os.environ.get("OCLOC", "ocloc")) is not None
 
 

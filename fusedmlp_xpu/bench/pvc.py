@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 from .configs import CONFIGS
@@ -139,6 +140,50 @@ def _kernel_label(name: str) -> str:
     if len(parts) < 5:
         return name
     return f"{parts[1]} {'/'.join(parts[2:5])}"
+
+
+#: the kernels docs/intel.md's ISA table shows: the standard configs' (relu, every surface
+#: by blocks where the widths allow) and the weight-gradient kernel
+ISA_TABLE_KERNELS = ("fwd_bf16_64_32_64_a1_0_io7", "bwd_bf16_64_32_64_a1_0_io7",
+                     "fwd_bf16_64_64_64_a1_0_io7", "bwd_bf16_64_64_64_a1_0_io7",
+                     "fwd_bf16_64_128_64_a1_0_io7", "bwd_bf16_64_128_64_a1_0_io7",
+                     "fwd_bf16_32_64_16_a1_0_io5", "fwd_f16_128_128_128_a1_0_io7",
+                     "bwd_f16_128_128_128_a1_0_io7", "wgrad_bf16")
+#: Intel's tiny-dpcpp-nn ESIMD kernel put through the same pipeline (issue 61: IGC 22.43,
+#: 256 GRF): instructions a dpas and memory messages, by the kernel of ours it compares to
+INTEL_LISTING = {
+    "fwd_bf16_64_64_64": ("12.3 inference, 17.6 training", "50 2-D loads, 2 block stores, 0 gathers"),
+    "bwd_bf16_64_64_64": ("20.7", "36 2-D loads, 6 block stores"),
+    "fwd_f16_128_128_128": ("5.9 inference", "196 2-D loads, 0 gathers"),
+    "wgrad_bf16": ("(oneMKL GEMM)", "—"),
+}
+
+
+def _base(name: str) -> str:
+    """``fmlp_esimd_fwd_bf16_64_64_64_a1_0_io7`` -> ``fwd_bf16_64_64_64``."""
+    return re.sub(r"_a\d+_\d+_io\d+$", "", name.removeprefix("fmlp_esimd_"))
+
+
+def isa_markdown(isa: dict, before: dict | None = None) -> str:
+    """docs/intel.md's ISA table: ISA_TABLE_KERNELS from the table ``isa``, instructions a
+    dpas beside ``before``'s (an older table, matched by dtype and widths) and Intel's."""
+    now = {k["kernel"].removeprefix("fmlp_esimd_"): k for k in isa["kernels"]}
+    old = {_base(k["kernel"]): k for k in (before or {}).get("kernels", [])}
+    head = ("| kernel (`fmlp_esimd_…`) | threads / engine | spills | dpas (static) "
+            "| instructions / dpas: before → now | Intel's | messages now: 2-D block / gather "
+            "/ all | Intel's |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    body = ""
+    for name in ISA_TABLE_KERNELS:
+        k, b = now[name], old.get(_base(name))
+        ipd = f"{k['inst_count'] / k['dpas']:.1f}"
+        was = f"{b['inst_count'] / b['dpas']:.1f} → " if b else ""
+        intel = INTEL_LISTING.get(_base(name), ("—", "—"))
+        msgs = sum(k["sends"][s] for s in ("global_load", "global_store", "slm_load",
+                                           "slm_store", "atomic"))
+        body += (f"| `{name}` | {k.get('threads_per_eu', '—')} | {k['spill_bytes']} "
+                 f"| {k['dpas']} | {was}**{ipd}** | {intel[0]} "
+                 f"| {k['block2d']} / {k['gathers']} / {msgs} | {intel[1]} |\n")
+    return head + body
 
 
 # --- the static model ------------------------------------------------------------------
