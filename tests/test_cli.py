@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -341,6 +342,12 @@ def test_device_scripts_name_their_tables():
     assert calls, "no fusedmlp bench call found in h200_run.sh"
     for ln in calls:
         assert '--out "$T"' in ln, f"h200_run.sh: a bench run recorded nowhere: {ln.strip()}"
+    ci = open(os.path.join(ROOT, "ci", "run.sh")).read()
+    calls = re.findall(r"fusedmlp_xpu\.cli bench (.*)", ci)
+    assert calls, "no fusedmlp bench call found in ci/run.sh"
+    for args in calls:
+        out = re.search(r"--out \"?([^\"\s]+)", args)
+        assert out and out.group(1).endswith(".jsonl"), f"ci/run.sh: bench {args}"
 
 
 # --- explain ------------------------------------------------------------------------------
