@@ -23,6 +23,14 @@ from test_cuda_backend import SM90, h200  # noqa: F401  (a fixture)
 ENV = cuda_backend.BACKWARD_ENV
 
 
+@pytest.fixture(autouse=True)
+def _racecheck_cleared(request, monkeypatch):
+    """The kernel refuses to train until racecheck clears it (cuda.RACECHECK_CLEAN): its
+    own tests run it regardless, except the test of that refusal."""
+    if "held_back" not in request.node.name:
+        monkeypatch.setattr(cuda_backend, "RACECHECK_CLEAN", "tests")
+
+
 def _spec(widths, act="relu", out_act="none", bias=False, dtype=torch.float16):
     return MLPSpec(tuple(widths), act, out_act, bias, dtype)
 
@@ -290,6 +298,20 @@ def test_no_rows_and_no_gradients(emulated):
 
 # --- the dispatcher's gate ------------------------------------------------------------------
 # the h200 fixture: test_cuda_backend.py's (an H200's properties, the driver stubbed)
+
+
+def test_held_back_until_racecheck_is_clean(h200, monkeypatch):
+    """FUSEDMLP_CUDA_BACKWARD=1 does not train on the kernel while RACECHECK_CLEAN is
+    unset: a forced training call is refused, naming the racecheck run."""
+    assert cuda_backend.RACECHECK_CLEAN is None
+    monkeypatch.setenv(ENV, "1")
+    spec = _spec(W64)
+    ex = dispatch.explain_choice(h200, spec, "cuda", train=True)
+    assert ex.backend is None and "racecheck" in ex.considered[0].reason
+    assert "h100-cuda-bwd-race-20261205c" in ex.considered[0].reason
+    assert dispatch.explain_choice(h200, spec, None, train=True).backend != "cuda"
+    assert dispatch.explain_choice(h200, spec, "cuda", train=False).backend == "cuda"
+
 
 
 def test_training_only_when_switched_on(h200, monkeypatch):
