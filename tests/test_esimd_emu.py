@@ -402,6 +402,19 @@ def test_block_2d_loads_and_stores_clip_at_the_surface(driver, tmp_path, x, y):
             if 0 <= c < w // 2 and 0 <= r < h:
                 want32[i, j] = s32[r, c]
     np.testing.assert_array_equal(get(tmp_path, "ld32_16x4.bin", np.uint32), want32.reshape(-1))
+    # transposed (32-bit, 8 x 32): the block's columns as rows; VNNI-transformed (16-bit,
+    # 2 blocks of 16 x 32): row pairs interleaved, (i // 2, j, i % 2) in each block, as
+    # intel/llvm's test-e2e/ESIMD/lsc/Inputs/lsc_load_prefetch_2d.hpp checks them
+    blk32 = np.zeros((32, 8), np.uint32)
+    for i in range(32):
+        for j in range(8):
+            c, r = x // 2 + j, y + i
+            if 0 <= c < w // 2 and 0 <= r < h:
+                blk32[i, j] = s32[r, c]
+    np.testing.assert_array_equal(get(tmp_path, "ld32t_8x32.bin", np.uint32), blk32.T.reshape(-1))
+    blocks = block_2d_model(surf, w, h, x, y, 16, 32, 2).reshape(2, 16, 2, 16)  # [b, i/2, i%2, j]
+    np.testing.assert_array_equal(get(tmp_path, "ldv_16x32x2.bin", np.uint16),
+                                  blocks.transpose(0, 1, 3, 2).reshape(-1))
     want = surf.copy()
     vals = (0x8000 + np.arange(128)).astype(np.uint16).reshape(8, 16)
     for i in range(8):

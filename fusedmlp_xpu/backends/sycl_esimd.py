@@ -3,7 +3,7 @@ layer's matmul on the Max 1550's XMX engines (``xmx::dpas``), rows carried throu
 layers in registers, the weights read as dpas B tiles through L1 by 2-D block loads.
 
 Kernel chain: ``fmlp_esimd_fwd_<t>_<IN>_<H>_<OUT>`` / ``fmlp_esimd_bwd_...`` /
-``fmlp_esimd_wgrad_<t>`` -> ``forward`` / ``backward`` here -> ``SyclBackend``, which
+``fmlp_esimd_wgrad_<t>_a<act>_io<mode>`` -> ``forward`` / ``backward`` here -> ``SyclBackend``, which
 takes this path for the nets ``config_for`` covers and its portable kernels for the rest.
 
 - One configuration per (dtype, padded input, hidden and output width): widths are padded
@@ -21,8 +21,10 @@ takes this path for the nets ``config_for`` covers and its portable kernels for 
 
 The backward reads the forward's saved pre-activations (the portable kernels' contract):
 at these widths saving z costs 2 bytes a value written and read once, against a second
-pass of every layer's dpas work; the weight-gradient sums stay in registers per
-work-group, and one reduction on the device adds every layer's group partials.
+pass of every layer's dpas work. The weight gradients of every layer come from one
+launch: each thread sums one 32 x 32 tile of one layer's dW over one chunk of rows on the
+XMX engines (dz^T by transposed 2-D loads, act(z) by VNNI 2-D loads), and one sum on the
+device adds the chunks' partials.
 
 The packed weights (``pack_forward``/``pack_backward``: ~4 torch ops a layer, ~50 launches
 at paper-table1, more than Intel's 83 us for the whole call) are kept between calls,
@@ -75,8 +77,9 @@ def _define(name: str) -> int:
 
 WG = _define("FMLP_ESIMD_WG")
 BIAS_STRIDE = _define("FMLP_ESIMD_MAX_WIDTH")
-#: the weight-gradient kernel's thread tile (MR x 8 outputs, NR x 16 inputs)
-WGRAD_MR, WGRAD_NR = 4, 2
+#: the weight-gradient kernel's thread tile (MR x 8 outputs, NR x 16 inputs) and the rows
+#: it sums a step (2 dpas K steps: fused_mlp_esimd.cpp kWgM, kWgN, kWgK)
+WGRAD_MR, WGRAD_NR, WGRAD_ROWS = 4, 2, 32
 
 
 def slm_bytes(kind: str) -> int:
@@ -131,8 +134,9 @@ class EsimdConfig:
         return f"{self.tag}_{self.IN}_{self.H}_{self.OUT}"
 
     def kernel(self, kind: str) -> str:
-        return f"fmlp_esimd_wgrad_{self.tag}" if kind == "wgrad" else \
-            f"fmlp_esimd_{kind}_{self.suffix}_a{self.act}_{self.out_act}_io{self.io}"
+        if kind == "wgrad":  # every layer: the hidden activation, x and z/dz's I/O bits
+            return f"fmlp_esimd_wgrad_{self.tag}_a{self.act}_io{self.io & (IO_X | IO_Z)}"
+        return f"fmlp_esimd_{kind}_{self.suffix}_a{self.act}_{self.out_act}_io{self.io}"
 
     def names(self) -> list[str]:
         return [self.kernel(k) for k in ("fwd", "bwd", "wgrad")]
@@ -142,17 +146,19 @@ class EsimdConfig:
         lines = [f"FMLP_ESIMD_{k.upper()}({tag}, {ctype}, {self.IN}, {self.H}, {self.OUT}, "
                  f"{self.act}, {self.out_act}, {self.io})" for k in kinds if k != "wgrad"]
         if "wgrad" in kinds:
-            lines.append(f"FMLP_ESIMD_WGRAD({tag}, {ctype})")
+            lines.append(f"FMLP_ESIMD_WGRAD({tag}, {ctype}, {self.act}, "
+                         f"{self.io & (IO_X | IO_Z)})")
         return "\n".join(lines) + "\n"
 
     def dpas(self, kind: str) -> int:
         """The dpas instructions the kernel's code holds (the ISA's static count): one
         per 8 rows x 16 x 16 tile product of the first layer, one hidden layer (the loop
         body: every hidden layer runs it) and the last layer, per row group; the
-        weight-gradient kernel: its thread tile's MR x NR products per 16 rows."""
+        weight-gradient kernel: its thread tile's MR x NR products and MR bias products
+        (against ones) per 16 rows, two K steps a loop body."""
         ki, kh, ko = self.IN // 16, self.H // 16, self.OUT // 16
         if kind == "wgrad":
-            return WGRAD_MR * WGRAD_NR
+            return WGRAD_ROWS // 16 * WGRAD_MR * (WGRAD_NR + 1)
         # backward: dL/dz_L -> hidden (ko x kh), hidden -> hidden, hidden -> x (kh x ki)
         return row_groups(self.H) * (ki * kh + kh * kh + kh * ko)
 
@@ -191,13 +197,13 @@ def enabled() -> bool:
 
 # --- sources and builds ------------------------------------------------------------------
 def source(configs, kinds=("fwd", "bwd", "wgrad")) -> bytes:
-    """The kernel source with ``configs`` instantiated (wgrad once per dtype)."""
+    """The kernel source with ``configs`` instantiated (each weight-gradient kernel once)."""
     text = SOURCE.read_text()
     seen_wgrad = set()
     for c in configs:
-        ks = tuple(k for k in kinds if k != "wgrad" or c.dtype not in seen_wgrad)
+        ks = tuple(k for k in kinds if k != "wgrad" or c.kernel("wgrad") not in seen_wgrad)
         if "wgrad" in ks:
-            seen_wgrad.add(c.dtype)
+            seen_wgrad.add(c.kernel("wgrad"))
         text += "\n" + c.instantiation(ks)
     return text.encode()
 
@@ -235,7 +241,7 @@ def _spirv_module(names: list[str]) -> bytes | None:
 def bundle(sh, queue: int, key, cfg: EsimdConfig, emulate: bool, kind: str):
     """The built ``kind`` kernel of ``cfg`` for the queue's device (``key`` names the
     device): one kernel a module, as ``ci/aot_sycl.py --alone`` compiles it."""
-    k = (key, cfg if kind != "wgrad" else cfg.dtype, kind, emulate)
+    k = (key, cfg.kernel(kind), emulate)
     with _lock:
         if k not in _bundles:
             names = [cfg.kernel(kind)]
@@ -263,12 +269,13 @@ class Args(ctypes.Structure):
 
 class WgradArgs(ctypes.Structure):
     """FmlpEsimdWgradArgs of fused_mlp_esimd.h."""
-    _fields_ = [("dz", ctypes.c_void_p), ("src", ctypes.c_void_p), ("gw", ctypes.c_void_p),
-                ("gb", ctypes.c_void_p), ("dz_rs", ctypes.c_int64), ("src_rs", ctypes.c_int64),
-                ("src_cs", ctypes.c_int64), ("n_rows", ctypes.c_int64),
-                ("rows_per_group", ctypes.c_int64), ("out_w", ctypes.c_int32),
-                ("in_w", ctypes.c_int32), ("out_pad", ctypes.c_int32), ("in_pad", ctypes.c_int32),
-                ("src_act", ctypes.c_int32), ("pad_", ctypes.c_int32)]
+    _fields_ = [("dz", ctypes.c_void_p), ("z", ctypes.c_void_p), ("x", ctypes.c_void_p),
+                ("gw", ctypes.c_void_p), ("gb", ctypes.c_void_p), ("dz_rs", ctypes.c_int64),
+                ("z_rs", ctypes.c_int64), ("x_rs", ctypes.c_int64), ("x_cs", ctypes.c_int64),
+                ("n_rows", ctypes.c_int64), ("rows_per_chunk", ctypes.c_int64),
+                ("chunks", ctypes.c_int32), ("n_layers", ctypes.c_int32),
+                ("in_w", ctypes.c_int32), ("hid_w", ctypes.c_int32), ("out_w", ctypes.c_int32),
+                ("out_pad", ctypes.c_int32), ("in_pad", ctypes.c_int32), ("pad_", ctypes.c_int32)]
 
 
 def pack_tiles(m: torch.Tensor, n_pad: int, k_pad: int) -> torch.Tensor:
@@ -439,7 +446,6 @@ def backward(sh, lau, key, emulate, grad_y, x, weights, biases, saved, spec, cfg
         gw = [torch.zeros_like(w) for w in weights] if need_w else []
         gb = [torch.zeros_like(w[:, 0]) for w in weights] if need_b else []
         return gx, gw, gb
-    b = bundle(sh, lau.queue, key, cfg, emulate, "wgrad")
     z_rs = saved.shape[1]
     z_ptr = lau.input(saved)[0] if z_rs else None
     dz_rs = (L - 1) * spec.widths[1] + spec.out_features
@@ -456,42 +462,58 @@ def backward(sh, lau, key, emulate, grad_y, x, weights, biases, saved, spec, cfg
     partials = (None, None)
     if dz is not None:
         lau.finish()  # dz back in the tensor (CPU: out of USM) before it is read again
-        rows_per_group = 16 * math.ceil(n / 16 / min(256, math.ceil(n / 16)))
-        groups = math.ceil(n / rows_per_group)
-        x_ptr, (x_rs, x_cs) = lau.input(x)
-        dz_in = lau.input(dz)[0]
-        z_in = z_ptr if z_ptr is None else lau.input(saved)[0]
-        esize = x.element_size()
-        # every layer's partials in one buffer, each layer padded to the widest layer's
-        # tile grid (the kernel writes its own tiles, strided by out_pad/in_pad), so one
-        # reduction on the device adds them all
-        out_pad = max(32 * math.ceil(w / 32) for w in spec.widths[1:])
-        in_pad = max(32 * math.ceil(w / 32) for w in spec.widths[:-1])
-        pw = memory.new_empty(L, groups, out_pad, in_pad, like=x, dtype=torch.float32)
-        pb = memory.new_empty(L, groups, out_pad, 16, like=x, dtype=torch.float32) \
-            if need_b else None
-        pw_ptr = lau.output(pw)
-        pb_ptr = lau.output(pb) if pb is not None else None
-        for l in range(L):
-            src, rs, cs, act = (x_ptr, x_rs, x_cs, 0) if l == 0 else \
-                (z_in + (l - 1) * spec.widths[1] * esize, z_rs, 1, spec.activation_id)
-            wargs = WgradArgs(dz=dz_in + l * spec.widths[1] * esize, src=src,
-                              gw=pw_ptr + l * pw[0].numel() * 4,
-                              gb=None if pb is None else pb_ptr + l * pb[0].numel() * 4,
-                              dz_rs=dz_rs, src_rs=rs, src_cs=cs, n_rows=n,
-                              rows_per_group=rows_per_group, out_w=spec.widths[l + 1],
-                              in_w=spec.widths[l], out_pad=out_pad, in_pad=in_pad, src_act=act)
-            b.launch(lau.queue, cfg.kernel("wgrad"), groups * WG, WG, wargs)
-        partials = (pw, pb)
+        partials = _weight_grads(sh, lau, key, emulate, cfg, spec, x, saved, dz, need_b)
     lau.finish()
     return (gx, *reduce_partials(partials, spec, x.dtype, need_w, need_b))
+
+
+def wgrad_chunks(n: int, tiles: int, device: torch.device) -> int:
+    """Row chunks of the weight-gradient launch: enough (chunk, tile) threads to give every
+    vector engine its 4 (8 a Xe-core), at most one chunk per 32 rows."""
+    if device.type == "xpu":
+        props = torch.xpu.get_device_properties(device)
+        threads = 32 * (getattr(props, "gpu_subslice_count", 0) or 64)
+    else:
+        threads = 4 * (os.cpu_count() or 1)
+    return max(1, min(math.ceil(threads / tiles), math.ceil(n / WGRAD_ROWS)))
+
+
+def _weight_grads(sh, lau, key, emulate, cfg, spec, x, saved, dz, need_b):
+    """Every layer's weight (and bias) gradient partials in one launch: (pw [L, chunks,
+    out_pad, in_pad], pb [L, chunks, out_pad, 16] or None), fp32."""
+    n, L, hid = x.shape[0], spec.n_layers, spec.widths[1]
+    tile = lambda w: math.ceil(w / 32)  # noqa: E731 (the kernel's 32 x 32 thread tile)
+    tiles = tile(hid) * (tile(spec.in_features) + (L - 2) * tile(hid) + tile(spec.out_features))
+    chunks = wgrad_chunks(n, tiles, x.device)
+    rows_per_chunk = WGRAD_ROWS * math.ceil(n / WGRAD_ROWS / chunks)
+    chunks = math.ceil(n / rows_per_chunk)
+    out_pad = max(32 * tile(w) for w in spec.widths[1:])
+    in_pad = max(32 * tile(w) for w in spec.widths[:-1])
+    pw = memory.new_empty(L, chunks, out_pad, in_pad, like=x, dtype=torch.float32)
+    pb = memory.new_empty(L, chunks, out_pad, 16, like=x, dtype=torch.float32) \
+        if need_b else None
+    x_ptr, (x_rs, x_cs) = lau.input(x)
+    z_rs = saved.shape[1]
+    args = WgradArgs(dz=lau.input(dz)[0], z=lau.input(saved)[0] if z_rs else None, x=x_ptr,
+                     gw=lau.output(pw), gb=lau.output(pb) if pb is not None else None,
+                     dz_rs=dz.shape[1], z_rs=z_rs, x_rs=x_rs, x_cs=x_cs, n_rows=n,
+                     rows_per_chunk=rows_per_chunk, chunks=chunks, n_layers=L,
+                     in_w=spec.in_features, hid_w=hid, out_w=spec.out_features,
+                     out_pad=out_pad, in_pad=in_pad)
+    io = io_mode((x_ptr, x_rs, x_cs, spec.in_features), None,
+                 [(p, rs) for p, rs in ((args.z, z_rs), (args.dz, args.dz_rs)) if p],
+                 hid, x.element_size())
+    wcfg = replace(cfg, io=io)
+    b = bundle(sh, lau.queue, key, wcfg, emulate, "wgrad")
+    b.launch(lau.queue, wcfg.kernel("wgrad"), WG * math.ceil(tiles * chunks / WG), WG, args)
+    return pw, pb
 
 
 def reduce_partials(partials, spec, dtype, need_w: bool, need_b: bool):
     """(weight gradients, bias gradients) from the weight-gradient kernel's work-group
     partials ``(pw [L, groups, out_pad, in_pad], pb [L, groups, out_pad, 16] or None)``,
-    fp32: one sum on the device over the groups of every layer, then each layer's real
-    widths cut out in the operand dtype."""
+    fp32: one sum on the device over the chunks of every layer, then each layer's real
+    widths cut out in the operand dtype (a bias partial's 16 columns are each the sum)."""
     pw, pb = partials
     widths = spec.widths
     gw = gb = []
@@ -499,6 +521,6 @@ def reduce_partials(partials, spec, dtype, need_w: bool, need_b: bool):
         sums = pw.sum(1)  # [L, out_pad, in_pad]
         gw = [sums[l, :o, :i].to(dtype) for l, (o, i) in enumerate(zip(widths[1:], widths))]
     if need_b:
-        sums = pb.sum((1, 3))  # [L, out_pad]
+        sums = pb[..., 0].sum(1)  # [L, out_pad]
         gb = [sums[l, :o].to(dtype) for l, o in enumerate(widths[1:])]
     return gw, gb

@@ -148,7 +148,7 @@ ISA_TABLE_KERNELS = ("fwd_bf16_64_32_64_a1_0_io7", "bwd_bf16_64_32_64_a1_0_io7",
                      "fwd_bf16_64_64_64_a1_0_io7", "bwd_bf16_64_64_64_a1_0_io7",
                      "fwd_bf16_64_128_64_a1_0_io7", "bwd_bf16_64_128_64_a1_0_io7",
                      "fwd_bf16_32_64_16_a1_0_io5", "fwd_f16_128_128_128_a1_0_io7",
-                     "bwd_f16_128_128_128_a1_0_io7", "wgrad_bf16")
+                     "bwd_f16_128_128_128_a1_0_io7", "wgrad_bf16_a1_io5")
 #: Intel's tiny-dpcpp-nn ESIMD kernel put through the same pipeline (issue 61: IGC 22.43,
 #: 256 GRF): instructions a dpas and memory messages, by the kernel of ours it compares to
 INTEL_LISTING = {
@@ -160,8 +160,9 @@ INTEL_LISTING = {
 
 
 def _base(name: str) -> str:
-    """``fmlp_esimd_fwd_bf16_64_64_64_a1_0_io7`` -> ``fwd_bf16_64_64_64``."""
-    return re.sub(r"_a\d+_\d+_io\d+$", "", name.removeprefix("fmlp_esimd_"))
+    """``fmlp_esimd_fwd_bf16_64_64_64_a1_0_io7`` -> ``fwd_bf16_64_64_64``,
+    ``fmlp_esimd_wgrad_bf16_a1_io5`` -> ``wgrad_bf16``."""
+    return re.sub(r"_a\d+(_\d+)?_io\d+$", "", name.removeprefix("fmlp_esimd_"))
 
 
 def isa_markdown(isa: dict, before: dict | None = None) -> str:

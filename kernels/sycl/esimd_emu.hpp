@@ -270,7 +270,10 @@ inline void scatter(T *p, simd_view<OffsetT, N> byte_offsets, simd<T, N> vals) {
 // reads that many blocks side by side and returns them one after another, each row-major,
 // rows padded to getNextPowerOf2(BlockWidth) elements and the row count rounded up to a
 // multiple of 4 / sizeof(T). Elements outside the surface load as 0 and are not stored
-// (the hardware's clipping); padding lanes load as 0 here. The surface's documented
+// (the hardware's clipping); padding lanes load as 0 here. Transposed (32-bit data, one
+// block): element (row i, column j) at j * BlockHeight + i. Transformed (VNNI, 16-bit):
+// each block's row pairs interleaved, (i, j) at ((i / 2) * W + j) * 2 + i % 2, as intel/llvm's
+// test-e2e/ESIMD/lsc/Inputs/lsc_load_prefetch_2d.hpp checks them. The surface's documented
 // limits (base 64-byte aligned, width and pitch at least 64 bytes, pitch a multiple of
 // 16 bytes, width a multiple of 4 bytes, width <= pitch) stop the host build when broken.
 namespace detail {
@@ -292,8 +295,12 @@ template <class T, int BlockWidth, int BlockHeight = 1, int NBlocks = 1, bool Tr
           int N = detail::rows_2d<T>(BlockHeight) * detail::pow2_at_least(BlockWidth) * NBlocks>
 inline simd<T, N> lsc_load_2d(const T *Ptr, unsigned SurfaceWidth, unsigned SurfaceHeight,
                               unsigned SurfacePitch, int X, int Y) {
-  static_assert(!Transposed && !Transformed,
-                "lsc_load_2d emulation: transposed and VNNI-transformed loads are not emulated");
+  static_assert(!(Transposed && Transformed), "lsc_load_2d: transposed and transformed");
+  static_assert(!Transposed || (sizeof(T) == 4 && NBlocks == 1 && BlockWidth <= 8),
+                "lsc_load_2d: a transposed load is of 32-bit data, one block, <= 8 wide");
+  static_assert(!Transformed || (sizeof(T) == 2 && BlockWidth <= 16 &&
+                                 BlockWidth == detail::pow2_at_least(BlockWidth)),
+                "lsc_load_2d emulation: VNNI transform of 16-bit data, power-of-2 widths");
   static_assert((BlockWidth * sizeof(T)) % 4 == 0 && BlockWidth * NBlocks * sizeof(T) <= 64 &&
                     BlockHeight <= 32 && N * sizeof(T) <= 2048,
                 "lsc_load_2d: block size out of the hardware's limits");
@@ -313,7 +320,12 @@ inline simd<T, N> lsc_load_2d(const T *Ptr, unsigned SurfaceWidth, unsigned Surf
         T v;
         __builtin_memcpy(&v, base + y * (int64_t(SurfacePitch) + 1) + x * int64_t(sizeof(T)),
                          sizeof(T));
-        r[(b * RH + i) * W + j] = v;
+        if constexpr (Transposed)  // the block's columns become the result's rows
+          r[j * BlockHeight + i] = v;
+        else if constexpr (Transformed)  // VNNI: row pairs interleaved, (i / 2, j, i % 2)
+          r[b * RH * W + ((i / 2) * W + j) * 2 + i % 2] = v;
+        else
+          r[(b * RH + i) * W + j] = v;
       }
   return r;
 }

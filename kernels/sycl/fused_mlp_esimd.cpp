@@ -21,7 +21,7 @@
 // FMLP_ESIMD_* lines to instantiate):
 //   fmlp_esimd_fwd_<t>_<IN>_<H>_<OUT>_a<act>_<out_act>_io<IO>  forward; saves z when args.z
 //   fmlp_esimd_bwd_<t>_<IN>_<H>_<OUT>_a<act>_<out_act>_io<IO>  row backward: dL/dz, dL/dx
-//   fmlp_esimd_wgrad_<t>                one layer's weight/bias gradient partial sums
+//   fmlp_esimd_wgrad_<t>_a<act>_io<IO>  every layer's weight/bias gradient partial sums
 // The activations are template parameters (ids as fusedmlp_xpu/activations.py): the
 // epilogue is straight-line code. IO says which surfaces go through 2-D block messages
 // (kX2d: x / dL/dx, kY2d: y / dL/dy, kZ2d: z and dL/dz); the host sets a bit only where
@@ -134,21 +134,6 @@ template <int A, int N> inline simd<float, N> act_grad(simd<float, N> z) {
   } else if constexpr (A == 8)
     return esimd::merge(simd<float, N>(1.0f) + 0.0f * z, sigmoid<N>(z), z > kSoftplusThreshold);
   else return simd<float, N>(1.0f) + 0.0f * z;
-}
-
-// The activation chosen at run time: the weight-gradient kernel's (one per dtype).
-template <int N> inline simd<float, N> act_rt(int id, simd<float, N> z) {
-  switch (id) {
-  case 1: return act<1, N>(z);
-  case 2: return act<2, N>(z);
-  case 3: return act<3, N>(z);
-  case 4: return act<4, N>(z);
-  case 5: return act<5, N>(z);
-  case 6: return act<6, N>(z);
-  case 7: return act<7, N>(z);
-  case 8: return act<8, N>(z);
-  default: return z;
-  }
 }
 
 // ---- rows in and out of registers ------------------------------------------------------
@@ -473,104 +458,206 @@ inline void backward_rows(const FmlpEsimdArgs &p) {
 }
 
 // ---- weight gradients -------------------------------------------------------------------
-// One layer: dW[o, i] = sum_r dz[r, o] * h[r, i], h = act(src) (x for the first layer,
-// the saved z of the layer before otherwise), db[o] = sum_r dz[r, o]. A thread owns a
-// 32 x 32 tile of dW (4 dpas M-repeats x 2 N tiles) and sums its work-group's row slice
-// 16 rows (one dpas K) at a time; each work-group writes its partial sums, which the
-// host adds (the one cross-group reduction). A = dz^T (8 outputs x 16 rows), B = h
-// (16 rows x 16 inputs, VNNI).
-template <typename T>
-inline void weight_grads(const FmlpEsimdWgradArgs &p) {
-  constexpr int MR = 4, NR = 2;
-  auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-  const int lid = static_cast<int>(it.get_local_id(0));
-  const int64_t grp = it.get_group(0);
-  const int tiles_n = (p.in_w + 16 * NR - 1) / (16 * NR);
-  const int tiles_m = (p.out_w + 8 * MR - 1) / (8 * MR);
-  if (lid >= tiles_m * tiles_n) return;
-  const int o0 = (lid / tiles_n) * 8 * MR, i0 = (lid % tiles_n) * 16 * NR;
-  const T *dz = static_cast<const T *>(p.dz);
-  const T *src = static_cast<const T *>(p.src);
-  const int64_t lo = grp * p.rows_per_group;
-  const int64_t hi = p.n_rows < lo + p.rows_per_group ? p.n_rows : lo + p.rows_per_group;
+// Every layer in one launch: dW_l[o, i] = sum_r dz_l[r, o] * h_l[r, i], h_0 = x, h_l =
+// act(z_{l-1}), db_l[o] = sum_r dz_l[r, o]. A thread owns one 32 x 32 tile of one layer's
+// dW (4 output groups of 8 x 2 input tiles of 16) over one chunk of rows, 32 rows (two
+// dpas K steps) at a time, and writes its partial sums; one sum on the device adds the
+// chunks. Threads are dealt (chunk, layer, tile) so every one has work.
+//   A = dz^T (8 outputs x 16 rows): a transposed 2-D load of dz as dwords (output pairs),
+//       16 rows x 16 outputs, gives [output pair][row][pair half]; 8 strided moves a
+//       tile make its rows.
+//   B = h (16 rows x 16 inputs, VNNI): one VNNI-transformed 2-D load, 32 rows x 32 inputs.
+//   db: dz^T times a B tile of ones (every column of the result is the row sum), by the
+//       threads of input tile 0.
+// Rows past n read 0 (the surface's height clips). Columns past a layer's width read
+// the next layer's z or dz (the row is one surface): they land in dW's padded rows and
+// columns only, which the host drops. ZB/XB: dz and z, and x, by 2-D block messages;
+// otherwise gathers with 64-bit offsets (odd widths, strided x).
+constexpr int kWgM = 32, kWgN = 32, kWgK = 32;  // thread tile: outputs, inputs, rows a step
 
-  simd<float, MR * NR * kTile> acc(0.0f);
-  simd<float, MR * kTile> bacc(0.0f);
-  simd<uint32_t, 16> lane(0, 1);
-  simd<uint32_t, 32> lane32(0, 1);
-  for (int64_t r = lo; r < hi; r += 16) {
-    const int64_t rows = hi - r;
-    simd_mask<16> row_ok = lane < static_cast<uint32_t>(rows < 16 ? rows : 16);
-    // A tiles: a[m][k] = dz[r + k][o0 + 8 mr + m], one gather down a column per m
-    simd<T, MR * kTile> a;
+// A tiles of 32 outputs from column col0 x 32 rows of dz, base its row (rows `rows` left;
+// columns from `end` on zero on the gather path; the block path's surface is the whole row
+// of surf_w columns, its base the row: 64-byte aligned): tile (kh, mg) at (kh * 4 + mg) * 128.
+template <typename T, bool BLOCK>
+inline simd<T, 8 * kTile> load_dzT(const T *base, int64_t rs, int64_t rows, int col0, int end,
+                                   int surf_w) {
+  simd<T, 8 * kTile> a;
+  if constexpr (BLOCK) {
+    auto a16 = a.template bit_cast_view<uint16_t>();
+    // 16 outputs x 16 rows a message: 8 dwords x 16 rows transposed (IGC 22.43 rejects
+    // 32 rows: "block2d cols * data size must be <= 64", though PVC documents 32)
     FMLP_UNROLL
-    for (int mr = 0; mr < MR; ++mr)
+    for (int half = 0; half < 2; ++half)
       FMLP_UNROLL
-      for (int m = 0; m < 8; ++m) {
-        const int o = o0 + mr * 8 + m;
+      for (int kh = 0; kh < 2; ++kh) {
+        const uint32_t h = static_cast<uint32_t>(rows - kh * 16 - 1);  // rows - 16 may be <= 0
+        simd<uint32_t, 128> t(0);
+        if (rows > kh * 16)
+          t = xesimd::lsc_load_2d<uint32_t, 8, 16, 1, true, false>(
+              reinterpret_cast<const uint32_t *>(base + kh * 16 * rs), surf_w * sizeof(T) - 1,
+              h < 15 ? h : 15, rs * sizeof(T) - 1, col0 / 2 + half * 8, 0);
+        auto u = t.template bit_cast_view<uint16_t>();  // (pair c, row r, half p): (c*16+r)*2+p
+        FMLP_UNROLL
+        for (int mg = 0; mg < 2; ++mg)
+          FMLP_UNROLL
+          for (int m = 0; m < 8; ++m)
+            a16.template select<16, 1>(((kh * 4 + half * 2 + mg) * 8 + m) * 16) =
+                u.template select<16, 2>((mg * 4 + m / 2) * 32 + m % 2);
+      }
+  } else {
+    simd<uint32_t, 16> lane(0, 1);
+    FMLP_UNROLL
+    for (int kh = 0; kh < 2; ++kh) {
+      simd<uint64_t, 16> offs = (simd<uint64_t, 16>(lane) + kh * 16) *
+                                static_cast<uint64_t>(rs * sizeof(T));
+      simd_mask<16> ok = (lane + kh * 16) < static_cast<uint32_t>(rows < kWgK ? rows : kWgK);
+      FMLP_UNROLL
+      for (int o = 0; o < kWgM; ++o) {
         simd<T, 16> v(0.0f);
-        if (o < p.out_w) {
-          simd<uint32_t, 16> offs = lane * static_cast<uint32_t>(p.dz_rs * sizeof(T));
-          v = esimd::gather<T, 16>(dz + r * p.dz_rs + o, offs, row_ok);
-          v = esimd::merge(v, simd<T, 16>(0.0f), row_ok);
+        if (col0 + o < end) {
+          v = esimd::gather<T, 16>(base + col0 + o, offs, ok);
+          v = esimd::merge(v, simd<T, 16>(0.0f), ok);
         }
-        a.template select<16, 1>(mr * kTile + m * 16) = v;
-      }
-    // B tiles: b[(k / 2) * 32 + n * 2 + k % 2] = act(src[r + k][i0 + 16 nr + n])
-    simd<uint32_t, 32> kk = (lane32 & 1u), nn = (lane32 >> 1);
-    FMLP_UNROLL
-    for (int nr = 0; nr < NR; ++nr) {
-      simd<T, kBTile> b;
-      FMLP_UNROLL
-      for (int kp = 0; kp < 8; ++kp) {
-        simd<uint32_t, 32> row = kk + 2 * kp;
-        simd<uint32_t, 32> col = nn + (i0 + 16 * nr);
-        simd_mask<32> ok = (row < static_cast<uint32_t>(rows < 16 ? rows : 16)) &
-                           (col < static_cast<uint32_t>(p.in_w));
-        simd<uint32_t, 32> offs = (row * static_cast<uint32_t>(p.src_rs) +
-                                   col * static_cast<uint32_t>(p.src_cs)) * static_cast<uint32_t>(sizeof(T));
-        simd<T, 32> v = esimd::gather<T, 32>(src + r * p.src_rs, offs, ok);
-        b.template select<32, 1>(kp * 32) = esimd::merge(v, simd<T, 32>(0.0f), ok);
-      }
-      // act(0) lands where rows or columns are out of range: harmless, as the A tiles
-      // are 0 on those rows and the host drops the padded columns
-      if (p.src_act != 0) {
-FMLP_NOUNROLL
-        for (int c = 0; c < kBTile / 16; ++c) {
-          simd<float, 16> v(b.template select<16, 1>(c * 16));
-          b.template select<16, 1>(c * 16) = simd<T, 16>(act_rt<16>(p.src_act, v));
-        }
-      }
-      FMLP_UNROLL
-      for (int mr = 0; mr < MR; ++mr) {
-        simd<float, kTile> c = acc.template select<kTile, 1>((mr * NR + nr) * kTile);
-        simd<T, kTile> at = a.template select<kTile, 1>(mr * kTile);
-        acc.template select<kTile, 1>((mr * NR + nr) * kTile) = xmx::dpas<8, 8, float, float, T, T>(c, b, at);
+        a.template select<16, 1>(((kh * 4 + o / 8) * 8 + o % 8) * 16) = v;
       }
     }
-    if (i0 == 0 && p.gb)
-      bacc += simd<float, MR * kTile>(a);
   }
-  // partials: gw[grp][o][i] (o, i padded to out_pad, in_pad), gb[grp][o][16 lanes]
-  float *gw = static_cast<float *>(p.gw) + grp * p.out_pad * p.in_pad;
-  simd<uint32_t, 16> offs = lane * 4u;
-  FMLP_UNROLL
-  for (int mr = 0; mr < MR; ++mr)
+  return a;
+}
+
+// B tiles of 32 rows x 32 inputs from column col0 (columns from `end` on zero on the gather
+// path; the block path as load_dzT's) of rows at base (row stride rs, column stride cs):
+// tile (nb, kh) at (nb * 2 + kh) * 256, VNNI.
+template <typename T, bool BLOCK>
+inline simd<T, 4 * kBTile> load_h(const T *base, int64_t rs, int64_t cs, int64_t rows, int col0,
+                                  int end, int surf_w) {
+  if constexpr (BLOCK) {
+    const uint32_t h = static_cast<uint32_t>((rows < kWgK ? rows : kWgK) - 1);
+    return xesimd::lsc_load_2d<T, 16, 32, 2, false, true>(base, surf_w * sizeof(T) - 1, h,
+                                                         rs * sizeof(T) - 1, col0, 0);
+  } else {
+    // one gather a column (32 rows; 32-bit offsets within the row block, the column in the
+    // 64-bit base: a column-major x's column stride may pass 2^32 bytes), spread into VNNI
+    simd<T, 4 * kBTile> b(0.0f);
+    simd<uint32_t, 32> row(0, 1);
+    simd<uint32_t, 32> offs = row * static_cast<uint32_t>(rs * sizeof(T));
+    simd_mask<32> ok = row < static_cast<uint32_t>(rows < kWgK ? rows : kWgK);
     FMLP_UNROLL
-    for (int m = 0; m < 8; ++m) {
-      const int o = o0 + mr * 8 + m;
-      if (o >= p.out_pad) continue;
+    for (int c = 0; c < 32; ++c) {
+      if (col0 + c >= end)
+        continue;
+      simd<T, 32> v = esimd::gather<T, 32>(base + (col0 + c) * cs, offs, ok);
+      v = esimd::merge(v, simd<T, 32>(0.0f), ok);
       FMLP_UNROLL
-      for (int nr = 0; nr < NR; ++nr) {
-        const int i = i0 + nr * 16;
-        if (i >= p.in_pad) continue;
-        esimd::scatter<float, 16>(gw + o * p.in_pad + i, offs,
-                                  acc.template select<16, 1>((mr * NR + nr) * kTile + m * 16));
-      }
-      if (i0 == 0 && p.gb)
-        esimd::scatter<float, 16>(static_cast<float *>(p.gb) + (grp * p.out_pad + o) * 16, offs,
-                                  bacc.template select<16, 1>(mr * kTile + m * 16));
+      for (int kh = 0; kh < 2; ++kh)
+        FMLP_UNROLL
+        for (int par = 0; par < 2; ++par)  // rows kh*16 + 2j + par at (j, n, par)
+          b.template select<8, 32>(((c / 16) * 2 + kh) * kBTile + (c % 16) * 2 + par) =
+              v.template select<8, 2>(kh * 16 + par);
     }
+    return b;
+  }
+}
+
+// h = act(z) in place, elementwise (the VNNI order does not matter). relu on the bits:
+// 0 where the sign is set, except -0 and NaN (as act<1>: merge(0, z, z < 0)).
+template <typename T, int A, int N> inline void act_inplace(simd<T, N> &b) {
+  if constexpr (A == 1) {
+    constexpr uint16_t neg_inf = std::is_same_v<T, half> ? 0xFC00 : 0xFF80;
+    auto u = b.template bit_cast_view<uint16_t>();
+    simd<uint16_t, N> v(u);
+    simd<uint16_t, N> d(v - uint16_t(0x8001));
+    u = esimd::merge(simd<uint16_t, N>(0), v, d < uint16_t(neg_inf - 0x8000));
+  } else if constexpr (A != 0) {
+    FMLP_UNROLL
+    for (int c = 0; c < N / 32; ++c) {
+      simd<float, 32> v(b.template select<32, 1>(c * 32));
+      b.template select<32, 1>(c * 32) = simd<T, 32>(act<A, 32>(v));
+    }
+  }
+}
+
+template <typename T, int A, int IO>
+inline void weight_grads(const FmlpEsimdWgradArgs &p) {
+  constexpr bool XB = IO & kX2d, ZB = IO & kZ2d;
+  auto it = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const int L = p.n_layers;
+  const int th = (p.hid_w + kWgM - 1) / kWgM;  // tiles along a hidden width
+  const int t_first = th * ((p.in_w + kWgN - 1) / kWgN), t_mid = th * th;
+  const int t_last = ((p.out_w + kWgM - 1) / kWgM) * th;
+  const int tiles = t_first + (L - 2) * t_mid + t_last;
+  const int64_t gid = static_cast<int64_t>(it.get_global_id(0));
+  if (gid >= static_cast<int64_t>(tiles) * p.chunks) return;
+  const int chunk = static_cast<int>(gid / tiles);
+  int t = static_cast<int>(gid % tiles), l, tn;
+  if (t < t_first) {
+    l = 0, tn = (p.in_w + kWgN - 1) / kWgN;
+  } else if (t - t_first < (L - 2) * t_mid) {
+    t -= t_first, l = 1 + t / t_mid, t %= t_mid, tn = th;
+  } else {
+    t -= t_first + (L - 2) * t_mid, l = L - 1, tn = th;
+  }
+  const int o0 = (t / tn) * kWgM, i0 = (t % tn) * kWgN;
+  const int out_w = l == L - 1 ? p.out_w : p.hid_w, in_w = l == 0 ? p.in_w : p.hid_w;
+  const T *dz = static_cast<const T *>(p.dz), *z = static_cast<const T *>(p.z);
+  const T *x = static_cast<const T *>(p.x);
+  const int dz_c = l * p.hid_w, z_c = (l - 1) * p.hid_w;  // this layer's first columns
+  const int64_t lo = chunk * p.rows_per_chunk;
+  const int64_t hi = p.n_rows < lo + p.rows_per_chunk ? p.n_rows : lo + p.rows_per_chunk;
+  const bool with_bias = p.gb && i0 == 0;
+  const simd<T, kBTile> ones(1.0f);
+
+  simd<float, 8 * kTile> acc(0.0f);   // tile (mg, nb) at (mg * 2 + nb) * 128
+  simd<float, 4 * kTile> bacc(0.0f);  // tile mg: every column the row sum
+  for (int64_t r = lo; r < hi; r += kWgK) {
+    const int64_t rows = hi - r;
+    simd<T, 8 * kTile> a = load_dzT<T, ZB>(dz + r * p.dz_rs, p.dz_rs, rows, dz_c + o0,
+                                           dz_c + out_w, static_cast<int>(p.dz_rs));
+    simd<T, 4 * kBTile> b;
+    if (l == 0) {
+      b = load_h<T, XB>(x + r * p.x_rs, p.x_rs, p.x_cs, rows, i0, in_w, p.in_w);
+    } else {
+      b = load_h<T, ZB>(z + r * p.z_rs, p.z_rs, 1, rows, z_c + i0, z_c + in_w,
+                        static_cast<int>(p.z_rs));
+      act_inplace<T, A>(b);
+    }
+    FMLP_UNROLL
+    for (int kh = 0; kh < 2; ++kh)
+      FMLP_UNROLL
+      for (int mg = 0; mg < 4; ++mg) {
+        simd<T, kTile> at = a.template select<kTile, 1>((kh * 4 + mg) * kTile);
+        FMLP_UNROLL
+        for (int nb = 0; nb < 2; ++nb) {
+          simd<float, kTile> c = acc.template select<kTile, 1>((mg * 2 + nb) * kTile);
+          simd<T, kBTile> bt = b.template select<kBTile, 1>((nb * 2 + kh) * kBTile);
+          acc.template select<kTile, 1>((mg * 2 + nb) * kTile) =
+              xmx::dpas<8, 8, float, float, T, T>(c, bt, at);
+        }
+        if (with_bias) {
+          simd<float, kTile> c = bacc.template select<kTile, 1>(mg * kTile);
+          bacc.template select<kTile, 1>(mg * kTile) =
+              xmx::dpas<8, 8, float, float, T, T>(c, ones, at);
+        }
+      }
+  }
+  // partials: gw[l][chunk] is [out_pad][in_pad], gb[l][chunk] is [out_pad][16]
+  const int64_t part = static_cast<int64_t>(l) * p.chunks + chunk;
+  float *gw = static_cast<float *>(p.gw) + part * p.out_pad * p.in_pad;
+  const uint32_t gw_w = p.in_pad * 4 - 1, gw_h = p.out_pad - 1;
+  FMLP_UNROLL
+  for (int mg = 0; mg < 4; ++mg)
+    FMLP_UNROLL
+    for (int nb = 0; nb < 2; ++nb)
+      xesimd::lsc_store_2d<float, 16, 8>(
+          gw, gw_w, gw_h, gw_w, i0 + nb * 16, o0 + mg * 8,
+          simd<float, kTile>(acc.template select<kTile, 1>((mg * 2 + nb) * kTile)));
+  if (with_bias) {
+    float *gb = static_cast<float *>(p.gb) + part * p.out_pad * 16;
+    FMLP_UNROLL
+    for (int mg = 0; mg < 4; ++mg)
+      xesimd::lsc_store_2d<float, 16, 8>(gb, 63, gw_h, 63, 0, o0 + mg * 8,
+                                         simd<float, kTile>(bacc.template select<kTile, 1>(mg * kTile)));
+  }
 }
 
 } // namespace fmlp_esimd
@@ -619,7 +706,7 @@ FMLP_NOUNROLL
                          FmlpEsimdArgs) {                                                    \
     fmlp_esimd::backward_rows<T, IN, H, OUT, A, OA, IO>(p);                                  \
   }
-#define FMLP_ESIMD_WGRAD(t, T)                                                              \
-  FMLP_ESIMD_KERNEL_DECL(fmlp_esimd_wgrad_##t, FmlpEsimdWgradArgs) {                         \
-    fmlp_esimd::weight_grads<T>(p);                                                          \
+#define FMLP_ESIMD_WGRAD(t, T, A, IO)                                                       \
+  FMLP_ESIMD_KERNEL_DECL(fmlp_esimd_wgrad_##t##_a##A##_io##IO, FmlpEsimdWgradArgs) {         \
+    fmlp_esimd::weight_grads<T, A, IO>(p);                                                   \
   }

@@ -21,12 +21,13 @@ typedef struct FmlpEsimdArgs {
 } FmlpEsimdArgs;
 
 typedef struct FmlpEsimdWgradArgs {
-  const void *dz;    /* dL/dz of the layer: rows of dz_rs elements */
-  const void *src;   /* its input before the activation: x or the previous layer's z */
-  void *gw;          /* fp32 partial sums [groups][out_pad][in_pad] */
-  void *gb;          /* fp32 partial sums [groups][out_pad][16], or NULL */
-  int64_t dz_rs, src_rs, src_cs, n_rows, rows_per_group;
-  int32_t out_w, in_w, out_pad, in_pad, src_act, pad_;
+  const void *dz;    /* dL/dz of every layer [n, dz_rs], layer l at column l * hid_w */
+  const void *z;     /* saved pre-activations [n, z_rs], layer l at column l * hid_w */
+  const void *x;     /* the input [n, in_w], strides x_rs, x_cs */
+  void *gw;          /* fp32 partial sums [n_layers][chunks][out_pad][in_pad] */
+  void *gb;          /* fp32 partial sums [n_layers][chunks][out_pad][16], or NULL */
+  int64_t dz_rs, z_rs, x_rs, x_cs, n_rows, rows_per_chunk;
+  int32_t chunks, n_layers, in_w, hid_w, out_w, out_pad, in_pad, pad_;
 } FmlpEsimdWgradArgs;
 
 #endif

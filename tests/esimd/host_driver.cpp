@@ -294,6 +294,10 @@ void block2d(int w, int h, int p, int x, int y) {
   write("ld_8x32.bin", xesimd::lsc_load_2d<uint16_t, 8, 32, 1>(buf, sw, sh, sp, x, y));
   write("ld32_16x4.bin", xesimd::lsc_load_2d<uint32_t, 16, 4, 1>(
                              reinterpret_cast<const uint32_t *>(buf), sw, sh, sp, x / 2, y));
+  write("ld32t_8x32.bin", xesimd::lsc_load_2d<uint32_t, 8, 32, 1, true, false>(
+                              reinterpret_cast<const uint32_t *>(buf), sw, sh, sp, x / 2, y));
+  write("ldv_16x32x2.bin", xesimd::lsc_load_2d<uint16_t, 16, 32, 2, false, true>(
+                               buf, sw, sh, sp, x, y));
   xesimd::lsc_store_2d<uint16_t, 16, 8>(buf, sw, sh, sp, x, y,
                                         simd<uint16_t, 128>(uint16_t(0x8000), uint16_t(1)));
   write("st_16x8.bin", buf, in.size());
