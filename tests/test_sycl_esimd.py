@@ -224,6 +224,20 @@ def test_esimd_column_major_x_and_padded_hidden_gather():
 
 
 @needs_sycl_cpu
+@pytest.mark.parametrize("widths,act,rows,chunks", [
+    ((16, 64, 64, 32), "gelu", 515, 3),   # x rows of 32 B: x gathered, z and dz by blocks
+    ((64, 64, 64, 64), "relu", 77, 2),    # every surface by blocks, a chunk of 64 + 13 rows
+    ((64, 32, 64), "silu", 1, 1),         # one row; two layers, no hidden loop
+])
+def test_esimd_weight_gradients_over_chunks(monkeypatch, widths, act, rows, chunks):
+    """The weight-gradient launch split into row chunks (every layer's partials, one sum
+    on the device), the I/O modes the emulated nets above leave out, against float64."""
+    monkeypatch.setattr(esimd, "wgrad_chunks",
+                        lambda n, tiles, device: min(chunks, -(-n // esimd.WGRAD_ROWS)))
+    _check_against_float64(widths, act, "none", True, rows, torch.bfloat16)
+
+
+@needs_sycl_cpu
 def test_esimd_fp16_subnormals_survive():
     """Inputs, weights and biases scaled so most activations are fp16 subnormals (< 2^-14): a
     flushing float mode would give zeros; the kernels (fp_control denorm_hf_allow on the
