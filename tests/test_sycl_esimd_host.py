@@ -137,8 +137,9 @@ def test_training_steps_never_run_a_stale_pack(counted_packs, opt):
 
 # --- the weight-gradient partials ---------------------------------------------------------------
 def test_partials_reduce_in_one_sum_on_the_device():
-    """Every layer's group partials in one buffer, padded to the widest layer, reduced by
-    one sum (not one a layer), each layer's real widths cut out in the operand dtype."""
+    """Every layer's chunk partials in one buffer, padded to the widest layer, reduced by
+    one sum (not one a layer), each layer's real widths cut out in the operand dtype; a
+    bias partial's 16 columns are each the chunk's sum (dz^T times ones), column 0 read."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     spec = fm.MLPSpec((3, 40, 40, 40, 5), "relu", "none", True, torch.bfloat16)
@@ -160,5 +161,5 @@ def test_partials_reduce_in_one_sum_on_the_device():
     for l in range(L):
         assert gw[l].shape == (w[l + 1], w[l]) and gw[l].dtype == torch.bfloat16
         assert torch.equal(gw[l], pw[l].sum(0)[: w[l + 1], : w[l]].bfloat16())
-        assert torch.equal(gb[l], pb[l].sum((0, 2))[: w[l + 1]].bfloat16())
+        assert torch.equal(gb[l], pb[l, :, :, 0].sum(0)[: w[l + 1]].bfloat16())
     assert esimd.reduce_partials((pw, None), spec, torch.bfloat16, True, False)[1] == []
