@@ -527,8 +527,8 @@ GATHER_SHARE_MAX = {"rows": 0.10, "wgrad": 0.25}
 def esimd_configs(match: str = ""):
     """(configs, source, includes, options) of the sycl backend's ESIMD kernels
     (fusedmlp_xpu.backends.sycl_esimd): every configuration the dispatcher can pick
-    (``all_configs()``), its forward and backward kernels and each dtype's weight-gradient
-    kernel, with the static dpas count the configuration states (``cfg.dpas(kind)``), each
+    (``all_configs()``), its forward and backward kernels and the weight-gradient kernels
+    they use (one a dtype and I/O mode), with the static dpas count the configuration states (``cfg.dpas(kind)``), each
     with its own instantiation (``cfg.instantiation((kind,))``) so that builds can split,
     built with the backend's device options (``build_options(False)``). Of those,
     ``-DFMLP_ESIMD_LARGE_GRF`` gives the kernels the ``grf_size<256>`` property, which
@@ -546,8 +546,8 @@ def esimd_configs(match: str = ""):
             name = cfg.kernel(k)
             if match in name and name not in seen:
                 seen.add(name)
-                blocks = cfg.io & (se.IO_X | se.IO_Z) == se.IO_X | se.IO_Z if k == "wgrad" \
-                    else cfg.io == full_io
+                blocks = (cfg.io & (se.IO_X | se.IO_Z)) == (se.IO_X | se.IO_Z) \
+                    if k == "wgrad" else cfg.io == full_io
                 share = GATHER_SHARE_MAX["wgrad" if k == "wgrad" else "rows"] if blocks else None
                 configs.append(KernelConfig(
                     name, cfg.dpas(k), cfg.instantiation((k,)), grf=grf,
