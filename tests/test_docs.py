@@ -46,6 +46,50 @@ def test_the_profiling_guide_has_runnable_blocks():
     assert len(_blocks(os.path.join("guide", "profiling.md"))) >= 6
 
 
+# The guide quotes one GPU run of its own blocks, named in its note; the run's log record
+# (docs/guide/run_guide.py's <run>.json, logged with `fusedmlp_xpu.bench.results log`)
+# is in the machine's table.
+_GUIDE_RUN = re.compile(r"Every output below is from run `(?P<run>(?P<machine>[a-z0-9]+)-guide-[\w-]+)`")
+
+
+def _guide_run() -> tuple[str, dict]:
+    import json
+
+    text = open(os.path.join(DOCS, "guide", "profiling.md")).read()
+    m = _GUIDE_RUN.search(text)
+    assert m, "docs/guide/profiling.md: its note names no run (`Every output below is from run `...``)"
+    table = os.path.join(ROOT, "benchmarks", "results", f"{m['machine']}.jsonl")
+    with open(table) as f:
+        logs = [r for r in map(json.loads, f) if r["run"] == m["run"] and r["kind"] == "log"]
+    assert len(logs) == 1, f"{table}: {len(logs)} log records of run {m['run']}, want 1"
+    return text, json.loads(logs[0]["text"])
+
+
+def test_the_guide_quotes_its_committed_run(tmp_path):
+    """Every output on docs/guide/profiling.md is, in full, what its block printed in the
+    run the page names: the page is what `run_guide.py --quote` writes from that run's
+    committed record, so neither can change without the other."""
+    import json
+
+    text, run = _guide_run()
+    assert run["page"] == "docs/guide/profiling.md" and run["complete"], run.get("page")
+    assert len(run["blocks"]) == len(_blocks(os.path.join("guide", "profiling.md"))), (
+        "the page's blocks and the run's differ in number: quote a run of these blocks")
+    assert f"an {run['device']}" in text, f"the note does not name the card, {run['device']}"
+    spec = importlib.util.spec_from_file_location(
+        "run_guide", os.path.join(DOCS, "guide", "run_guide.py"))
+    run_guide = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_guide)
+    page, run_json = tmp_path / "profiling.md", tmp_path / "run.json"
+    page.write_text(text)
+    run_json.write_text(json.dumps(run))
+    assert run_guide.quote(str(run_json), str(page)) == len(run["blocks"])
+    requoted = page.read_text()
+    assert requoted == text, (
+        "docs/guide/profiling.md's outputs differ from run "
+        f"{run['run']}'s: python docs/guide/run_guide.py --quote <its json>")
+
+
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_python_blocks_run(page, tmp_path):
     """Each page in a fresh interpreter (torch.compile and the profiler keep global state),

@@ -14,11 +14,13 @@ executes them in order in one namespace, and writes under ``--out``:
 
 Every file stays small (five calls per trace). ``--render-only DIR`` draws the picture
 again from a run's ``eager.json.gz`` and ``fused.json.gz`` in DIR, with no profiling, so
-the picture can be made where the traces were fetched to::
+the picture can be made where the traces were fetched to; ``--traces train`` draws one
+training step from the ``train-*.pt.trace.json.gz`` instead (the page's picture: in run
+h100-guide-20261205 the eager inference trace came out without device times)::
 
-    PYTHONPATH=. python3 docs/guide/run_guide.py --out OUT --run h200-guide-20261205
-    python3 docs/guide/run_guide.py --render-only OUT --png docs/img/profile-timeline.png
-    python3 docs/guide/run_guide.py --quote OUT/h200-guide-20261205.json   # into the page
+    PYTHONPATH=. python3 docs/guide/run_guide.py --out OUT --run h100-guide-20261205
+    python3 docs/guide/run_guide.py --render-only OUT --traces train --png docs/img/profile-timeline.png
+    python3 docs/guide/run_guide.py --quote OUT/h100-guide-20261205.json   # into the page
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ PAGE = os.path.join(HERE, "profiling.md")
 # the fence tests/test_docs.py runs: exactly ```python (```python title=... is shown only)
 PY_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 TRACES = ("eager", "fused")
+TRAIN_TRACES = ("train-eager.pt.trace", "train-fused.pt.trace")
 #: the call of the five profiled ones that the picture shows (the first can still carry
 #: a late allocation; any of the others is typical)
 PICTURE_CALL = 1
@@ -129,8 +132,10 @@ def one_call(events: list[dict], call: int = PICTURE_CALL, label: str | None = N
         steps = sorted((e for e in events if e["name"] == label), key=lambda e: e["ts"])
     step = steps[min(call, len(steps) - 1)]
     t0, t1 = step["ts"], step["ts"] + step["dur"]
+    # the process's events inside the call, on every thread: a training step's backward
+    # runs on autograd's own thread, which launches the backward's kernels
     inside = [e for e in events if t0 <= e["ts"] < t1 and e is not step
-              and e.get("pid") == step.get("pid") and e.get("tid") == step.get("tid")]
+              and e.get("pid") == step.get("pid")]
     ops = [e for e in inside if e.get("cat") == "cpu_op"]
     # outermost operators: not contained in another operator of the call
     ops.sort(key=lambda e: (e["ts"], -e["dur"]))
@@ -159,23 +164,30 @@ def _short(name: str) -> str:
     return name if len(name) <= 28 else name[:25] + "..."
 
 
-def render(trace_dir: str, png: str, title: str = "") -> str:
+def render(trace_dir: str, png: str, title: str = "", traces: tuple[str, ...] = TRACES) -> str:
     """The picture: for eager and fused, one call's host row and device row on one time
-    axis (CPU runs have no device row: their operators are the work)."""
+    axis (CPU runs have no device row: their operators are the work). ``traces``: the
+    files' names without their suffix, the inference traces by default, or
+    TRAIN_TRACES for one training step of each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     calls = {}
-    for name in TRACES:
+    for name in traces:
         for suffix in (".json.gz", ".json"):
             path = os.path.join(trace_dir, name + suffix)
             if os.path.exists(path):
-                calls[name] = one_call(_load(path))
+                calls[name.removesuffix(".pt.trace")] = one_call(_load(path))
                 break
         else:
             raise FileNotFoundError(f"{trace_dir}: no {name}.json.gz or {name}.json")
+        ops, launches, dev, t0, t1 = calls[name.removesuffix(".pt.trace")]
+        if dev and not any(e["dur"] for e in dev):
+            raise ValueError(f"{path}: its device events carry no times (ts and dur 0): "
+                             "the profile was exported after another profiler session "
+                             "had started; draw another pair (--traces train)")
     span = max(max(t1, *(e["ts"] + e["dur"] for e in dev)) - t0 if dev else t1 - t0
                for _, _, dev, t0, t1 in calls.values())
     colors = {"op": "#4c72b0", "launch": "#dd8452", "kernel": "#55a868", "other": "#8172b3"}
@@ -250,11 +262,14 @@ def quote(run_json: str, page: str = PAGE) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="the folder to write the run's files into (made if missing)")
-    p.add_argument("--run", help="the run's id, e.g. h200-guide-20261205")
+    p.add_argument("--run", help="the run's id, e.g. h100-guide-20261205")
     p.add_argument("--render-only", metavar="DIR",
                    help="draw the picture from DIR's eager.json.gz and fused.json.gz; no run")
     p.add_argument("--png", help="where the picture goes (default: profile-timeline.png in "
                    "--out, or in the --render-only folder)")
+    p.add_argument("--traces", choices=("inference", "train"), default="inference",
+                   help="which pair --render-only draws: the inference traces (eager.json.gz, "
+                   "fused.json.gz) or one training step (train-*.pt.trace.json.gz)")
     p.add_argument("--quote", metavar="RUN_JSON",
                    help="write a run's outputs (its <run>.json) into the page's text blocks")
     args = p.parse_args(argv)
@@ -270,7 +285,8 @@ def main(argv=None) -> int:
             with open(os.path.join(args.render_only, meta[0])) as f:
                 doc = json.load(f)
             title = f"run {doc.get('run')}: {doc.get('env', {}).get('device', '')}"
-        print(render(args.render_only, png, title))
+        traces = TRAIN_TRACES if args.traces == "train" else TRACES
+        print(render(args.render_only, png, title, traces))
         return 0
     if not (args.out and args.run):
         p.error("--out and --run are needed (or --render-only DIR)")
@@ -295,7 +311,8 @@ def main(argv=None) -> int:
             png = render(args.out, os.path.join(args.out, "profile-timeline.png"),
                          f"run {args.run}: {env.get('device', '')}")
             doc["files"].append(os.path.basename(png))
-        except ImportError as e:  # no matplotlib where it ran: --render-only later
+        except (ImportError, ValueError) as e:  # no matplotlib, or a trace without
+            # device times: --render-only later, from the fetched folder
             doc["render"] = f"not drawn ({e}); run --render-only on the fetched folder"
     with open(os.path.join(args.out, f"{args.run}.json"), "w") as f:
         json.dump(doc, f, indent=1)
