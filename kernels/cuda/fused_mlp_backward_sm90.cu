@@ -83,18 +83,11 @@ static_assert(kInP <= 64 && kOutP <= 64, "in and out widths up to 64");
 static_assert(grad_from_output(FMLP_ACT) && grad_from_output(FMLP_OUT_ACT),
               "activations whose derivative is a function of their output");
 
-// shared memory, in bytes from the base: the mbarriers first (128 bytes: at the same
-// offset in every configuration, so no configuration's data lies where another's barriers
-// did; racecheck reported the stores of a launch that did as races with the previous
-// launch's mbar_init, h100-cuda-bwd-race-20261205c), then forward weights (layer 0,
-// hidden, last where kOutFwd), transposed weights (layer 0 where kNeedX, hidden, last),
-// biases (fp32), the ones tile of the bias sums (each region a multiple of 128 bytes),
-// each chain's tiles, each chain warp's buffers
+// shared memory, in bytes from the base: forward weights (layer 0, hidden, last where
+// kOutFwd), transposed weights (layer 0 where kNeedX, hidden, last), biases (fp32), the
+// ones tile of the bias sums, the mbarriers (each region a multiple of 128 bytes), each chain's tiles, each chain warp's buffers
 constexpr unsigned kW0 = 2u * kHP * kInP, kWH = 2u * kHP * kHP, kWL = 2u * kOutP * kHP;
-// mbarriers "full" and "empty" (8 bytes each) of each chain's g^T tiles
-constexpr unsigned kOffBar = 0u;
-constexpr unsigned kOffFwd0 = kOffBar + 128u;
-constexpr unsigned kOffFwdH = kOffFwd0 + kW0;
+constexpr unsigned kOffFwdH = kW0;
 constexpr unsigned kOffFwdL = kOffFwdH + kLHid * kWH;
 constexpr unsigned kOffT0 = kOffFwdL + (kOutFwd ? kWL : 0u);
 constexpr unsigned kOffTH = kOffT0 + (kNeedX ? kW0 : 0u);
@@ -102,7 +95,9 @@ constexpr unsigned kOffTL = kOffTH + kLHid * kWH;
 constexpr unsigned kOffBias = kOffTL + kWL;
 constexpr bool kBiasSums = kBias && kNeedWB;
 constexpr unsigned kOffOnes = kOffBias + (4u * kBiasFloats + 127u) / 128u * 128u;
-constexpr unsigned kOffTiles = kOffOnes + (kBiasSums ? 2u * 8 * kBM : 0u);
+constexpr unsigned kOffBar = kOffOnes + (kBiasSums ? 2u * 8 * kBM : 0u);
+// mbarriers "full" and "empty" (8 bytes each) of each chain's g^T tiles
+constexpr unsigned kOffTiles = kOffBar + 128u;
 static_assert(16 * kChains * kGBufs <= 128, "mbarrier region");
 // a chain's tiles: x^T [IN_P][64], h_l^T [H_P][64] for l < kL, kGBufs g^T [64][64]
 constexpr unsigned kXT = 2u * kInP * kBM, kHT = 2u * kHP * kBM, kGT = 2u * kGP * kBM;
@@ -110,7 +105,7 @@ constexpr unsigned kChainTiles = kXT + kL * kHT + kGBufs * kGT;
 constexpr unsigned kOffBufs = kOffTiles + kChains * kChainTiles;
 // two buffers of 16 rows a chain warp: x in; gy in, then gx out
 constexpr unsigned kSmemBytes = kOffBufs + 2u * 2 * (4 * kChains) * kBufElems;
-static_assert(kOffFwd0 % 128 == 0 && kOffTiles % 128 == 0, "alignment");
+static_assert(kOffBar % 16 == 0 && kOffTiles % 128 == 0, "alignment");
 static_assert(kSmemBytes == FMLP_SMEM_BYTES, "host and kernel disagree on shared memory");
 
 // One CTA's partial: for each layer l, the summing warpgroup's dW_l accumulators as they
@@ -305,7 +300,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
   if (dynamic_smem_size() < kSmemBytes) __trap();  // a host/kernel size mismatch
 
   // --- weights (as the forward's, and transposed), biases, ones, mbarriers: once ---
-  stage_weight_cm<kHP, kInP>(smem_bytes + kOffFwd0, p.w[0], kH, kIn);
+  stage_weight_cm<kHP, kInP>(smem_bytes, p.w[0], kH, kIn);
   for (int l = 0; l < kLHid; ++l)
     stage_weight_cm<kHP, kHP>(smem_bytes + kOffFwdH + l * kWH, p.w[1 + l], kH, kH);
   if (kOutFwd) stage_weight_cm<kOutP, kHP>(smem_bytes + kOffFwdL, p.w[kL], kOut, kH);
@@ -386,7 +381,7 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
 
     // the forward again: h_l (A fragments) and h_l^T for l < kL
     unsigned h[kHP / 16][4];
-    layer<kInP, kHP, FMLP_ACT>(xa, h, base + kOffFwd0, bias, lane);
+    layer<kInP, kHP, FMLP_ACT>(xa, h, base, bias, lane);
     store_t<kHP, kHP>(ht, h, r0, lane);
 #pragma unroll
     for (int l = 1; l < kL; ++l) {
