@@ -162,6 +162,23 @@ def _run(widths, act, out_act, bias, rows, dtype, backend):
     return (x, ws, bs, gy), y, grads
 
 
+def _assert_float64(x, ws, bs, act, out_act, gy, y, grads, dtype):
+    """y and the gradients (of x, the weights, the biases) of the ESIMD path against the
+    float64 reference on the same inputs; half-precision gradients of a deep net measured
+    against eager's own error (gradient_floors)."""
+    d = torch.float64
+    xr = x.detach().to(d).requires_grad_()
+    wr = [w.detach().to(d).requires_grad_() for w in ws]
+    br = [b.detach().to(d).requires_grad_() for b in bs] if bs is not None else None
+    yr = fm.fused_mlp(xr, wr, br, act, output_activation=out_act, backend="reference")
+    refs = torch.autograd.grad(yr, [xr, *wr, *(br or [])], gy.to(d))
+    tol = TOLERANCE[dtype]
+    assert rel_error(y, yr) < tol
+    floors = gradient_floors(x, ws, bs, act, out_act, gy)
+    for i, (got, ref, floor) in enumerate(zip(grads, refs, floors)):
+        assert rel_error(got, ref, floor) < 4 * tol, f"gradient {i}"
+
+
 @needs_sycl_cpu
 @pytest.mark.parametrize("dtype", HALF, ids=["f16", "bf16"])
 @pytest.mark.parametrize("widths,act,out_act,bias,rows", CASES,
@@ -170,18 +187,7 @@ def test_esimd_emulated_matches_float64(widths, act, out_act, bias, rows, dtype)
     spec = fm.MLPSpec(widths, act, out_act, bias, dtype)
     assert "ESIMD" in sycl.SyclBackend().supports(spec, torch.device("cpu"))[1]
     (x, ws, bs, gy), y, grads = _run(widths, act, out_act, bias, rows, dtype, "sycl")
-    d = torch.float64
-    xr = x.detach().to(d).requires_grad_()
-    wr = [w.detach().to(d).requires_grad_() for w in ws]
-    br = [b.detach().to(d).requires_grad_() for b in bs] if bias else None
-    yr = fm.fused_mlp(xr, wr, br, act, output_activation=out_act, backend="reference")
-    refs = torch.autograd.grad(yr, [xr, *wr, *(br or [])], gy.to(d))
-    tol = TOLERANCE[dtype]
-    assert rel_error(y, yr) < tol
-    floors = gradient_floors(x, ws, bs, act, out_act, gy)
-    for i, (got, ref, floor) in enumerate(zip(grads, refs, floors)):
-        # half-precision gradients of a deep net: eager's own error is the yardstick
-        assert rel_error(got, ref, floor) < 4 * tol, f"gradient {i}"
+    _assert_float64(x, ws, bs if bias else None, act, out_act, gy, y, grads, dtype)
 
 
 def _check_against_float64(widths, act, out_act, bias, rows, dtype, x=None, scale=1.0):
@@ -198,17 +204,7 @@ def _check_against_float64(widths, act, out_act, bias, rows, dtype, x=None, scal
     gy = torch.randn(rows, widths[-1], generator=g).to(dtype)
     y = fm.fused_mlp(x, ws, bs, act, output_activation=out_act, backend="sycl")
     grads = torch.autograd.grad(y, [x, *ws, *(bs or [])], gy)
-    d = torch.float64
-    xr = x.detach().to(d).requires_grad_()
-    wr = [w.detach().to(d).requires_grad_() for w in ws]
-    br = [b.detach().to(d).requires_grad_() for b in bs] if bias else None
-    yr = fm.fused_mlp(xr, wr, br, act, output_activation=out_act, backend="reference")
-    refs = torch.autograd.grad(yr, [xr, *wr, *(br or [])], gy.to(d))
-    tol = TOLERANCE[dtype]
-    assert rel_error(y, yr) < tol
-    floors = gradient_floors(x, ws, bs, act, out_act, gy)
-    for i, (got, ref, floor) in enumerate(zip(grads, refs, floors)):
-        assert rel_error(got, ref, floor) < 4 * tol, f"gradient {i}"
+    _assert_float64(x, ws, bs if bias else None, act, out_act, gy, y, grads, dtype)
     return y
 
 
