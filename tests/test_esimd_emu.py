@@ -359,6 +359,16 @@ def test_math(driver, tmp_path):
 
 
 # --- 2-D block messages ------------------------------------------------------------------
+def _window(a: np.ndarray, c0: int, r0: int, rows: int, cols: int, w: int, h: int):
+    """a's rows x cols block at column c0, row r0, zero outside the w x h surface."""
+    out = np.zeros((rows, cols), a.dtype)
+    for i in range(rows):
+        for j in range(cols):
+            if 0 <= c0 + j < w and 0 <= r0 + i < h:
+                out[i, j] = a[r0 + i, c0 + j]
+    return out
+
+
 def block_2d_model(surf: np.ndarray, w: int, h: int, x: int, y: int, bw: int, bh: int,
                    nb: int = 1) -> np.ndarray:
     """lsc_load_2d as experimental/esimd/memory.hpp documents it for 16-bit elements: nb
@@ -395,22 +405,12 @@ def test_block_2d_loads_and_stores_clip_at_the_surface(driver, tmp_path, x, y):
                                   block_2d_model(surf, w, h, x, y, 8, 32))
     # dwords: the same surface as 20 x 14 of u32 (little-endian word pairs)
     s32 = surf.view(np.uint32)
-    want32 = np.zeros((4, 16), np.uint32)
-    for i in range(4):
-        for j in range(16):
-            c, r = x // 2 + j, y + i
-            if 0 <= c < w // 2 and 0 <= r < h:
-                want32[i, j] = s32[r, c]
+    want32 = _window(s32, x // 2, y, 4, 16, w // 2, h)
     np.testing.assert_array_equal(get(tmp_path, "ld32_16x4.bin", np.uint32), want32.reshape(-1))
     # transposed (32-bit, 8 x 32): the block's columns as rows; VNNI-transformed (16-bit,
     # 2 blocks of 16 x 32): row pairs interleaved, (i // 2, j, i % 2) in each block, as
     # intel/llvm's test-e2e/ESIMD/lsc/Inputs/lsc_load_prefetch_2d.hpp checks them
-    blk32 = np.zeros((32, 8), np.uint32)
-    for i in range(32):
-        for j in range(8):
-            c, r = x // 2 + j, y + i
-            if 0 <= c < w // 2 and 0 <= r < h:
-                blk32[i, j] = s32[r, c]
+    blk32 = _window(s32, x // 2, y, 32, 8, w // 2, h)
     np.testing.assert_array_equal(get(tmp_path, "ld32t_8x32.bin", np.uint32), blk32.T.reshape(-1))
     blocks = block_2d_model(surf, w, h, x, y, 16, 32, 2).reshape(2, 16, 2, 16)  # [b, i/2, i%2, j]
     np.testing.assert_array_equal(get(tmp_path, "ldv_16x32x2.bin", np.uint16),
