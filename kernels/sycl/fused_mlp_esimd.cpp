@@ -144,6 +144,18 @@ template <typename T> inline simd<uint64_t, 16> col_offsets(int col0, int64_t cs
   return (lane + static_cast<uint64_t>(col0)) * static_cast<uint64_t>(cs * sizeof(T));
 }
 
+// 16 elements at byte offsets `offs` from `p` where `ok`, zero elsewhere and where the whole
+// row is out (`valid` false: no message at all).
+template <typename T>
+inline simd<T, 16> gather16(const T *p, simd<uint64_t, 16> offs, simd_mask<16> ok, bool valid) {
+  simd<T, 16> v(0.0f);
+  if (valid) {
+    v = esimd::gather<T, 16>(p, offs, ok);
+    v = esimd::merge(v, simd<T, 16>(0.0f), ok);
+  }
+  return v;
+}
+
 // Rows [0, rows) (at most R) of a row block as a 2-D surface: base is the block's first
 // row, so offsets stay 64-bit in the base and the surface height small.
 inline uint32_t height_m1(int64_t rows, int R) {
@@ -174,12 +186,8 @@ inline simd<T, RG * KT * kTile> load_rows(const T *base, int64_t rs, int64_t cs,
       simd_mask<16> col_ok = (lane + kt * 16) < static_cast<uint32_t>(cols);
       FMLP_UNROLL
       for (int r = 0; r < R; ++r) {
-        simd<T, 16> v(0.0f);
-        if (r < rows) {
-          v = esimd::gather<T, 16>(base + r * rs, offs, col_ok);
-          v = esimd::merge(v, simd<T, 16>(0.0f), col_ok);
-        }
-        a.template select<16, 1>(kt * R * 16 + r * 16) = v;
+        a.template select<16, 1>(kt * R * 16 + r * 16) =
+            gather16<T>(base + r * rs, offs, col_ok, r < rows);
       }
     }
   }
@@ -201,12 +209,7 @@ inline simd<T, RG * kTile> load_col(const T *base, int64_t ld, int64_t rows, int
     simd_mask<16> col_ok = lane < static_cast<uint32_t>(cols > 0 ? cols : 0);  // past the end: none
     FMLP_UNROLL
     for (int r = 0; r < R; ++r) {
-      simd<T, 16> v(0.0f);
-      if (r < rows) {
-        v = esimd::gather<T, 16>(base + r * ld, offs, col_ok);
-        v = esimd::merge(v, simd<T, 16>(0.0f), col_ok);
-      }
-      t.template select<16, 1>(r * 16) = v;
+      t.template select<16, 1>(r * 16) = gather16<T>(base + r * ld, offs, col_ok, r < rows);
     }
     return t;
   }
@@ -513,12 +516,8 @@ inline simd<T, 8 * kTile> load_dzT(const T *base, int64_t rs, int64_t rows, int 
       simd_mask<16> ok = (lane + kh * 16) < static_cast<uint32_t>(rows < kWgK ? rows : kWgK);
       FMLP_UNROLL
       for (int o = 0; o < kWgM; ++o) {
-        simd<T, 16> v(0.0f);
-        if (col0 + o < end) {
-          v = esimd::gather<T, 16>(base + col0 + o, offs, ok);
-          v = esimd::merge(v, simd<T, 16>(0.0f), ok);
-        }
-        a.template select<16, 1>(((kh * 4 + o / 8) * 8 + o % 8) * 16) = v;
+        a.template select<16, 1>(((kh * 4 + o / 8) * 8 + o % 8) * 16) =
+            gather16<T>(base + col0 + o, offs, ok, col0 + o < end);
       }
     }
   }
