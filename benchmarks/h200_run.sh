@@ -104,19 +104,13 @@ for s in $steps; do
             timeout ${SWEEP_S:-200} python3 -m fusedmlp_xpu.cli bench --suite wide --sweep --dtype $dt --out "$T" --run "$M-wide-sweep-$dt-$STAMP" > "$OUT/wide-sweep-$dt.txt" 2>&1
             echo "wide sweep $dt rc=$?"
             python3 benchmarks/wide_routes.py "$T" "$M-wide-sweep-$dt-$STAMP" 2>&1 | tail -30; done ;;
-    # the sdf-eikonal step at 2^16, 2^18, 2^20 rows (fp16, 100 steps, no compile), then
-    # where a 2^18-row step's host and device time go (host_step.py), fused and eager
-    eikonal) timeout ${EIK_S:-200} python3 -m fusedmlp_xpu.cli bench --suite steps --configs sdf-eikonal --batch 65536 --batch 262144 --batch 1048576 --dtype float16 --steps ${EIK_STEPS:-100} --compile none --out "$T" --run "$M-steps-sdf-eikonal-$STAMP" > "$OUT/eikonal.txt" 2>&1
-             echo "eikonal rc=$?"; grep -vE "Warn|warn" "$OUT/eikonal.txt" | tail -22
-             timeout ${HOST_S:-90} python3 benchmarks/host_step.py --config sdf-eikonal --batch ${EIK_HOST_ROWS:-262144} --steps 50 --out "$T" --run "$M-host-step-sdf-eikonal-$STAMP" > "$OUT/eikonal-host.txt" 2>&1
-             echo "host step rc=$?"; grep -E "ms a step|Error" "$OUT/eikonal-host.txt" ;;
-    # the sdf-eikonal step at EIK_ROWS with the second order's default form and with
-    # FUSEDMLP_SECOND_ORDER_TUNING=each of EIK_TUNINGS (fp16, EIK_STEPS steps, no compile),
-    # then host_step.py's cProfile of the fused step at the first of EIK_ROWS
-    eikonal-so) for tu in default ${EIK_TUNINGS:-16x4x2m}; do
-             b=""; for r in ${EIK_ROWS:-65536 262144}; do b="$b --batch $r"; done
+    # the sdf-eikonal step at EIK_ROWS (fp16, EIK_STEPS steps, no compile) with the second
+    # order's default form and with FUSEDMLP_SECOND_ORDER_TUNING=each of EIK_TUNINGS (e.g.
+    # 16x4x2m), then host_step.py's cProfile of the fused step at the first of EIK_ROWS
+    eikonal) for tu in default ${EIK_TUNINGS:-}; do
+             b=""; for r in ${EIK_ROWS:-65536 262144 1048576}; do b="$b --batch $r"; done
              ( [ $tu != default ] && export FUSEDMLP_SECOND_ORDER_TUNING=$tu
-               timeout ${EIK_S:-120} python3 -m fusedmlp_xpu.cli bench --suite steps --configs sdf-eikonal $b --dtype float16 --steps ${EIK_STEPS:-60} --compile none --out "$T" --run "$M-steps-sdf-eikonal-so-$tu-$STAMP" > "$OUT/eikonal-$tu.txt" 2>&1 )
+               timeout ${EIK_S:-120} python3 -m fusedmlp_xpu.cli bench --suite steps --configs sdf-eikonal $b --dtype float16 --steps ${EIK_STEPS:-100} --compile none --out "$T" --run "$M-steps-sdf-eikonal-so-$tu-$STAMP" > "$OUT/eikonal-$tu.txt" 2>&1 )
              echo "eikonal $tu rc=$?"; grep -E "^sdf-eikonal .*(eager|fused) " "$OUT/eikonal-$tu.txt"; done
            r0=$(echo ${EIK_ROWS:-65536} | cut -d' ' -f1)
            timeout ${HOST_S:-60} python3 benchmarks/host_step.py --config sdf-eikonal --batch $r0 --steps 50 --out "$T" --run "$M-host-step-sdf-eikonal-$r0-$STAMP" > "$OUT/eikonal-host.txt" 2>&1
