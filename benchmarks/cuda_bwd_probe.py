@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--one", type=int, metavar="I",
                    help="only launch case I twice with all gradients, no checks: one "
                    "configuration in the process, for compute-sanitizer --tool racecheck")
+    p.add_argument("--launches", type=int, default=2, help="with --one: how many (default 2)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
@@ -71,10 +72,10 @@ def main(argv=None) -> int:
     if args.one is not None:
         case = CASES[args.one]
         spec, ws, bs, x, gy = run_case(be, case, 7, None)
-        for _ in range(2):
+        for _ in range(args.launches):
             be.backward(gy, x, ws, bs, None, spec, (True, True, case[3]))
         torch.cuda.synchronize()
-        print(f"case {args.one} launched twice: {case[:4]} {case[4]} rows={case[5]}")
+        print(f"case {args.one} launched {args.launches}x: {case[:4]} {case[4]} rows={case[5]}")
         return 0
     o_spec, o_ws, o_bs, o_x, o_gy = run_case(be, OTHER, 12345, None)
     lines = []
