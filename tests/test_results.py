@@ -256,3 +256,20 @@ def test_a_device_log_is_appended_as_one_log_record(tmp_path, capsys):
         results.index([table])
     assert results.main(argv) == 2
     assert "already in" in capsys.readouterr().err
+
+
+def test_commit_of_an_exported_tree(tmp_path):
+    """A tree exported without .git (how runs reach a GPU machine) names the commit in its
+    COMMIT file, never the commit of a repository around it; this checkout names its own."""
+    from fusedmlp_xpu.bench.results import commit_here
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    assert commit_here(str(tree)) is None
+    (tree / "COMMIT").write_text("741697a95538dac439bca305d089b23b7f64c74f\n")
+    assert commit_here(str(tree)) == "741697a95538dac439bca305d089b23b7f64c74f"
+    (tree / "COMMIT").write_text("not a commit\n")
+    assert commit_here(str(tree)) is None
+    here = commit_here()
+    if here is not None:  # run from a git checkout
+        assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", here), here

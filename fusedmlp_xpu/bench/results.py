@@ -83,12 +83,21 @@ def new_run_id(env: dict, what: str) -> str:
     return f"{machine(env)}-{what}-{stamp}"
 
 
-def commit_here() -> str | None:
-    """The commit of the checkout this package runs from (``+dirty`` with local changes),
-    None outside a git checkout."""
+def commit_here(root: str | None = None) -> str | None:
+    """The commit of the checkout this package runs from (``+dirty`` with local changes);
+    for a tree exported without its ``.git`` (``git archive``), the commit named in its
+    ``COMMIT`` file; None otherwise. A tree that is not itself a checkout is never given
+    the commit of a repository around it."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.exists(os.path.join(root, ".git")):
+        try:
+            with open(os.path.join(root, "COMMIT")) as f:
+                sha = f.read().strip()
+        except OSError:
+            return None
+        return sha if re.fullmatch(r"[0-9a-f]{7,40}", sha) else None
     try:
         sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
