@@ -15,12 +15,12 @@ executes them in order in one namespace, and writes under ``--out``:
 Every file stays small (five calls per trace). ``--render-only DIR`` draws the picture
 again from a run's ``eager.json.gz`` and ``fused.json.gz`` in DIR, with no profiling, so
 the picture can be made where the traces were fetched to; ``--traces train`` draws one
-training step from the ``train-*.pt.trace.json.gz`` instead (the page's picture: in run
-h100-guide-20261205 the eager inference trace came out without device times)::
+training step from the ``train-*.pt.trace.json.gz`` instead (the page shows both)::
 
-    PYTHONPATH=. python3 docs/guide/run_guide.py --out OUT --run h100-guide-20261205
+    PYTHONPATH=. python3 docs/guide/run_guide.py --out OUT --run h100-guide-20261205b
+    python3 docs/guide/run_guide.py --render-only OUT --png docs/img/profile-timeline-inference.png
     python3 docs/guide/run_guide.py --render-only OUT --traces train --png docs/img/profile-timeline.png
-    python3 docs/guide/run_guide.py --quote OUT/h100-guide-20261205.json   # into the page
+    python3 docs/guide/run_guide.py --quote OUT/h100-guide-20261205b.json   # into the page
 """
 from __future__ import annotations
 
