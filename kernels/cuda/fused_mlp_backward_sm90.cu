@@ -315,11 +315,14 @@ fmlp_backward_sm90(const FmlpBackwardParams p) {
       reinterpret_cast<unsigned short*>(smem_bytes + kOffOnes)[i] = one;
   }
   const unsigned base = smem_addr(smem_bytes);
+  stage_wait();
+  // every staging store and copy lands before a barrier is initialised: racecheck paired
+  // the stores with mbar_init (one configuration, one launch: h100-cuda-bwd-race-one1-case2-20261205e)
+  __syncthreads();
   if (threadIdx.x < kChains * kGBufs) {  // per chain and g^T tile
     mbar_init(base + kOffBar + 16u * threadIdx.x, 128);      // full
     mbar_init(base + kOffBar + 16u * threadIdx.x + 8, 128);  // empty
   }
-  stage_wait();
   // the copies and stores above, visible to wgmma's async-proxy reads
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
