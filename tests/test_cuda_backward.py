@@ -6,6 +6,8 @@ kernel itself against float64 autograd. The GPU cases have not run yet."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +29,7 @@ ENV = cuda_backend.BACKWARD_ENV
 def _racecheck_cleared(request, monkeypatch):
     """The kernel refuses to train until racecheck clears it (cuda.RACECHECK_CLEAN): its
     own tests run it regardless, except the test of that refusal."""
-    if "held_back" not in request.node.name:
+    if "held_back" not in request.node.name and "racecheck" not in request.node.name:
         monkeypatch.setattr(cuda_backend, "RACECHECK_CLEAN", "tests")
 
 
@@ -302,16 +304,33 @@ def test_no_rows_and_no_gradients(emulated):
 
 def test_held_back_until_racecheck_is_clean(h200, monkeypatch):
     """FUSEDMLP_CUDA_BACKWARD=1 does not train on the kernel while RACECHECK_CLEAN is
-    unset: a forced training call is refused, naming the racecheck run."""
-    assert cuda_backend.RACECHECK_CLEAN is None
+    unset: a forced training call is refused, saying why."""
+    monkeypatch.setattr(cuda_backend, "RACECHECK_CLEAN", None)
     monkeypatch.setenv(ENV, "1")
     spec = _spec(W64)
     ex = dispatch.explain_choice(h200, spec, "cuda", train=True)
     assert ex.backend is None and "racecheck" in ex.considered[0].reason
-    assert "h100-cuda-bwd-race-20261205c" in ex.considered[0].reason
     assert dispatch.explain_choice(h200, spec, None, train=True).backend != "cuda"
     assert dispatch.explain_choice(h200, spec, "cuda", train=False).backend == "cuda"
 
+
+def test_racecheck_clean_names_a_logged_run():
+    """RACECHECK_CLEAN, where set, is a run in a committed results table whose racecheck
+    summaries all say 0 hazards."""
+    run = cuda_backend.RACECHECK_CLEAN
+    if run is None:
+        pytest.skip("the kernel is held back")
+    import glob
+    import json
+
+    tables = glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "benchmarks", "results", "*.jsonl"))
+    recs = [json.loads(ln) for t in tables for ln in open(t) if f'"{run}"' in ln]
+    recs = [r for r in recs if r.get("run") == run]
+    assert recs, f"RACECHECK_CLEAN names {run!r}, which no committed table holds"
+    text = "\n".join(r.get("text", "") for r in recs)
+    summaries = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", text)
+    assert summaries and all(n == "0" for n in summaries), summaries
 
 
 def test_training_only_when_switched_on(h200, monkeypatch):

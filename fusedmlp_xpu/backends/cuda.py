@@ -85,21 +85,18 @@ def win_key(capability: tuple[int, int], spec) -> tuple:
 #: float64 on an H200; not yet sanitized or timed there: for the runs that check it)
 BACKWARD_ENV = "FUSEDMLP_CUDA_BACKWARD"
 
-#: The run where compute-sanitizer's racecheck found the backward kernel clean; None: not
-#: yet, and the kernel refuses to train even forced. On the H100 (runs
-#: h100-cuda-bwd-race-20261205a/b/c) it reported a read-write hazard in the gy/gx buffer
-#: (fixed: a __syncwarp) and 12 errors between one launch's initialization stores and
-#: mbar_init, which the mbarriers' invalidation at the CTA's end did not silence. Moving
-#: the barriers to offset 0 in every configuration left 4 (cp.async weight staging against
-#: mbar_init) and, in the same call, one float64 test failed (gx at 65 rows, relu, fp16:
-#: 0.018 against 0.01; h100-cuda-bwd-tests-20261205d), where the layout before had passed
-#: all 80 of its runs in the suite (h100-tests-20261205c): that move was reverted. Set
-#: this to a racecheck run's id once one reports 0 hazards.
-RACECHECK_CLEAN: str | None = None
+#: The run where compute-sanitizer's racecheck found the backward kernel clean; None: the
+#: kernel refuses to train even forced. Racecheck had paired the weight, bias and ones
+#: staging stores with mbar_init within one launch of one configuration
+#: (h100-cuda-bwd-race-one1-case2-20261205e); with the barriers initialised after a
+#: __syncthreads that follows the staging, five configurations (one a process, two launches
+#: each: widths 64 relu fp16 at 65 and 1037 rows, 3-16-16-5 tanh/sigmoid bf16 at 1 and 65,
+#: the sdf net) report 0 hazards, and the 80 float64 cases pass (h100-cuda-bwd-tests-20261205g).
+#: synccheck was not re-run (its barrier table overflowed before).
+RACECHECK_CLEAN: str | None = "h100-cuda-bwd-race-one-20261205g"
 _RACE = ("the CUDA C++ backward is held back until compute-sanitizer's racecheck reports it "
-         "clean (12 hazards between its initialization stores and mbar_init in run "
-         "h100-cuda-bwd-race-20261205c); train with backend='triton' or leave the backend "
-         "unforced")
+         "clean (cuda.RACECHECK_CLEAN names no racecheck run); train with backend='triton' "
+         "or leave the backend unforced")
 
 _TRAINING = ("inference only (its backward kernel, sm_90, is not yet sanitized or timed on "
              f"a GPU: off unless {BACKWARD_ENV}=1); train with backend='triton' or leave "
