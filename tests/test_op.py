@@ -190,6 +190,7 @@ def test_autocast_computes_in_autocast_dtype(backend, dtype):
     assert ws[0].grad.dtype == torch.float32  # gradients flow back to the fp32 masters
 
 
+@pytest.mark.readme
 @pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
 def test_ops_autograd_in_eager(backend, monkeypatch, recompute):
     """Plain eager calls normally take a leaner path; the ops' own autograd must hold too."""

@@ -19,6 +19,7 @@ def _use_snippet() -> str:
     return blocks[0]
 
 
+@pytest.mark.readme
 def test_readme_use_snippet_runs(capsys):
     scope: dict = {}
     exec(compile(_use_snippet(), "README.md (Use)", "exec"), scope)
