@@ -20,7 +20,7 @@ fi
 for s in $steps; do
   case $s in
     # -v names each result as it lands: a run cut by its time limit still says what failed
-    tests) timeout ${TESTS_S:-480} python3 -m pytest -v -n 16 -rf --tb=short -p no:benchmark tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
+    tests) timeout ${TESTS_S:-560} python3 -m pytest -v -n 16 -rf --tb=short --durations=40 -p no:benchmark tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
            echo "passed $(grep -c ' PASSED ' "$OUT/tests.log"), failed $(grep -c ' FAILED ' "$OUT/tests.log")"
            grep -E " FAILED | ERROR " "$OUT/tests.log" | sed 's/.* \(FAILED\|ERROR\) //' | sort -u | head -30; tail -1 "$OUT/tests.log" ;;
     # memcheck (SAN_TOOL) over the Triton cases, one process by default (twice, 8 sanitized xdist
@@ -95,13 +95,19 @@ for s in $steps; do
     # (NVRTC's -lineinfo); RACE_K narrows the cases. --num-cuda-barriers: the sanitizer
     # takes the count of mbarriers a kernel uses from nvcc's module data, which NVRTC's
     # inline-PTX barriers lack; without it synccheck overflowed its table of barriers
+    # racecheck with one configuration a process, launched twice (cuda_bwd_probe.py --one:
+    # several configurations in one process once gave reports that one alone did not)
+    cuda-bwd-race-one) for i in ${RACE_CASES:-0 1 2 3 4}; do
+            FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACE_S:-40} compute-sanitizer --tool racecheck --report-api-errors no --print-limit 50 python3 benchmarks/cuda_bwd_probe.py --one $i --launches 2 > "$OUT/race-one-$i.log" 2>&1
+            echo "racecheck case $i rc=$?"; grep -E "SUMMARY|launched" "$OUT/race-one-$i.log"
+            grep -E "Race reported|access at" "$OUT/race-one-$i.log" | sed 's/0x[0-9a-f]*/0x_/g' | sort | uniq -c | sort -rn | head -6; done ;;
     cuda-bwd-race) for tool in racecheck synccheck; do
             FUSEDMLP_CUDA_BACKWARD=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACE_S:-150} compute-sanitizer --tool $tool --report-api-errors no --num-cuda-barriers ${SAN_BARRIERS:-16} --print-limit 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backward.py -k "${RACE_K:-against_float64 and fp16 and 1037 and (widths0 or widths2 or widths6 or widths7)}" > "$OUT/cuda-bwd-$tool.log" 2>&1
             echo "$tool rc=$?"; grep -E "SUMMARY|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6
             grep -E "(Race reported|access at|Barrier error|Warning|Error:)" "$OUT/cuda-bwd-$tool.log" | sed 's/0x[0-9a-f]*/0x_/g' | sort | uniq -c | sort -rn | head -24; done ;;
     # the wide sweep, one process a dtype (WIDE_DTYPES), both configs on released models' d/hidden
     wide-sweep) for dt in ${WIDE_DTYPES:-bfloat16 float16}; do
-            timeout ${SWEEP_S:-200} python3 -m fusedmlp_xpu.cli bench --suite wide --sweep --dtype $dt --out "$T" --run "$M-wide-sweep-$dt-$STAMP" > "$OUT/wide-sweep-$dt.txt" 2>&1
+            timeout ${SWEEP_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --sweep --dtype $dt --out "$T" --run "$M-wide-sweep-$dt-$STAMP" > "$OUT/wide-sweep-$dt.txt" 2>&1
             echo "wide sweep $dt rc=$?"
             python3 benchmarks/wide_routes.py "$T" "$M-wide-sweep-$dt-$STAMP" 2>&1 | tail -30; done ;;
     # the sdf-eikonal step at EIK_ROWS (fp16, EIK_STEPS steps, no compile) with the second
