@@ -283,15 +283,16 @@ def cmd_report(args) -> int:
     from .bench import report
 
     try:
-        report.load(args.results, args.run)
+        docs = report.read(args.results, args.run, args.history)
     except (OSError, ValueError) as e:
         what = f"{e.strerror}: {e.filename!r}" if isinstance(e, OSError) and e.strerror else e
         if str(what).startswith("--run: "):
             raise UsageError(f"argument {what}") from None
         raise UsageError(f"argument results: {what}") from None
     check_writable(args.out, "--out", folder=True)
-    path = report.write_report(args.results, args.out, args.run)
-    print(f"wrote {path}")
+    path = report.write(docs, args.out, args.run, args.history)
+    print(f"wrote {path}" + ("" if args.history else
+                             f" (one page; every record: {report.APPENDIX} beside it)"))
     return 0
 
 
@@ -300,9 +301,15 @@ def _report_arguments(parser) -> None:
                         help="results tables (benchmarks/results/<machine>.jsonl) or bench "
                              "JSON files (fusedmlp-bench/1)")
     parser.add_argument("--run", action="append", default=None, metavar="ID",
-                        help="only these runs, in this order (repeat; default every "
-                             "fusedmlp bench run in the tables)")
-    parser.add_argument("--out", required=True, help="folder for report.md and its PNG plots")
+                        help="choose from these runs only (repeat; a Max 1550 model or ISA "
+                             "run of pvc.jsonl too); default: per machine, config, mode and "
+                             "dtype the newest complete run")
+    parser.add_argument("--history", action="store_true",
+                        help="every run, each a column of its own (report.md as before the "
+                             "one-page report: long)")
+    parser.add_argument("--out", required=True,
+                        help="folder for report.md, report-full.md (the appendix) and the "
+                             "PNG plots")
 
 
 cmd_report.add_arguments = _report_arguments
@@ -316,8 +323,8 @@ COMMANDS = {
                              "torch.profiler, in one table"),
     "bench": (_bench, "timed benchmark sweeps, checked against float64 (protocol: "
                       "docs/benchmarks.md); --out appends them to a results table"),
-    "report": (cmd_report, "bench runs from one or more results tables -> report.md with "
-                           "plots"),
+    "report": (cmd_report, "bench runs from one or more results tables -> a one-page "
+                           "vendor comparison (report.md) with plots and an appendix"),
 }
 
 DESCRIPTION = ("fusedmlp_xpu's command line: fused MLPs on cuda, xpu and cpu. What runs "

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fusedmlp_xpu import cli
-from fusedmlp_xpu.bench import configs, profiling, report
+from fusedmlp_xpu.bench import configs, profiling, report, report_data, report_plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -151,7 +151,7 @@ def test_configs_match_benchmarks_md():
 
 # --- report --------------------------------------------------------------------------
 def test_report_renders_fixtures(tmp_path):
-    path = report.write_report(FIXTURES, str(tmp_path))
+    path = report.write_report(FIXTURES, str(tmp_path), history=True)
     md = open(path).read()
     for section in ("## Machines", "## Results at the largest batch", "## Targets", "## Plots",
                     "## Pass disagreement", "## Notes from the runs", "## All records",
@@ -175,10 +175,10 @@ def test_report_renders_fixtures(tmp_path):
 
 
 def test_report_speedups_from_the_data(tmp_path):
-    m = report.load(FIXTURES[:1])[0]
-    s = report._speedups(m)
+    m = report_data.load(FIXTURES[:1])[0]
+    s = report_data.speedups(m)
     key = ("narrow-w64", 2**20, "float16", "inference", "triton", "python")
-    rec = {report._key(r): r for r in m.records}
+    rec = {report_data.key(r): r for r in m.records}
     want = rec[key[:4] + ("eager", "python")]["median_ms"] / rec[key]["median_ms"]
     assert s[key]["eager"] == pytest.approx(want)
 
@@ -191,7 +191,7 @@ def test_report_rejects_other_json(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"schema": report.SCHEMA, "records": [{"config": "x"}]}))
     with pytest.raises(ValueError, match="record 0 lacks"):
-        report.load([str(broken)])
+        report_data.load([str(broken)])
 
 
 def test_report_cli(tmp_path, capsys):
@@ -466,10 +466,10 @@ def test_report_plots_label_log_axes_and_tell_dtypes_apart():
     rs = [rec(N, d, N / 1e6) for N in (2**16, 2**18, 2**20) for d in ("float16", "bfloat16")]
     for kind, want in (("floor", ("x",)), ("throughput", ("k", "M", "G"))):
         fig, ax = plt.subplots()
-        assert report._draw(ax, kind, rs, {})
+        assert report_plots.draw(ax, kind, rs, {})
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        report._log_ticks(ax.yaxis, "x" if kind == "floor" else "")
+        report_plots.log_ticks(ax.yaxis, "x" if kind == "floor" else "")
         fig.canvas.draw()
         labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both")
                   if t.get_text() and t.get_visible()]
@@ -542,7 +542,7 @@ def test_report_plots_a_wide_sweep(tmp_path):
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps(dict(base, records=recs)))
     out = tmp_path / "out"
-    md = open(report.write_report([str(sweep)], str(out))).read()
+    md = open(report.write_report([str(sweep)], str(out), history=True)).read()
     assert "## Fused against eager by M (wide sweeps)" in md
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["sweep_sweep.png"], pngs
