@@ -219,3 +219,16 @@ def test_the_performance_page_says_what_the_report_says(page, section):
     assert not wrong, f"docs/performance.md {section} (run {run}): " + "; ".join(wrong)
     assert checked >= (40 if section == "Narrow MLPs" else 7)
 
+
+def test_the_docs_show_the_committed_example():
+    """docs/benchmarks.md's summary figure is the committed example's (benchmarks/report/,
+    made with the default), and that example is one page."""
+    example = os.path.join(ROOT, "benchmarks", "report")
+    with open(os.path.join(example, "summary.png"), "rb") as a, \
+            open(os.path.join(ROOT, "docs", "img", "report-summary.png"), "rb") as b:
+        assert a.read() == b.read(), ("docs/img/report-summary.png is not "
+                                      "benchmarks/report/summary.png: copy it over")
+    md = open(os.path.join(example, report.PAGE)).read()
+    assert md.count("\n") <= MAX_LINES and os.path.exists(os.path.join(example, report.APPENDIX))
+    for png in re.findall(r"\]\(([^)]+\.png)\)", md):
+        assert _png_size(os.path.join(example, png))[0] <= MAX_PNG_WIDTH, png
