@@ -62,6 +62,12 @@ def _coverage(m: Machine, config: str, mode: str, dtype: str) -> int | None:
     return len(both & set(std)) if std else len(both)
 
 
+def _order(k: tuple) -> tuple:
+    """A (machine, config, mode, dtype) key's place: inference first, fp16, bf16, fp32."""
+    return (k[0], k[1], MODES.index(k[2]) if k[2] in MODES else len(MODES),
+            DTYPES.index(k[3]) if k[3] in DTYPES else len(DTYPES))
+
+
 def select(runs: list[Machine], named: bool = False) -> dict[tuple, Machine]:
     """(machine, config, mode, dtype) -> the run the page shows for it: of the complete
     runs (every run, where ``named``), the one that timed the most standard batches, then
@@ -78,7 +84,8 @@ def select(runs: list[Machine], named: bool = False) -> dict[tuple, Machine]:
             rank = (cover, when(m), order)
             if k not in best or rank > best[k][0]:
                 best[k] = (rank, m)
-    return {k: m for k, (_, m) in best.items()}
+    # in one order, whatever order a set's iteration gave (the page's and the appendix's)
+    return {k: best[k][1] for k in sorted(best, key=_order)}
 
 
 def _machine_order(keys) -> list[str]:
@@ -254,12 +261,6 @@ def _span(vals: list[float], spec: str) -> str:
     return lo if lo == hi else f"{lo}-{hi}"
 
 
-def _order(k: tuple) -> tuple:
-    """A (machine, config, mode, dtype) key's place: inference first, fp16, bf16, fp32."""
-    return (k[0], k[1], MODES.index(k[2]) if k[2] in MODES else len(MODES),
-            DTYPES.index(k[3]) if k[3] in DTYPES else len(DTYPES))
-
-
 def _run_line(m: Machine, picks: dict) -> str:
     """``run ID`` (machine, date, commit, switches): each config it gives, with the modes
     and dtypes where it gives only some of those the page has for that config; a sweep's
@@ -316,11 +317,8 @@ def _sweeps(picks: dict, out_dir: str) -> list[str]:
         # the machine's chosen sweep records as one run, named by the machine (its PNG)
         pseudo = Machine(first.env.get("device") or mk, mk, first.env, {}, [], recs)
         f = sweep_plot(pseudo, out_dir)
-        if f:
-            runs = sorted({m.run for m in chosen.values()})
-            md += [f"![{pseudo.label}: fused against eager by M]({f})", "",
-                   f"{pseudo.label}: {len({k[1] for k in chosen})} shapes, from "
-                   + ", ".join(f"`run {r}`" for r in runs) + ".", ""]
+        if f:  # its runs are in the Machines section's list
+            md += [f"![{pseudo.label}: fused against eager by M]({f})", ""]
     return md
 
 
@@ -363,7 +361,8 @@ def render(docs: list, out_dir: str, runs: list[str] | None = None) -> tuple[str
     sweeps = _sweeps(picks, out_dir)
     if sweeps:
         md += ["", "## Wide sweeps: fused against eager by M", "",
-               "Eager time / fused time, paired batch by batch (below 1: fused slower).", ""]
+               "Eager time / fused time, paired batch by batch (below 1: fused slower), per "
+               "machine the newest run of each shape, mode and dtype.", ""]
         md += sweeps[:-1]
     md += ["", "## Targets", "",
            "The protocol's targets (`fusedmlp_xpu/bench/targets.py`) on the runs above, every "
@@ -397,7 +396,7 @@ def _appendix(picks: dict, intel: report_intel.Intel, now: str) -> str:
                          fmt(r.get("max_rel_error"), 2), fmt(r.get("peak_mem_MB"), 4)])
     md += md_table(head, body)
     host = [(m, r) for run, m in runs.items() for r in m.host
-            if any(r["config"] == k[1] and r["dtype"] == k[3] for k in chosen[run])]
+            if (m.machine, r["config"], r["mode"], r["dtype"]) in chosen[run]]
     if host:
         md += ["", "## Host time of one call at 1 row", ""]
         md += md_table(["run", "config", "dtype", "backend", "us per call", "one F.linear, us"],
