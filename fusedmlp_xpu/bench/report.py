@@ -181,7 +181,8 @@ def _config_plot(config: str, picks: dict, rows: list[Row], out_dir: str) -> str
                                          for r in _records(picks[(mk, config, mode, dt)],
                                                            config, mode, dt)])
                    for mode in MODES}
-        label = next(m.env.get("device") for k, m in picks.items() if k[0] == mk)
+        device = next(m.env.get("device") for k, m in picks.items() if k[0] == mk)
+        label = f"CPU ({device})" if mk == "cpu" else device  # a CPU's device is "x86_64"
         columns.append((f"{label} (measured)", {k: v for k, v in by_mode.items() if v}))
     intel = _intel_column(config, rows)
     if intel:
