@@ -22,8 +22,8 @@ from collections import defaultdict
 
 from . import report_history, report_intel, targets
 from .configs import CONFIGS
-from .report_data import (NOT_COMPETING, PASS_SPREAD, SCHEMA, Machine, documents, fmt,
-                          fmt_ms, machines, md_table, pow2, when)
+from .report_data import (NOT_COMPETING, SCHEMA, Machine, documents, fmt,
+                          fmt_ms, machines, md_table, pow2, spread_table, when)
 from .report_intel import Row
 from .report_plots import config_figure, measured_lines, summary_figure, sweep_plot
 
@@ -408,14 +408,7 @@ def _appendix(picks: dict, intel: report_intel.Intel, now: str) -> str:
     spread = [(m, a, b, s) for run, m in sorted(runs.items()) for a, b, s in m.spread
               if (m.machine, a["config"], a["mode"], a["dtype"]) in chosen[run]]
     md += ["", "## Pass disagreement", ""]
-    if spread:
-        md += md_table(["run", "config", "mode", "dtype", "N", "backend", "timing", "fast ms",
-                        "slow ms", "spread"],
-                       [[m.run, a["config"], a["mode"], a["dtype"], pow2(a["N"]), a["backend"],
-                         a["timing"], fmt_ms(a["median_ms"]), fmt_ms(b["median_ms"]), f"{s:.1%}"]
-                        for m, a, b, s in spread])
-    else:
-        md += [f"None above {PASS_SPREAD:.0%}."]
+    md += spread_table("run", [(m.run, a, b, s) for m, a, b, s in spread])
     md += ["", "## Notes from the runs", ""]
     md += [f"- `{m.run}`: {n}" for run, m in sorted(runs.items()) for n in m.notes] or ["None."]
     md += [""] + report_intel.appendix(intel)

@@ -186,5 +186,17 @@ def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def spread_table(first: str, spread: list[tuple[str, dict, dict, float]]) -> list[str]:
+    """The measurements whose two passes disagree, [(first column, faster record, slower
+    record, spread)] -> a Markdown table, or one line saying there are none."""
+    if not spread:
+        return [f"None above {PASS_SPREAD:.0%}."]
+    return md_table([first, "config", "mode", "dtype", "N", "backend", "timing", "fast ms",
+                     "slow ms", "spread"],
+                    [[name, a["config"], a["mode"], a["dtype"], pow2(a["N"]), a["backend"],
+                      a["timing"], fmt_ms(a["median_ms"]), fmt_ms(b["median_ms"]), f"{s:.1%}"]
+                     for name, a, b, s in spread])
+
+
 def slug(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in s)

@@ -10,7 +10,7 @@ import datetime as _dt
 from . import targets
 from .pvc import PUBLISHED as _TABLE_I
 from .report_data import (PASS_SPREAD, Machine, fmt, fmt_ms, key, md_table, pow2,
-                          speedups)
+                          speedups, spread_table)
 from .report_plots import plot_config, sweep_plot
 
 #: Intel, "Fully-fused multi-layer perceptrons on Intel data center GPUs", arXiv
@@ -166,13 +166,7 @@ def render(machines: list[Machine], out_dir: str) -> str:
     if spread:
         md += [f"Measurements whose two passes differ by more than {PASS_SPREAD:.0%} "
                "(throttling or a busy host); the faster pass is used above.", ""]
-        md += md_table(["machine", "config", "mode", "dtype", "N", "backend", "timing",
-                      "fast ms", "slow ms", "spread"],
-                     [[m.label, a["config"], a["mode"], a["dtype"], pow2(a["N"]), a["backend"],
-                       a["timing"], fmt_ms(a["median_ms"]), fmt_ms(b["median_ms"]), f"{s:.1%}"]
-                      for m, a, b, s in spread])
-    else:
-        md += [f"None above {PASS_SPREAD:.0%}."]
+    md += spread_table("machine", [(m.label, a, b, s) for m, a, b, s in spread])
     md += ["", "## Notes from the runs", ""]
     notes = [f"- {m.label}: {n}" for m in machines for n in m.notes]
     md += notes or ["None."]
