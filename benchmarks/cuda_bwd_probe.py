@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from conftest import TOLERANCE, make_params, reference, rel_error  # noqa: E402
+from test_cuda_backward import kernel_z  # noqa: E402
 
 from fusedmlp_xpu.backends import cuda as cuda_backend  # noqa: E402
 from fusedmlp_xpu.spec import MLPSpec  # noqa: E402
@@ -37,13 +38,7 @@ CASES = [  # (widths, act, out_act, bias, dtype, rows): the suite's failures, an
 OTHER = ((64, 32, 32, 64), "relu", "none", False, torch.float16, 257)  # another layout
 
 
-def kernel_z(x, ws, bs, act, out_act):
-    from test_cuda_backward import kernel_z as kz
-
-    return kz(x, ws, bs, act, out_act)
-
-
-def run_case(be, case, gen_seed, needs):
+def inputs(case, gen_seed):
     widths, act, out_act, bias, dtype, rows = case
     torch.manual_seed(gen_seed)
     dev = torch.device("cuda")
@@ -71,13 +66,13 @@ def main(argv=None) -> int:
     be = cuda_backend.CudaBackend()
     if args.one is not None:
         case = CASES[args.one]
-        spec, ws, bs, x, gy = run_case(be, case, 7, None)
+        spec, ws, bs, x, gy = inputs(case, 7)
         for _ in range(args.launches):
             be.backward(gy, x, ws, bs, None, spec, (True, True, case[3]))
         torch.cuda.synchronize()
         print(f"case {args.one} launched {args.launches}x: {case[:4]} {case[4]} rows={case[5]}")
         return 0
-    o_spec, o_ws, o_bs, o_x, o_gy = run_case(be, OTHER, 12345, None)
+    o_spec, o_ws, o_bs, o_x, o_gy = inputs(OTHER, 12345)
     lines = []
     for case in CASES:
         widths, act, out_act, bias, dtype, rows = case
@@ -86,7 +81,7 @@ def main(argv=None) -> int:
         over = differ = 0
         worst, worst_rows = 0.0, []
         for d in range(args.draws):
-            spec, ws, bs, x, gy = run_case(be, case, 1000 + d, needs)
+            spec, ws, bs, x, gy = inputs(case, 1000 + d)
             first = be.backward(gy, x, ws, bs, None, spec, needs)
             be.backward(o_gy, o_x, o_ws, o_bs, None, o_spec, (True, True, False))
             again = [be.backward(gy, x, ws, bs, None, spec, needs) for _ in range(2)]
