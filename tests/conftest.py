@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
+import random
+import zlib
 
 import torch
 
@@ -136,6 +138,53 @@ def backend(request):
 def inference_backend(request):
     """(name, device) of one usable backend, inference-only ones included."""
     return request.param
+
+
+#: The run's draws: every test's torch seed and every case's generator seed come from this
+#: number and the test's id, not from the order or the worker that runs it. Unset, each
+#: run draws fresh data (a new number, shown in the header and beside every failure);
+#: FUSEDMLP_TEST_SEED=N draws that run's data again.
+SEED_ENV = "FUSEDMLP_TEST_SEED"
+
+
+def pytest_configure(config):
+    # set before pytest-xdist starts its workers: they inherit it, so all agree
+    text = os.environ.get(SEED_ENV) or str(random.SystemRandom().randrange(2 ** 31))
+    try:
+        seed = int(text)
+    except ValueError:
+        raise pytest.UsageError(f"{SEED_ENV}: expected an integer, got {text!r}") from None
+    if not 0 <= seed < 2 ** 31:
+        raise pytest.UsageError(f"{SEED_ENV}: expected 0 <= seed < 2**31, got {seed}")
+    os.environ[SEED_ENV] = str(seed)
+
+
+def run_seed() -> int:
+    return int(os.environ[SEED_ENV])
+
+
+def case_seed(*parts) -> int:
+    """A generator seed for ``parts`` (a test's case) in this run: the same in every
+    process for one FUSEDMLP_TEST_SEED (``hash`` of a str changes with the process)."""
+    return (run_seed() + zlib.crc32(repr(parts).encode())) % 2 ** 31
+
+
+def pytest_report_header(config):
+    return f"{SEED_ENV}={run_seed()} (set it to draw this run's data again)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    if rep.failed:
+        rep.sections.append(("draw", f"{SEED_ENV}={run_seed()} python -m pytest "
+                                     f"'{item.nodeid}' draws this test's data again"))
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """torch's default generators (CPU and devices) seeded for this test alone."""
+    torch.manual_seed(case_seed(request.node.nodeid))
 
 
 @pytest.fixture(autouse=True)
