@@ -106,8 +106,9 @@ for s in $steps; do
             echo "$tool rc=$?"; grep -E "SUMMARY|passed|failed" "$OUT/cuda-bwd-$tool.log" | sort | uniq -c | head -6
             grep -E "(Race reported|access at|Barrier error|Warning|Error:)" "$OUT/cuda-bwd-$tool.log" | sed 's/0x[0-9a-f]*/0x_/g' | sort | uniq -c | sort -rn | head -24; done ;;
     # the wide sweep, one process a dtype (WIDE_DTYPES), both configs on released models' d/hidden
+    # and the Llama prefill; no new shape past SWEEP_S - 45 s, so a cut run keeps what it timed
     wide-sweep) for dt in ${WIDE_DTYPES:-bfloat16 float16}; do
-            timeout ${SWEEP_S:-240} python3 -m fusedmlp_xpu.cli bench --suite wide --sweep --dtype $dt --out "$T" --run "$M-wide-sweep-$dt-$STAMP" > "$OUT/wide-sweep-$dt.txt" 2>&1
+            timeout ${SWEEP_S:-280} python3 -m fusedmlp_xpu.bench.wide --sweep --llama --dtype $dt --stop-s $(( ${SWEEP_S:-280} - 45 )) --out "$T" --run "$M-wide-sweep-$dt-$STAMP" > "$OUT/wide-sweep-$dt.txt" 2>&1
             echo "wide sweep $dt rc=$?"
             python3 benchmarks/wide_routes.py "$T" "$M-wide-sweep-$dt-$STAMP" 2>&1 | tail -30; done ;;
     # the sdf-eikonal step at EIK_ROWS (fp16, EIK_STEPS steps, no compile) with the second
@@ -117,7 +118,13 @@ for s in $steps; do
              b=""; for r in ${EIK_ROWS:-65536 262144 1048576}; do b="$b --batch $r"; done
              ( [ $tu != default ] && export FUSEDMLP_SECOND_ORDER_TUNING=$tu
                timeout ${EIK_S:-120} python3 -m fusedmlp_xpu.cli bench --suite steps --configs sdf-eikonal $b --dtype float16 --steps ${EIK_STEPS:-100} --compile none --out "$T" --run "$M-steps-sdf-eikonal-so-$tu-$STAMP" > "$OUT/eikonal-$tu.txt" 2>&1 )
-             echo "eikonal $tu rc=$?"; grep -E "^sdf-eikonal .*(eager|fused) " "$OUT/eikonal-$tu.txt"; done
+             echo "eikonal $tu rc=$?"; grep -E "^sdf-eikonal .*(eager|fused) " "$OUT/eikonal-$tu.txt"
+             python3 -c "import sys; from fusedmlp_xpu.bench import results as R
+p = {}
+for m in R.documents(R.read(sys.argv[1])).get(sys.argv[2], {}).get('records', []):
+    if 'paired_python_ms' in m: p.setdefault(m['N'], {})[m['variant']] = m['paired_python_ms']
+for n, v in sorted(p.items()):
+    print(f'  {n} rows: fused {eager / fused:.3f}x eager from Python, paired' if (eager := v.get('eager')) and (fused := v.get('fused')) else f'  {n} rows: {v}')" "$T" "$M-steps-sdf-eikonal-so-$tu-$STAMP"; done
            r0=$(echo ${EIK_ROWS:-65536} | cut -d' ' -f1)
            timeout ${HOST_S:-60} python3 benchmarks/host_step.py --config sdf-eikonal --batch $r0 --steps 50 --out "$T" --run "$M-host-step-sdf-eikonal-$r0-$STAMP" > "$OUT/eikonal-host.txt" 2>&1
            echo "host step rc=$?"; grep -E "ms a step|Error" "$OUT/eikonal-host.txt" ;;
