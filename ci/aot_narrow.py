@@ -244,11 +244,13 @@ def compile_second_order(args) -> int:
                               second_order_kernels._second_order_kernel, consts, args.arch,
                               tune.warps)
     # the GEMM form's pointwise kernel (Tuning.split), every mode, softplus; with a bias's
-    # column sums (width 64) where the backward pass writes e
-    for mode, sum_w in ((0, 0), (1, 0), (2, 0), (3, 0), (1, 64), (3, 64)):
-        failed += not _report(f"sop mode {mode} sums {sum_w} act {SOFTPLUS}",
+    # column sums (width 64) where the backward pass writes e; z read in place from the
+    # saved pre-activations (Z_W 64) as the first and the backward pass read it
+    for mode, sum_w, z_w in ((0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (1, 64, 0),
+                             (3, 64, 0), (0, 0, 64), (2, 0, 64), (3, 64, 64)):
+        failed += not _report(f"sop mode {mode} sums {sum_w} z rows {z_w} act {SOFTPLUS}",
                               second_order_kernels._so_pointwise_kernel,
-                              dict(MODE=mode, ACT=SOFTPLUS, BLOCK=1024, SUM_W=sum_w),
+                              dict(MODE=mode, ACT=SOFTPLUS, BLOCK=1024, SUM_W=sum_w, Z_W=z_w),
                               args.arch, 4)
     # its products fused to those steps (Tuning.fuse, the GPU default), at its tuning: every
     # mode as GemmForm launches it, widths 64 (and 128 unless quick), fp16

@@ -192,26 +192,35 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
 
 def _pointwise(mode: int, act_id: int, z, a=None, b=None, o2=None, out=None,
                col_sum=False):
-    """second_order_kernels._so_pointwise_kernel over z's elements (every operand
-    contiguous, z's shape): returns o1 (``out`` when given); ``col_sum``: (o1, the fp32
-    column sums of o1 [M, W] as rounded), in the same pass where W is a power of two up to
-    the block, else by torch after it."""
-    o1 = torch.empty_like(z) if out is None else out
+    """second_order_kernels._so_pointwise_kernel over z's elements (every other operand
+    contiguous, z's shape; z [M, W] contiguous, or its rows apart: a layer's columns of
+    the forward's saved pre-activations): returns o1 (``out`` when given); ``col_sum``:
+    (o1, the fp32 column sums of o1 [M, W] as rounded), in the same pass where W is a
+    power of two up to the block, else by torch after it."""
+    o1 = z.new_empty(z.shape) if out is None else out
     n, block = z.numel(), 1024
     W = z.shape[-1] if col_sum else 0
     fused = W > 0 and W & (W - 1) == 0 and W <= block
     parts = z.new_empty(cdiv(n, block), W, dtype=torch.float32) if fused and n else None
+    z_w, sz = _row_layout(z)
     if n:
         launchers._launcher("so_pointwise").launch(
             (cdiv(n, block),), (z if a is None else a, z if b is None else b, z, o1,
-                                o1 if o2 is None else o2, z if parts is None else parts, n),
-            dict(MODE=mode, ACT=act_id, BLOCK=block, SUM_W=W if fused else 0),
+                                o1 if o2 is None else o2, z if parts is None else parts, n,
+                                sz),
+            dict(MODE=mode, ACT=act_id, BLOCK=block, SUM_W=W if fused else 0, Z_W=z_w),
             z.device, num_warps=4, num_stages=1)
     if not col_sum:
         return o1
     if parts is None:
         return o1, o1.sum(0, dtype=torch.float32)
     return o1, parts.sum(0)
+
+
+def _row_layout(z) -> tuple[int, int]:
+    """(Z_W, sz) of _so_pointwise_kernel for z: (0, 0) contiguous, else (its width, its
+    row stride)."""
+    return (0, 0) if z.is_contiguous() else (z.shape[1], _z_stride(z))
 
 
 def _mm_pointwise(tune: Tuning, mode: int, act_id: int, a, w, transpose: bool, z=None,
@@ -235,13 +244,22 @@ def _mm_pointwise(tune: Tuning, mode: int, act_id: int, a, w, transpose: bool, z
             (progs,), (a, w, a if bias is None else bias, a if z is None else z,
                        a if b is None else b, a if keep is None else keep,
                        a if o1 is None else o1, a if o2 is None else o2,
-                       a if parts is None else parts, M, K, N, a.stride(0), swk, swn),
+                       a if parts is None else parts, M, K, N, a.stride(0), swk, swn,
+                       N if z is None else _z_stride(z)),
             dict(MODE=mode, ACT=act_id, BM=bm, KP=KP, NP=NP, HAS_BIAS=bias is not None,
                  KEEP_P=keep is not None and mode not in (0, 4), SUM=col_sum, **meta),
             a.device, num_warps=tune.warps, num_stages=1)
     if not col_sum:
         return o1
     return o1, (parts.sum(0)[:N] if M else a.new_zeros(N, dtype=torch.float32))
+
+
+def _z_stride(z) -> int:
+    """z's row stride for _so_mm_kernel (z [M, N]: rows of contiguous elements)."""
+    if z.dim() != 2 or z.stride(1) != 1:
+        raise ValueError(f"second-order pass: z of shape {tuple(z.shape)} and strides "
+                         f"{z.stride()}: rows of contiguous elements expected")
+    return z.stride(0)
 
 
 def _second_order_gemms(gg, v, x, weights, biases, spec, needs, tune=SPLIT):
@@ -296,7 +314,7 @@ class GemmForm:
             h, b = ta[i][M:], (None if biases is None else biases[i])
             nxt = ta[i + 1][M:] if i < L - 1 else None
             if saved is not None and (i < L - 1 or spec.output_activation != "none"):
-                z = saved[:, cols[i]:cols[i + 1]].contiguous()  # no GEMM again
+                z = saved[:, cols[i]:cols[i + 1]]  # no GEMM again, read in place
             elif fuse:  # z and the next layer's input in one pass
                 z = x.new_empty(M, w.shape[0])
                 _mm_pointwise(fuse, 0 if nxt is not None else 4, ids[i], h, w, True, bias=b,
@@ -333,7 +351,7 @@ class GemmForm:
         L = len(zs)
         for i, w in enumerate(st["weights"]):
             nxt = ta[i + 1][:M] if i + 1 < L else None
-            zb = st["zbar"][i] = torch.empty_like(zs[i]) if self.curved[i] else None
+            zb = st["zbar"][i] = zs[i].new_empty(zs[i].shape) if self.curved[i] else None
             mode = 2 if self.curved[i] else 1
             if self.fuse:  # T = t W^T never goes through memory
                 t = _mm_pointwise(self.fuse, mode, ids[i], t, w, True, z=zs[i], b=us[i],

@@ -242,11 +242,13 @@ def _so_step(a, z, b_ptr, o1_ptr, o2_ptr, offs, m, MODE: tl.constexpr, ACT: tl.c
 
 
 @triton.jit
-def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl.constexpr,
-                         ACT: tl.constexpr, BLOCK: tl.constexpr, SUM_W: tl.constexpr):
+def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, sz,
+                         MODE: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr,
+                         SUM_W: tl.constexpr, Z_W: tl.constexpr = 0):
     """The elementwise steps of the second-order backward's GEMM form (second_order.py,
     Tuning.split) over n contiguous elements, in fp32, each output rounded once, as the
-    one kernel above rounds its tiles:
+    one kernel above rounds its tiles (Z_W > 0: z is rows of Z_W elements sz apart, a
+    layer's columns of the forward's saved pre-activations, read in place):
     MODE 0: o1 = act(z)                              (the forward's activations)
     MODE 1: o1 = a act'(z)                           (d = u s'(z))
     MODE 2: o1 = a act'(z), o2 = a b act''(z)        (t and zbar from T and u)
@@ -257,11 +259,17 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl
     if SUM_W > 0:  # the block as its [rows, SUM_W] tile: the column sums stay in registers
         rows = tl.program_id(0) * (BLOCK // SUM_W) + tl.arange(0, BLOCK // SUM_W)
         offs = rows[:, None] * SUM_W + tl.arange(0, SUM_W)[None, :]
+        zoffs = offs
+        if Z_W > 0:  # Z_W == SUM_W
+            zoffs = rows.to(tl.int64)[:, None] * sz + tl.arange(0, SUM_W)[None, :]
     else:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        zoffs = offs
+        if Z_W > 0:
+            zoffs = (offs // Z_W).to(tl.int64) * sz + offs % Z_W  # M x sz: past 2^31
     m = offs < n
     dt = o1_ptr.dtype.element_ty
-    z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + zoffs, mask=m, other=0.0).to(tl.float32)
     if MODE == 0:
         tl.store(o1_ptr + offs, _act(z, ACT).to(dt), mask=m)
     else:
@@ -274,15 +282,16 @@ def _so_pointwise_kernel(a_ptr, b_ptr, z_ptr, o1_ptr, o2_ptr, s_ptr, n, MODE: tl
 
 @triton.jit
 def _so_mm_kernel(a_ptr, w_ptr, bias_ptr, z_ptr, b_ptr, p_ptr, o1_ptr, o2_ptr, s_ptr,
-                  M, K, N, sa, swk, swn, MODE: tl.constexpr, ACT: tl.constexpr,
+                  M, K, N, sa, swk, swn, sz, MODE: tl.constexpr, ACT: tl.constexpr,
                   BM: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
                   HAS_BIAS: tl.constexpr, KEEP_P: tl.constexpr, SUM: tl.constexpr,
                   F32: tl.constexpr, PREC: tl.constexpr):
     """The GEMM form's product and the elementwise step after it in one pass over BM rows:
     P = A W' (A [M, K] with row stride sa; W' [K, N] at w_ptr + k swk + n swn: W or W^T;
     all of K in one tile, as narrow widths are), rounded to the output dtype as a GEMM's
-    output is, then _so_pointwise_kernel's MODE with P as its ``a`` (o1, o2, b, z
-    contiguous [M, N]; P itself, never written out there, is not read back):
+    output is, then _so_pointwise_kernel's MODE with P as its ``a`` (o1, o2, b
+    contiguous [M, N], z's rows sz apart; P itself, never written out there, is not read
+    back):
     MODE 0: z = P + bias stored at p_ptr, o1 = act(z)   (a hidden layer's forward)
     MODE 4: z = P + bias stored at p_ptr                (the output layer's)
     MODE 1-3 as _so_pointwise_kernel; KEEP_P: P stored at p_ptr too; SUM: the fp32 column
@@ -311,7 +320,8 @@ def _so_mm_kernel(a_ptr, w_ptr, bias_ptr, z_ptr, b_ptr, p_ptr, o1_ptr, o2_ptr, s
         pr = p.to(dt)
         if KEEP_P:
             tl.store(p_ptr + offs, pr, mask=m)
-        z = tl.load(z_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        r = _so_step(pr.to(tl.float32), z, b_ptr, o1_ptr, o2_ptr, offs, m, MODE, ACT)
+        z = tl.load(z_ptr + rows.to(tl.int64)[:, None] * sz + ns[None, :], mask=m, other=0.0)
+        r = _so_step(pr.to(tl.float32), z.to(tl.float32), b_ptr, o1_ptr, o2_ptr, offs, m,
+                     MODE, ACT)
         if SUM:
             tl.store(s_ptr + pid * NP + ns, tl.sum(tl.where(m, r, 0.0), axis=0))
