@@ -100,7 +100,8 @@ def tuning(device: torch.device, P: int) -> Tuning:
     3.6 KB a thread there; the GEMM form does not care). Memory: the GEMM form keeps about
     seven [M, width] activations a layer alive at once (at 2^20 rows, width 64, fp16:
     ~0.9 GB a layer), four of them (z, a, u, d) from the input gradient's forward, which is
-    its first pass (GemmForm), on.
+    its first pass (GemmForm), on; z is no copy where the forward saved it (read in place
+    from that buffer, columns of its rows).
     FUSEDMLP_SECOND_ORDER_TUNING (``Tuning.parse``'s spelling) overrides it."""
     forced = envvars.get("FUSEDMLP_SECOND_ORDER_TUNING")
     if forced:
@@ -285,8 +286,10 @@ class GemmForm:
     gradient, t and zbar) and ``finish`` (the backward pass: x's and the parameters'
     gradients; ``gy``, the loss's gradient at y, joins it as the gradient above the top
     layer, so y's first-order backward is the same pass). Memory: per layer z, u, d, t, a
-    (and zbar, e with curvature) of [M, width]; each u is let go once the tangent pass has
-    read it, and a layer's others once the backward pass is past it."""
+    (and zbar, e with curvature) of [M, width], z a view of the forward's saved
+    pre-activations where there are some (the kernels read its rows with their stride);
+    each u is let go once the tangent pass has read it, and a layer's others once the
+    backward pass is past it."""
 
     def __init__(self, spec, tune=None):
         # the products fused to their pointwise steps (Tuning.fuse): that tuning, else None
