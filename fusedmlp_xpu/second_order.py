@@ -219,9 +219,10 @@ def grads(gbar, v, x, weights, biases, spec, needs):
     return gv, gx, (gw if need_w else [None] * spec.n_layers), (gb or [None] * spec.n_layers)
 
 
-def pass_form(be, spec, device):
-    """The closed form in passes on backend ``be`` (``TorchForm``'s interface), or None."""
-    form = be.second_order_form(spec, device)
+def pass_form(be, spec, device, rows=None):
+    """The closed form in passes on backend ``be`` over ``rows`` rows (``TorchForm``'s
+    interface), or None."""
+    form = be.second_order_form(spec, device, rows)
     return TorchForm(spec) if form is None and be.second_order_torch_form else form
 
 
@@ -326,7 +327,7 @@ class InputGrad(torch.autograd.Function):
     def forward(ctx, spec, be, saved, owner, v, x, *params):
         n = spec.n_layers
         weights, biases = params[:n], (params[n:] if spec.bias else None)
-        form = pass_form(be, spec, x.device)
+        form = pass_form(be, spec, x.device, x.numel() // max(x.shape[-1], 1))
         ctx.spec, ctx.be, ctx.form, ctx.owner, ctx.state = spec, be, form, owner, None
         need = ctx.needs_input_grad
         # (x, weights, biases): the needs of every backward of this node (and of the MLP

@@ -462,9 +462,9 @@ def use_second_order_variant(monkeypatch, name: str, variant: str) -> None:
 
     from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
 
-    pick = {"kernel": kernel.kernel_tuning,
-            "merge_dw": lambda device, P: replace(kernel.kernel_tuning(device, P),
-                                                  merge_dw=True),
-            "split": lambda device, P: kernel.SPLIT,
-            "fused": lambda device, P: kernel.FUSED}[variant]
+    pick = {"kernel": lambda device, P, rows=None: kernel.kernel_tuning(device, P),
+            "merge_dw": lambda device, P, rows=None: replace(kernel.kernel_tuning(device, P),
+                                                             merge_dw=True),
+            "split": lambda device, P, rows=None: kernel.SPLIT,
+            "fused": lambda device, P, rows=None: kernel.FUSED}[variant]
     monkeypatch.setattr(kernel, "tuning", pick)

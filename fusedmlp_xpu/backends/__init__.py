@@ -105,12 +105,13 @@ class Backend:
         lists empty where not needed. None: not here (the op computes it as torch ops)."""
         return None
 
-    def second_order_form(self, spec: MLPSpec, device: torch.device):
-        """Where its second-order backward is the closed form in whole-batch passes (an
-        object with second_order.TorchForm's ``first``/``tangent``/``finish``): the input
-        gradient's node keeps the first pass from its forward, and a loss's gradient at y
-        joins its last pass. None (the default): the node calls ``backward`` and
-        ``second_order`` instead, or the torch-op form where ``second_order_torch_form``."""
+    def second_order_form(self, spec: MLPSpec, device: torch.device, rows: int | None = None):
+        """Where its second-order backward over ``rows`` rows (None: not known) is the
+        closed form in whole-batch passes (an object with second_order.TorchForm's
+        ``first``/``tangent``/``finish``): the input gradient's node keeps the first pass
+        from its forward, and a loss's gradient at y joins its last pass. None (the
+        default): the node calls ``backward`` and ``second_order`` instead, or the
+        torch-op form where ``second_order_torch_form``."""
         return None
 
     # a backend whose backward is torch ops anyway: the input gradient's node runs the

@@ -103,9 +103,12 @@ class TritonBackend(Backend):
                         if ok else f"; not the Gluon backward: {why_not}")
         from .narrow import second_order as so
 
-        so_tune = so.tuning(device, so.padded_width(spec))
+        P = so.padded_width(spec)
+        so_tune, small = so.tuning(device, P), so.tuning(device, P, so.SMALL_ROWS)
         why += ("; second derivatives through the input gradient (an eikonal loss: "
                 "autograd.grad(y, x, create_graph=True), then backward): the closed form "
+                + (f"up to {so.SMALL_ROWS} rows (outside a CUDA graph's capture) in one "
+                   f"kernel, {small}; above " if small != so_tune else "")
                 + ("in whole-batch passes of " + ("row-block GEMM kernels with the "
                    "pointwise step after each product fused in" if so_tune.fuse else
                    "cuBLAS GEMMs and pointwise kernels") + ", its first pass run as the "
@@ -157,14 +160,15 @@ class TritonBackend(Backend):
 
         return second_order.second_order(gg, v, x, weights, biases, spec, needs)
 
-    def second_order_form(self, spec, device):
-        """Narrow nets where the second order is the GEMM form (the default on GPUs):
-        its passes (narrow/second_order.GemmForm); else None (the one kernel)."""
+    def second_order_form(self, spec, device, rows=None):
+        """Narrow nets where the second order is the GEMM form (the default on GPUs but at
+        few rows, narrow/second_order.tuning): its passes (narrow/second_order.GemmForm);
+        else None (the one kernel)."""
         if not tuning._narrow(spec):
             return None
         from .narrow import second_order as so
 
-        tune = so.tuning(device, so.padded_width(spec))
+        tune = so.tuning(device, so.padded_width(spec), rows)
         return so.GemmForm(spec, tune) if tune.split else None
 
     def backward(self, grad_y, x, weights, biases, saved, spec, needs):

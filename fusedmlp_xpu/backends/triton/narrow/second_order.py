@@ -80,11 +80,25 @@ class Tuning:
 SPLIT = Tuning(0, split=True)
 # 64 rows x 4 warps: the fastest of the row blocks the H200 timed (``tuning``)
 FUSED = Tuning(64, 4, split=True, fuse=True)
+#: the one kernel where a training step is bound by its host time: one launch where the
+#: GEMM form makes ~20 (``tuning``)
+SMALL = Tuning(16, 4, 2, True)
+#: up to this many rows (CUDA, width <= 64, no CUDA graph being captured): SMALL
+SMALL_ROWS = 2 ** 18
 
 
-def tuning(device: torch.device, P: int) -> Tuning:
-    """The tuning at padded width P: on GPUs the GEMM form with its products fused to
-    their pointwise steps (FUSED), in the interpreter the one kernel (``kernel_tuning``).
+def tuning(device: torch.device, P: int, rows: int | None = None) -> Tuning:
+    """The tuning at padded width P for ``rows`` rows (None: not known): on CUDA GPUs up to
+    SMALL_ROWS rows at widths up to 64, outside a CUDA graph's capture, the one kernel at
+    SMALL; else on GPUs the GEMM form with its products fused to their pointwise steps
+    (FUSED); in the interpreter the one kernel (``kernel_tuning``).
+    SMALL where the step waits on the host: the sdf-eikonal step from Python, fp16, H100,
+    eager's ms over ours with the two interleaved (h100-steps-sdf-eikonal-so-*-20261205b),
+    at 2^16 / 2^18 rows: FUSED 1.03x / 1.03x, SMALL 1.09x / 1.16x (another run of FUSED:
+    0.94x / 1.01x, h100-steps-sdf-eikonal-20261205a). On the device alone SMALL is the
+    slower (the same step in a CUDA graph: 1.04 / 3.38 ms against FUSED's 0.74 / 2.25):
+    hence FUSED while a graph is captured, and above 2^18 rows (2^20: FUSED 1.62x eager
+    from Python, the one kernel alone 6.89 ms a call against FUSED's 3.08 on the H200).
     The sdf net (32 -> 64 x 4 -> 16, softplus, biases), fp16, H200, ms a call
     (benchmarks/second_order.py, every tuning checked against float64 first), 2^18 / 2^20
     rows (h200-so-kernel-{262144,1048576}-20261204.json, -rows- for the row blocks; the
@@ -109,7 +123,12 @@ def tuning(device: torch.device, P: int) -> Tuning:
             return Tuning.parse(forced)
         except ValueError as e:
             raise ValueError(f"FUSEDMLP_SECOND_ORDER_TUNING: {e}") from None
-    return kernel_tuning(device, P) if device.type == "cpu" else FUSED
+    if device.type == "cpu":
+        return kernel_tuning(device, P)
+    if (device.type == "cuda" and rows is not None and rows <= SMALL_ROWS and P <= 64
+            and not torch.cuda.is_current_stream_capturing()):
+        return SMALL
+    return FUSED
 
 
 def kernel_tuning(device: torch.device, P: int) -> Tuning:
@@ -142,7 +161,7 @@ def second_order(gg, v, x, weights, biases, spec, needs, tune: Tuning | None = N
     hid2 = spec.activation_id in CURVED
     out2 = spec.output_activation_id in CURVED
     second = hid2 or out2
-    tune = tune or tuning(x.device, P)
+    tune = tune or tuning(x.device, P, M)
     if tune.split:
         return _second_order_gemms(gg, v, x, weights, biases, spec, needs, tune)
     bm = tune.block_m
