@@ -138,6 +138,10 @@ for n, v in sorted(p.items()):
              python3 -c "import sys; from fusedmlp_xpu.bench import results as R
 for m in R.documents(R.read(sys.argv[1])).get(sys.argv[2], {}).get('records', []):
     print(m['backend'], m['N'], m['dtype'], m['timing'], m['pass'], round(m['median_ms'], 3), m.get('x_floor') and round(m['x_floor'], 2), m.get('peak_mem_MB') and round(m['peak_mem_MB']))" "$T" "$M-w128-train-gchunk$mb-$STAMP"; done ;;
+    # the AOTInductor package of tests/test_deploy.py loaded from Python in children that
+    # differ in one thing each, with a native backtrace of the first that dies (gdb)
+    aoti) timeout ${AOTI_S:-300} python3 benchmarks/aoti_probe.py --out "$T" --run "$M-aoti-probe-$STAMP" > "$OUT/aoti-probe.txt" 2>&1
+          echo "aoti probe rc=$?"; grep -v -E "Warning|warn|return cls" "$OUT/aoti-probe.txt" | tail -24 ;;
     *) echo "unknown step $s" ;;
   esac
 done
