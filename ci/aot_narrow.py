@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -223,17 +224,23 @@ def _report(label, fn, consts, arch, warps) -> bool:
 def compile_second_order(args) -> int:
     """The second-order backward kernel (narrow/second_order_kernels.py) at widths 32, 64
     and 128 (softplus: the most live registers; relu at 64), 3 hidden-to-hidden layers,
-    biases, at the package's tuning (and at 64 with the merged weight-gradient pass, the
-    benchmark's alternative); lines start with "so"."""
+    biases, at kernel_tuning (and at 64 with the merged weight-gradient pass), and at the
+    GPU default's few-row tuning (second_order.SMALL, softplus and relu at 64); lines
+    start with "so"."""
     from fusedmlp_xpu.backends.triton.narrow import second_order, second_order_kernels
 
     failed = 0
     sp = SOFTPLUS
-    cases = ((64, sp, False), (64, 1, False)) if args.quick else (
-        (32, sp, False), (64, sp, False), (64, 1, False), (128, sp, False), (64, sp, True))
-    for P, act, merge in cases:
-        tune = second_order.kernel_tuning(torch.device("cuda"), P)
-        bm = tune.block_m
+
+    def kt(P, merge=False):
+        return replace(second_order.kernel_tuning(torch.device("cuda"), P), merge_dw=merge)
+
+    small = second_order.SMALL
+    cases = ((64, sp, kt(64)), (64, 1, kt(64)), (64, sp, small)) if args.quick else (
+        (32, sp, kt(32)), (64, sp, kt(64)), (64, 1, kt(64)), (128, sp, kt(128)),
+        (64, sp, kt(64, True)), (64, sp, small), (64, 1, small))
+    for P, act, tune in cases:
+        bm, merge = tune.block_m, tune.merge_dw
         consts = dict(L_HID=3, IN_P=P, H_P=P, OUT_P=P, BLOCK_M=bm, ACT=act, OUT_ACT=0,
                       HAS_BIAS=True, NEED_X=True, NEED_V=False, NEED_W=True, NEED_B=True,
                       HID2=act % APPROX in second_order.CURVED, OUT2=False, F32=False,

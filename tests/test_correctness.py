@@ -213,9 +213,11 @@ def test_narrow_triton_kernels_compile_for_hopper():
                     if not ln.startswith(("gluon", "so ", "sop ", "somm "))]
     assert sum("wgmma" in ln for ln in triton_lines) == 28, out
     # the second-order kernel (narrow/second_order_kernels.py; --quick: width 64, softplus
-    # and relu): on tensor cores, pipelined
+    # and relu, and the GPU default's few-row tuning, 16 rows x 4 warps, merged dW): on
+    # tensor cores, pipelined; that default without spills
     so = [ln for ln in out.splitlines() if ln.startswith("so ")]
-    assert len(so) == 2 and all("wgmma" in ln and SERIALIZED not in ln for ln in so), so
+    assert len(so) == 3 and all("wgmma" in ln and SERIALIZED not in ln for ln in so), so
+    assert "merged dW BLOCK_M 16   w4" in so[2] and "spill 0 B" in so[2], so
     # and the GEMM form's pointwise kernel, its four modes and two with a bias's sums, and
     # three reading z in place from the saved pre-activations (z rows 64)
     sop = [ln for ln in out.splitlines() if ln.startswith("sop mode") and "FAILED" not in ln]
