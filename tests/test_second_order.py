@@ -449,9 +449,13 @@ def test_gpu_default_by_rows_and_capture(monkeypatch):
         pytest.skip("triton not available")
     from fusedmlp_xpu.backends.triton.narrow import second_order as kernel
 
-    capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     cuda, n = torch.device("cuda", 0), kernel.SMALL_ROWS
+    # a CPU-only torch: no graph can be captured, and explain still answers for CUDA
+    assert kernel.tuning(cuda, 64, n) == kernel.SMALL
+    assert "up to" in str(fm.dispatch.explain_choice(cuda, fm.MLPSpec((3, 64, 1)), "triton"))
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     assert kernel.tuning(cuda, 64, n) == kernel.tuning(cuda, 32, 1) == kernel.SMALL
     for P, rows in ((64, n + 1), (128, 1000), (64, None)):
         assert kernel.tuning(cuda, P, rows) == kernel.FUSED, (P, rows)

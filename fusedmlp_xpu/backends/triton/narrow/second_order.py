@@ -126,9 +126,15 @@ def tuning(device: torch.device, P: int, rows: int | None = None) -> Tuning:
     if device.type == "cpu":
         return kernel_tuning(device, P)
     if (device.type == "cuda" and rows is not None and rows <= SMALL_ROWS and P <= 64
-            and not torch.cuda.is_current_stream_capturing()):
+            and not _capturing()):
         return SMALL
     return FUSED
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (never before CUDA is
+    initialized: nothing to capture, and no question a CPU-only torch can answer)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def kernel_tuning(device: torch.device, P: int) -> Tuning:
